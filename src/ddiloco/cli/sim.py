@@ -1,0 +1,142 @@
+"""`ddiloco sim`: one configuration on the virtual clock, with a progress bar and a summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..chaos.trace import FailureTrace, random_trace
+from ..core.config import AlgorithmConfig
+from ..sim.config import METHODS, SimConfig
+from ..sim.hardware import LinkModel, StepTimeModel, half_slow
+from ..train.inner import InnerConfig
+from . import app
+from .output import print_summary, progress_bar
+
+
+def parse_speeds(text: Optional[str], learners: int, hetero: Optional[float]) -> tuple[float, ...]:
+    """--speeds 1,1,1.2,1.2 (per learner) or --hetero 1.2 (the second half that much slower)."""
+    if text and hetero:
+        raise typer.BadParameter("give either --speeds or --hetero, not both")
+    if hetero:
+        if hetero < 1:
+            raise typer.BadParameter(f"--hetero is a slowdown factor >= 1, got {hetero}")
+        return half_slow(learners, hetero)
+    if not text:
+        return ()
+    try:
+        speeds = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"--speeds must be comma-separated numbers, got {text!r}") from None
+    if len(speeds) != learners:
+        raise typer.BadParameter(f"--speeds gives {len(speeds)} factors for {learners} learners")
+    return speeds
+
+
+def failure_trace(
+    path: Optional[Path], mtbf: Optional[float], downtime: float, scale: float, learners: int, horizon: float, seed: int
+) -> FailureTrace:
+    if path is not None and mtbf is not None:
+        raise typer.BadParameter("give either --failures FILE or --fail-mtbf, not both")
+    if path is not None:
+        try:
+            return FailureTrace.load(path).scaled(scale).for_learners(learners)
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(str(exc)) from None
+    if mtbf is not None:
+        if mtbf <= 0 or downtime <= 0:
+            raise typer.BadParameter("--fail-mtbf and --fail-downtime must be > 0")
+        return random_trace(learners, horizon, mtbf, downtime, seed=seed + 1)
+    return FailureTrace()
+
+
+@app.command("sim")
+def sim(
+    method: str = typer.Option("decoupled", help=f"One of: {', '.join(METHODS)}."),
+    model: str = typer.Option("gpt", help="gpt (dense transformer LM), gpt-moe (mixture of experts) or vision."),
+    model_size: str = typer.Option("default", help="default (~1M parameters) or tiny (for quick checks)."),
+    data: Optional[str] = typer.Option(
+        None, help="Text file or folder (LMs) or torchvision root (vision). Default: the Python standard "
+        "library's own source (LMs) or scikit-learn's digits (vision); nothing is downloaded."
+    ),
+    seq_len: int = typer.Option(128, help="Context length of the language models."),
+    learners: int = typer.Option(4, "--learners", "-M", help="Number of learners M (the paper uses 8)."),
+    fragments: int = typer.Option(24, "--fragments", "-P", help="Fragments P."),
+    sync_every: int = typer.Option(24, "--sync-every", "-H", help="Steps H between two syncs of a fragment."),
+    overlap: int = typer.Option(2, "--overlap", help="Steps tau a sync overlaps with compute (0 = blocking)."),
+    quorum: int = typer.Option(1, "--quorum", "-K", help="Minimum quorum K (capped at the live learners)."),
+    grace: float = typer.Option(0.5, help="Grace factor gamma in [0, 1); 0 disables the grace window."),
+    merge: Optional[str] = typer.Option(None, help="rda or mean. Default: rda; mean for --method diloco."),
+    outer_lr: float = typer.Option(0.7, help="Outer Nesterov learning rate."),
+    outer_momentum: float = typer.Option(0.9, help="Outer Nesterov momentum."),
+    inner_lr: float = typer.Option(3e-3, help="Inner AdamW learning rate (peak; cosine decay over the run)."),
+    batch_size: int = typer.Option(16, help="Sequences (or images) per learner step."),
+    tokens: int = typer.Option(400_000, help="Token budget: training stops when the learners have trained on this many."),
+    seed: int = typer.Option(0, help="Seed: the run is deterministic from it."),
+    step_time: float = typer.Option(1.0, help="Simulated seconds per step of a learner of speed 1."),
+    speeds: Optional[str] = typer.Option(None, help="Per-learner slowdown factors, e.g. 1,1,1.2,1.2."),
+    hetero: Optional[float] = typer.Option(None, help="Make the second half of the learners this much slower."),
+    jitter: float = typer.Option(0.0, help="Uniform step-time jitter, e.g. 0.1 for +-10 %."),
+    straggle_prob: float = typer.Option(0.0, help="Chance that a step straggles."),
+    straggle_factor: float = typer.Option(3.0, help="How much slower a straggling step is."),
+    failures: Optional[Path] = typer.Option(None, help="Failure trace CSV (learner,down_at,up_at) to replay."),
+    failures_scale: float = typer.Option(1.0, help="Multiply the trace's times by this (trace seconds to sim seconds)."),
+    fail_mtbf: Optional[float] = typer.Option(None, help="Random failures: mean simulated seconds between a learner's failures."),
+    fail_downtime: float = typer.Option(20.0, help="Random failures: mean simulated seconds a failed learner stays down."),
+    latency: float = typer.Option(0.01, help="One-way message latency, simulated seconds."),
+    bandwidth: float = typer.Option(1e9, help="Link bandwidth, bytes per simulated second."),
+    reconfigure_seconds: float = typer.Option(5.0, help="elastic-ddp: pause on every membership change."),
+    eval_batches: int = typer.Option(20, help="Validation batches for the final evaluation."),
+    threads: int = typer.Option(0, help="torch threads (0: PyTorch's default)."),
+    as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding the summary."),
+    quiet: bool = typer.Option(False, help="No progress bar."),
+) -> None:
+    """Train one configuration on the virtual clock: real models and data, simulated time and faults."""
+    import torch
+
+    from ..sim.run import build_task, run_sim
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        algorithm = AlgorithmConfig(
+            fragments=fragments,
+            sync_every=sync_every,
+            overlap=overlap,
+            quorum=quorum,
+            grace=grace,
+            outer_lr=outer_lr,
+            outer_momentum=outer_momentum,
+            merge=merge or ("mean" if method == "diloco" else "rda"),
+        )
+        steps = StepTimeModel(step_time, parse_speeds(speeds, learners, hetero), jitter, straggle_prob, straggle_factor)
+        # A generous horizon for random failures: the run cannot take longer than this at speed 1.
+        horizon = 4.0 * step_time * max(steps.speeds or (1.0,)) * tokens / max(1, batch_size * seq_len)
+        config = SimConfig(
+            method=method,  # type: ignore[arg-type]
+            model=model,
+            model_size=model_size,
+            data=data,
+            seq_len=seq_len,
+            learners=learners,
+            tokens=tokens,
+            seed=seed,
+            algorithm=algorithm if method in ("decoupled", "diloco") else AlgorithmConfig(fragments=1, sync_every=max(2, sync_every)),
+            inner=InnerConfig(lr=inner_lr, batch_size=batch_size),
+            steps=steps,
+            link=LinkModel(latency, bandwidth),
+            failures=failure_trace(failures, fail_mtbf, fail_downtime, failures_scale, learners, horizon, seed),
+            reconfigure_seconds=reconfigure_seconds,
+            eval_batches=eval_batches,
+        )
+        task = build_task(config)
+    except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    with progress_bar(f"{method} x{learners}", disabled=quiet) as update:
+        result = run_sim(config, task=task, progress=update)
+    print_summary(result, title=f"ddiloco sim --method {method}")
+    if as_json:
+        print(json.dumps(result, sort_keys=True))

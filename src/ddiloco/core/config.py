@@ -1,0 +1,65 @@
+"""The algorithm's knobs in one validated place, shared by every driver.
+
+Defaults follow ALGORITHM.md (paper defaults where known; ours, documented, where not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+MergeMode = Literal["rda", "mean"]
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """Decoupled DiLoCo hyper-parameters.
+
+    fragments (P), sync_every (H) and overlap (tau) set the schedule; quorum (K) and grace (gamma)
+    the admission policy; outer_lr/outer_momentum the outer Nesterov step; merge the averaging rule
+    ("rda": radial-directional averaging except embeddings, "mean": plain weighted average everywhere).
+    quorum is capped at the number of live learners, so K >= M means "wait for every live learner".
+    overlap 0 means blocking syncs: a learner waits at the boundary for the fragment it just sent
+    (classic synchronous DiLoCo).
+    """
+
+    fragments: int = 24
+    sync_every: int = 24
+    overlap: int = 2
+    quorum: int = 1
+    grace: float = 0.5
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    merge: MergeMode = "rda"
+    ema: float = 0.2
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.fragments < 1:
+            problems.append(f"fragments (P) must be >= 1, got {self.fragments}")
+        if self.sync_every < 1:
+            problems.append(f"sync_every (H) must be >= 1, got {self.sync_every}")
+        if self.fragments > self.sync_every:
+            problems.append(
+                f"fragments (P={self.fragments}) must be <= sync_every (H={self.sync_every}): "
+                "each fragment needs its own offset in 0..H-1"
+            )
+        if not 0 <= self.overlap < self.sync_every:
+            problems.append(f"overlap (tau) must be in [0, H={self.sync_every}), got {self.overlap}")
+        if self.quorum < 1:
+            problems.append(f"quorum (K) must be >= 1, got {self.quorum}")
+        if not 0 <= self.grace < 1:
+            problems.append(f"grace (gamma) must be in [0, 1), got {self.grace}")
+        if not self.outer_lr > 0:
+            problems.append(f"outer_lr must be > 0, got {self.outer_lr}")
+        if not 0 <= self.outer_momentum < 1:
+            problems.append(f"outer_momentum must be in [0, 1), got {self.outer_momentum}")
+        if self.merge not in ("rda", "mean"):
+            problems.append(f"merge must be 'rda' or 'mean', got {self.merge!r}")
+        if not 0 < self.ema <= 1:
+            problems.append(f"ema must be in (0, 1], got {self.ema}")
+        if problems:
+            raise ValueError("invalid algorithm config: " + "; ".join(problems))
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,197 @@
+"""The learner's side of Decoupled DiLoCo (Algorithm 1), called by a training loop at step boundaries.
+
+It holds live references to the model's parameters and overwrites them in place when a global
+fragment arrives, so the user's inner optimizer (and its state) is untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from .fragments import FragmentPlan
+from .merge import outer_gradient
+from .messages import Contribution, Decline, FragmentRequest, FragmentUpdate, LearnerMessage
+from .schedule import Schedule
+from .timing import Ema
+
+
+@dataclass
+class FragmentCounters:
+    """Work since the learner last received this fragment."""
+
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.steps += 1
+        self.tokens += tokens
+        self.seconds += seconds
+
+    def reset(self) -> None:
+        self.steps, self.tokens, self.seconds = 0, 0, 0.0
+
+
+class LearnerCore:
+    """Per-fragment counters, versions and snapshots for one learner.
+
+    Call order per step: the training loop takes its inner step, then `after_step(tokens, seconds)`,
+    which applies fragments that have arrived (overwrite + reset), and returns the messages to send.
+    With overlap 0 (blocking syncs) the driver must wait while `must_wait()` and call
+    `apply_arrivals()` when the update is in.
+    """
+
+    def __init__(
+        self,
+        learner_id: int,
+        params: Mapping[str, torch.Tensor],
+        plan: FragmentPlan,
+        schedule: Schedule,
+        answer_requests: bool | None = None,
+    ) -> None:
+        missing = set(plan.all_names()) - set(params)
+        if missing:
+            raise KeyError(f"model lacks parameters named in the fragment plan: {sorted(missing)[:5]}")
+        if plan.num_fragments != schedule.num_fragments:
+            raise ValueError(f"plan has {plan.num_fragments} fragments, schedule {schedule.num_fragments}")
+        self.id = learner_id
+        self.params = params
+        self.plan = plan
+        self.schedule = schedule
+        # Blocking (tau = 0) learners contribute only on their own schedule: answering a pull early
+        # would cut the outer step short of H inner steps, which classic DiLoCo never does.
+        self.answer_requests = schedule.overlap > 0 if answer_requests is None else answer_requests
+        num = plan.num_fragments
+        self.step = 0
+        self.joined = False
+        self.counters = [FragmentCounters() for _ in range(num)]
+        self.anchors = [0] * num
+        self.versions = [-1] * num
+        self.base: list[dict[str, torch.Tensor]] = [{} for _ in range(num)]
+        self.pending: list[int | None] = [None] * num  # version we contributed against, awaiting its update
+        self.requested: dict[int, int] = {}
+        self.inbox: dict[int, FragmentUpdate] = {}
+        self.step_time = Ema(0.2)
+
+    # --- arrivals -------------------------------------------------------------------------------
+    def join(self, updates: list[FragmentUpdate]) -> None:
+        """Start from the current global parameters: overwrite everything, counters at zero."""
+        got = {u.fragment for u in updates}
+        if got != set(range(self.plan.num_fragments)):
+            raise ValueError(f"join needs every fragment once, got {sorted(got)}")
+        for update in updates:
+            self._overwrite(update)
+            self.anchors[update.fragment] = self.schedule.initial_anchor(update.fragment, self.step)
+        # Requests that reached us while the state was in flight are kept: they are answered at the
+        # first boundary (declined if we have not stepped, so a fresh learner never drags the model).
+        self.inbox.clear()
+        self.joined = True
+
+    def receive(self, update: FragmentUpdate) -> None:
+        """Queue a global fragment; it is applied at the next step boundary. Old versions are ignored."""
+        held = self.versions[update.fragment]
+        queued = self.inbox.get(update.fragment)
+        if queued is not None:
+            held = max(held, queued.version)
+        if update.version > held:
+            self.inbox[update.fragment] = update
+
+    def request(self, request: FragmentRequest) -> None:
+        if self.id in request.learners:
+            self.requested[request.fragment] = request.version
+
+    def apply_arrivals(self) -> list[int]:
+        """Overwrite theta_p <- Theta_p and reset counters for every queued fragment."""
+        applied = []
+        for fragment in sorted(self.inbox):
+            update = self.inbox.pop(fragment)
+            contributed = self.pending[fragment] is not None
+            self._overwrite(update)
+            if not contributed:
+                # Align with the cadence of those who did contribute: as if we had sent tau steps ago.
+                self.anchors[fragment] = self.step - self.schedule.overlap
+            applied.append(fragment)
+        return applied
+
+    def _overwrite(self, update: FragmentUpdate) -> None:
+        p = update.fragment
+        names = self.plan.names[p]
+        if set(update.tensors) != set(names):
+            raise ValueError(f"update for fragment {p} carries {sorted(update.tensors)}, expected {sorted(names)}")
+        with torch.no_grad():
+            for name in names:
+                value = update.tensors[name]
+                self.params[name].copy_(value)
+                self.base[p][name] = value.detach().to(self.params[name].device, torch.float32).clone()
+        self.versions[p] = update.version
+        self.counters[p].reset()
+        self.pending[p] = None
+
+    # --- steps ----------------------------------------------------------------------------------
+    def after_step(self, tokens: int, seconds: float) -> list[LearnerMessage]:
+        """Count one inner step, apply arrived fragments, and return contributions and declines."""
+        if not self.joined:
+            raise RuntimeError("learner has not joined: call join() with the global parameters first")
+        if tokens < 0 or seconds < 0:
+            raise ValueError(f"tokens and seconds must be >= 0, got {tokens}, {seconds}")
+        self.step += 1
+        self.step_time.update(seconds)
+        for counters in self.counters:
+            counters.add(tokens, seconds)
+        self.apply_arrivals()
+        return self.collect()
+
+    def collect(self) -> list[LearnerMessage]:
+        """Snapshots of fragments due on our own schedule or asked for by the synchronizer."""
+        out: list[LearnerMessage] = []
+        for p in range(self.plan.num_fragments):
+            asked = self.requested.pop(p, None) if self.answer_requests else None
+            if self.pending[p] is not None:
+                if asked is not None and asked != self.pending[p]:
+                    out.append(Decline(self.id, p, asked, "an update is in flight to this learner"))
+                continue
+            if asked is not None:
+                if asked != self.versions[p]:
+                    out.append(Decline(self.id, p, asked, f"holds version {self.versions[p]}"))
+                    continue
+                if self.counters[p].steps == 0:
+                    out.append(Decline(self.id, p, asked, "no steps since the last update"))
+                    continue
+                out.append(self._snapshot(p))
+            elif self.schedule.is_due(self.step, self.anchors[p]) and self.counters[p].steps > 0:
+                out.append(self._snapshot(p))
+        return out
+
+    def flush(self) -> list[LearnerMessage]:
+        """At the end of training: send every fragment that holds unsent work, due or not."""
+        out: list[LearnerMessage] = []
+        for p in range(self.plan.num_fragments):
+            self.requested.pop(p, None)
+            if self.pending[p] is None and self.counters[p].steps > 0:
+                out.append(self._snapshot(p))
+        return out
+
+    def _snapshot(self, p: int) -> Contribution:
+        with torch.no_grad():
+            grads = {name: outer_gradient(self.base[p][name], self.params[name]) for name in self.plan.names[p]}
+        c = self.counters[p]
+        self.pending[p] = self.versions[p]
+        self.anchors[p] = self.step
+        return Contribution(
+            learner=self.id,
+            fragment=p,
+            base_version=self.versions[p],
+            outer_gradient=grads,
+            steps=c.steps,
+            tokens=c.tokens,
+            seconds=c.seconds,
+            step_time=self.step_time.get(),
+            step=self.step,
+        )
+
+    def must_wait(self) -> bool:
+        """Blocking mode only: a fragment we sent has not come back yet."""
+        return self.schedule.overlap == 0 and any(v is not None for v in self.pending)

@@ -1,0 +1,100 @@
+"""Values that flow between the learner core and the synchronizer core.
+
+Drivers move them: the virtual-clock cluster through an event queue, the networked runtime over the
+wire. The cores never do I/O themselves; they take these in and hand these out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Union
+
+import torch
+
+Tensors = Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """A learner's snapshot of one fragment, as an outer gradient against the version it holds.
+
+    steps/tokens/seconds count the work since the learner last received this fragment; seconds is
+    compute time, used for goodput accounting; step_time is the learner's smoothed step time, used
+    for the grace window.
+    """
+
+    learner: int
+    fragment: int
+    base_version: int
+    outer_gradient: Tensors = field(repr=False)
+    steps: int
+    tokens: int
+    seconds: float
+    step_time: float
+    step: int
+
+
+@dataclass(frozen=True)
+class Decline:
+    """The learner was asked for a fragment but has nothing to give for that version."""
+
+    learner: int
+    fragment: int
+    version: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class FragmentRequest:
+    """Synchronizer -> learners: send your current value of `fragment` (version `version`)."""
+
+    fragment: int
+    version: int
+    learners: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class FragmentUpdate:
+    """Synchronizer -> learners: the global value of `fragment` at `version`."""
+
+    fragment: int
+    version: int
+    tensors: Tensors = field(repr=False)
+    learners: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AdmittedWork:
+    learner: int
+    step: int  # the learner's step count at its snapshot: the work covers its last `steps` steps
+    steps: int
+    tokens: int
+    seconds: float
+    weight: float
+
+
+@dataclass(frozen=True)
+class Merged:
+    """Record of one outer step, for logs and goodput accounting."""
+
+    fragment: int
+    version: int  # the new version
+    time: float
+    opened_at: float
+    quorum_time: float
+    grace: float
+    admitted: tuple[AdmittedWork, ...]
+    expected: int  # live learners asked for this round
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A message the synchronizer refused; nothing changed. The driver tells the learner and logs it."""
+
+    learner: int
+    fragment: int | None
+    reason: str
+
+
+LearnerMessage = Union[Contribution, Decline]
+SyncAction = Union[FragmentRequest, FragmentUpdate, Merged, Rejected]

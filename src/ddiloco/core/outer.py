@@ -1,0 +1,52 @@
+"""The outer optimizer: SGD with Nesterov momentum, one instance per fragment.
+
+Same update as torch.optim.SGD(nesterov=True, dampening=0), written out so that its state is a plain
+name -> tensor dict that checkpoints as safetensors and moves between synchronizer shards.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, MutableMapping
+
+import torch
+
+
+class NesterovOuterOptimizer:
+    """buf <- mu * buf + delta;  Theta <- Theta - lr * (delta + mu * buf)."""
+
+    def __init__(self, lr: float = 0.7, momentum: float = 0.9) -> None:
+        if not lr > 0:
+            raise ValueError(f"outer lr must be > 0, got {lr}")
+        if not 0 <= momentum < 1:
+            raise ValueError(f"outer momentum must be in [0, 1), got {momentum}")
+        self.lr = lr
+        self.momentum = momentum
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def step(self, params: MutableMapping[str, torch.Tensor], delta: Mapping[str, torch.Tensor]) -> None:
+        """Apply the merged outer gradient `delta` to `params` in place."""
+        missing = set(delta) - set(params)
+        if missing:
+            raise KeyError(f"outer gradient for unknown tensors: {sorted(missing)}")
+        for name, d in delta.items():
+            p = params[name]
+            d = d.to(device=p.device, dtype=torch.float32)
+            if d.shape != p.shape:
+                raise ValueError(f"{name}: outer gradient shape {tuple(d.shape)} != parameter {tuple(p.shape)}")
+            update = d
+            if self.momentum > 0:
+                buf = self.buffers.get(name)
+                if buf is None:
+                    buf = d.clone()
+                    self.buffers[name] = buf
+                else:
+                    buf.mul_(self.momentum).add_(d)
+                update = d + self.momentum * buf
+            p.copy_((p.float() - self.lr * update).to(p.dtype))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: buf.clone() for name, buf in self.buffers.items()}
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.buffers = {name: buf.detach().clone().float() for name, buf in state.items()}

@@ -1,0 +1,265 @@
+"""The synchronizer's side of Decoupled DiLoCo (Algorithm 2) as an event-in, action-out state machine.
+
+Per fragment it runs rounds: the first contribution for the current version opens a round and pulls
+the fragment from every other live learner; once the quorum (K, capped at the live learners asked)
+is in, the adaptive grace window admits more; then it merges with token weights (RDA), applies the
+outer Nesterov step and sends the new version to every live learner. Time is an argument; nothing
+here sleeps, reads a clock or touches the network, so the virtual-clock cluster and the networked
+service drive exactly this code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Collection, Iterable, Mapping, Sequence
+
+import torch
+
+from .config import AlgorithmConfig
+from .fragments import FragmentPlan
+from .merge import merge_outer_gradients
+from .messages import (
+    AdmittedWork,
+    Contribution,
+    Decline,
+    FragmentRequest,
+    FragmentUpdate,
+    LearnerMessage,
+    Merged,
+    Rejected,
+    SyncAction,
+)
+from .outer import NesterovOuterOptimizer
+from .timing import GraceWindow
+from .weights import token_weight
+
+
+@dataclass
+class Round:
+    """Collection of contributions for one (fragment, version)."""
+
+    version: int
+    opened_at: float
+    expected: set[int]
+    contributions: dict[int, Contribution] = field(default_factory=dict)
+    declined: set[int] = field(default_factory=set)
+    quorum_at: float | None = None
+    deadline: float | None = None
+
+
+class SynchronizerCore:
+    """Global parameters, outer optimizer states and rounds for the fragments this shard owns."""
+
+    def __init__(
+        self,
+        config: AlgorithmConfig,
+        plan: FragmentPlan,
+        params: Mapping[str, torch.Tensor],
+        owned: Iterable[int] | None = None,
+        plain_names: Collection[str] = (),
+    ) -> None:
+        if plan.num_fragments != config.fragments:
+            raise ValueError(f"plan has {plan.num_fragments} fragments, config says P={config.fragments}")
+        self.config = config
+        self.plan = plan
+        self.owned = sorted(set(range(plan.num_fragments) if owned is None else owned))
+        if not self.owned or not all(0 <= p < plan.num_fragments for p in self.owned):
+            raise ValueError(f"owned fragments must be a non-empty subset of 0..{plan.num_fragments - 1}")
+        self.plain_names = frozenset(plain_names)
+        self.params: dict[str, torch.Tensor] = {}
+        for p in self.owned:
+            for name in plan.names[p]:
+                if name not in params:
+                    raise KeyError(f"initial parameters lack {name!r}")
+                self.params[name] = params[name].detach().to("cpu", torch.float32).clone()
+        self.versions = {p: 0 for p in self.owned}
+        self.outer = {p: NesterovOuterOptimizer(config.outer_lr, config.outer_momentum) for p in self.owned}
+        self.grace = GraceWindow(config.overlap, config.grace, config.ema)
+        self.live: set[int] = set()
+        self.rounds: dict[int, Round] = {}
+        self.rejections: dict[str, int] = {}
+
+    # --- membership -----------------------------------------------------------------------------
+    def join(self, learner: int, now: float) -> list[SyncAction]:
+        """A new or returning learner gets every owned fragment at its current version."""
+        self.live.add(learner)
+        return [self._update(p, (learner,)) for p in self.owned]
+
+    def leave(self, learner: int, now: float) -> list[SyncAction]:
+        """A learner failed or left: it is no longer waited for; rounds may now complete."""
+        self.live.discard(learner)
+        return self._advance_all(now)
+
+    def observe_step_time(self, seconds: float) -> None:
+        self.grace.step_time.update(seconds)
+
+    def observe_sync_time(self, seconds: float) -> None:
+        """Merge + outer step + send, as measured by the driver (it owns the clock and the network)."""
+        self.grace.sync_time.update(seconds)
+
+    # --- messages -------------------------------------------------------------------------------
+    def receive(self, message: LearnerMessage, now: float) -> list[SyncAction]:
+        if isinstance(message, Decline):
+            return self._decline(message, now)
+        if isinstance(message, Contribution):
+            return self._contribute(message, now)
+        raise TypeError(f"unexpected message {type(message).__name__}")
+
+    def _decline(self, decline: Decline, now: float) -> list[SyncAction]:
+        current = self.rounds.get(decline.fragment)
+        if current is None or current.version != decline.version or decline.learner not in self.live:
+            return []
+        current.declined.add(decline.learner)
+        return self._advance(decline.fragment, now)
+
+    def _contribute(self, c: Contribution, now: float) -> list[SyncAction]:
+        reason = self._invalid(c)
+        if reason is not None:
+            return self._reject(c.learner, c.fragment, reason)
+        current_version = self.versions[c.fragment]
+        if c.base_version < current_version:
+            # Work against an older global value: merging it would apply a stale outer gradient.
+            return self._reject(
+                c.learner, c.fragment, f"stale: based on version {c.base_version}, current is {current_version}"
+            ) + [self._update(c.fragment, (c.learner,))]
+        if c.base_version > current_version:
+            return self._reject(
+                c.learner, c.fragment, f"unknown version {c.base_version}: current is {current_version}"
+            )
+        self.grace.step_time.update(c.step_time)
+        current = self.rounds.get(c.fragment)
+        requests: list[SyncAction] = []
+        if current is None:
+            current = Round(version=current_version, opened_at=now, expected=set(self.live))
+            self.rounds[c.fragment] = current
+            others = tuple(sorted(current.expected - {c.learner}))
+            if others:
+                requests.append(FragmentRequest(c.fragment, current_version, others))
+        elif c.learner in current.contributions:
+            return self._reject(c.learner, c.fragment, "duplicate contribution for this round")
+        current.contributions[c.learner] = c
+        current.declined.discard(c.learner)
+        return requests + self._advance(c.fragment, now)
+
+    def _invalid(self, c: Contribution) -> str | None:
+        """Why a contribution must be refused, or None. Nothing is changed by a refused message."""
+        if c.learner not in self.live:
+            return f"unknown learner {c.learner}: register (join) first"
+        if c.fragment not in self.versions:
+            return f"fragment {c.fragment} is not owned by this synchronizer"
+        if c.steps <= 0:
+            return "no steps since the last update: nothing to contribute"
+        if c.tokens < 0 or not (math.isfinite(c.seconds) and c.seconds >= 0):
+            return "negative or non-finite token or time counters"
+        if not (math.isfinite(c.step_time) and c.step_time >= 0):
+            return "non-finite step time"
+        expected = self.plan.names[c.fragment]
+        if set(c.outer_gradient) != set(expected):
+            extra = sorted(set(c.outer_gradient) - set(expected))
+            lacking = sorted(set(expected) - set(c.outer_gradient))
+            return f"wrong tensors for fragment {c.fragment}: unexpected {extra[:3]}, missing {lacking[:3]}"
+        for name in expected:
+            t = c.outer_gradient[name]
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                return f"{name}: expected a floating-point tensor"
+            if tuple(t.shape) != tuple(self.params[name].shape):
+                return f"{name}: shape {tuple(t.shape)} != {tuple(self.params[name].shape)}"
+            if not bool(torch.isfinite(t).all()):
+                return f"{name}: NaN or Inf values"
+        return None
+
+    def _reject(self, learner: int, fragment: int | None, reason: str) -> list[SyncAction]:
+        kind = reason.split(":")[0]
+        self.rejections[kind] = self.rejections.get(kind, 0) + 1
+        return [Rejected(learner, fragment, reason)]
+
+    # --- rounds ---------------------------------------------------------------------------------
+    def poll(self, now: float) -> list[SyncAction]:
+        """Close rounds whose grace window has ended."""
+        return self._advance_all(now)
+
+    def next_deadline(self) -> float | None:
+        deadlines = [r.deadline for r in self.rounds.values() if r.deadline is not None]
+        return min(deadlines) if deadlines else None
+
+    def _advance_all(self, now: float) -> list[SyncAction]:
+        actions: list[SyncAction] = []
+        for p in sorted(self.rounds):
+            actions += self._advance(p, now)
+        return actions
+
+    def _advance(self, p: int, now: float) -> list[SyncAction]:
+        r = self.rounds[p]
+        waiting_for = {m for m in r.expected & self.live if m not in r.contributions and m not in r.declined}
+        askable = len((r.expected & self.live) | set(r.contributions))
+        need = min(self.config.quorum, max(1, askable))
+        if r.quorum_at is None and len(r.contributions) >= need:
+            r.quorum_at = now
+            quorum_time = now - r.opened_at
+            self.grace.quorum_time.update(quorum_time)
+            r.deadline = now + self.grace.length(quorum_time)
+        if r.quorum_at is not None and (not waiting_for or (r.deadline is not None and now >= r.deadline)):
+            return self._merge(p, now)
+        return []
+
+    def _merge(self, p: int, now: float) -> list[SyncAction]:
+        r = self.rounds.pop(p)
+        contributions = [r.contributions[m] for m in sorted(r.contributions)]
+        weights = [token_weight(c.tokens, c.steps) for c in contributions]
+        if sum(weights) <= 0:  # every contributor trained on zero tokens: nothing to learn from
+            weights = [1.0] * len(contributions)
+        names = self.plan.names[p]
+        delta = merge_outer_gradients(
+            [c.outer_gradient for c in contributions], weights, self.plain_names & set(names), self.config.merge
+        )
+        self.outer[p].step(self.params, delta)
+        self.versions[p] += 1
+        admitted = tuple(
+            AdmittedWork(c.learner, c.step, c.steps, c.tokens, c.seconds, w) for c, w in zip(contributions, weights)
+        )
+        quorum_time = (r.quorum_at or now) - r.opened_at
+        record = Merged(
+            fragment=p,
+            version=self.versions[p],
+            time=now,
+            opened_at=r.opened_at,
+            quorum_time=quorum_time,
+            grace=(r.deadline or now) - (r.quorum_at or now),
+            admitted=admitted,
+            expected=len(r.expected),
+        )
+        return [record, self._update(p, tuple(sorted(self.live)))]
+
+    def _update(self, p: int, learners: Sequence[int]) -> FragmentUpdate:
+        tensors = {name: self.params[name].clone() for name in self.plan.names[p]}
+        return FragmentUpdate(p, self.versions[p], tensors, tuple(learners))
+
+    # --- state ----------------------------------------------------------------------------------
+    def global_params(self) -> dict[str, torch.Tensor]:
+        return {name: t.clone() for name, t in self.params.items()}
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume: parameters, versions, outer optimizer buffers, estimates."""
+        return {
+            "params": self.global_params(),
+            "versions": dict(self.versions),
+            "outer": {p: self.outer[p].state_dict() for p in self.owned},
+            "grace": self.grace.state_dict(),
+            "rejections": dict(self.rejections),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        params = state["params"]
+        if set(params) != set(self.params):
+            raise ValueError("checkpoint parameters do not match this synchronizer's fragments")
+        for name, t in params.items():
+            if tuple(t.shape) != tuple(self.params[name].shape):
+                raise ValueError(f"checkpoint tensor {name} has shape {tuple(t.shape)}")
+            self.params[name] = t.detach().to("cpu", torch.float32).clone()
+        self.versions = {int(p): int(v) for p, v in state["versions"].items()}
+        for p in self.owned:
+            self.outer[p].load_state_dict(state["outer"].get(p, {}))
+        self.grace.load_state_dict(state.get("grace", {}))
+        self.rejections = dict(state.get("rejections", {}))
+        self.rounds.clear()

@@ -1,0 +1,62 @@
+"""Online estimates of step, quorum and sync times, and the adaptive grace window built on them.
+
+    slack = tau * step_time - (quorum_time + sync_time);  grace = gamma * max(0, slack)
+
+Inside that window more learners are admitted without any learner ever waiting: the merged fragment
+still reaches the learners within tau steps of the snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Ema:
+    """Exponential moving average; the first observation initialises it."""
+
+    alpha: float
+    value: float | None = None
+
+    def update(self, x: float) -> float:
+        if x < 0:
+            raise ValueError(f"a duration cannot be negative, got {x}")
+        self.value = x if self.value is None else (1 - self.alpha) * self.value + self.alpha * x
+        return self.value
+
+    def get(self, default: float = 0.0) -> float:
+        return default if self.value is None else self.value
+
+
+@dataclass
+class GraceWindow:
+    """Grace length for one round, from smoothed step and sync times and this round's quorum time."""
+
+    overlap: int
+    gamma: float
+    alpha: float = 0.2
+    step_time: Ema = field(init=False)
+    quorum_time: Ema = field(init=False)
+    sync_time: Ema = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.step_time = Ema(self.alpha)
+        self.quorum_time = Ema(self.alpha)
+        self.sync_time = Ema(self.alpha)
+
+    def slack(self, quorum_time: float) -> float:
+        return self.overlap * self.step_time.get() - (quorum_time + self.sync_time.get())
+
+    def length(self, quorum_time: float) -> float:
+        """gamma * max(0, slack); zero until a step time has been observed."""
+        if self.step_time.value is None:
+            return 0.0
+        return self.gamma * max(0.0, self.slack(quorum_time))
+
+    def state_dict(self) -> dict[str, float | None]:
+        return {"step": self.step_time.value, "quorum": self.quorum_time.value, "sync": self.sync_time.value}
+
+    def load_state_dict(self, state: dict[str, float | None]) -> None:
+        self.step_time.value = state.get("step")
+        self.quorum_time.value = state.get("quorum")
+        self.sync_time.value = state.get("sync")

@@ -1,0 +1,319 @@
+"""The virtual-clock cluster: M learners and a synchronizer, driven by a discrete-event queue.
+
+Training is real (each learner's model takes real AdamW steps on its own data shard); only time is
+simulated, from the hardware model. The learners and the synchronizer are the pure cores of
+`ddiloco.core`, so what runs here is exactly the algorithm the networked runtime runs. Synchronous
+DiLoCo is this same driver with one fragment, blocking syncs and K = M.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..core import (
+    Contribution,
+    Decline,
+    FragmentRequest,
+    FragmentUpdate,
+    LearnerCore,
+    Merged,
+    Rejected,
+    Schedule,
+    SynchronizerCore,
+    plan_for_model,
+)
+from ..train.inner import inner_step, lr_at, make_inner_optimizer, set_lr
+from ..train.tasks import Task
+from .config import SimConfig
+from .events import EventQueue
+from .ledger import WorkLedger
+
+Progress = Callable[[float, dict], None]
+Observer = Callable[[str, float, dict], None]
+
+
+@dataclass
+class SimLearner:
+    """One learner process in the simulation; `incarnation` changes each time it fails."""
+
+    id: int
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    stream: object
+    sample_step_time: Callable[[], float]
+    incarnation: int = 0
+    state: str = "down"  # down | joining | stepping | waiting | stopped
+    core: LearnerCore | None = None
+    joining: dict[int, FragmentUpdate] = field(default_factory=dict)
+    step_started: float = 0.0
+    step_duration: float = 0.0
+    inner_steps: int = 0
+
+
+class DecoupledCluster:
+    def __init__(
+        self, config: SimConfig, task: Task, progress: Progress | None = None, observer: Observer | None = None
+    ) -> None:
+        """`observer(kind, time, details)` hears of every down, up, joined and merged event."""
+        self.config = config
+        self.observe = observer or (lambda kind, time, details: None)
+        self.algorithm = config.effective_algorithm()
+        self.task = task
+        self.progress = progress
+        template = task.build_model(config.seed)
+        params = dict(template.named_parameters())
+        self.plan = plan_for_model(params, self.algorithm.fragments)
+        self.schedule = Schedule(self.algorithm.fragments, self.algorithm.sync_every, self.algorithm.overlap)
+        self.sync = SynchronizerCore(
+            self.algorithm, self.plan, params, plain_names=task.embedding_names
+        )
+        self.eval_model = template
+        self.learners = []
+        for m in range(config.learners):
+            model = copy.deepcopy(template)
+            self.learners.append(
+                SimLearner(
+                    id=m,
+                    model=model,
+                    optimizer=make_inner_optimizer(model, config.inner),
+                    stream=task.stream(m, config.learners, config.inner.batch_size, config.seed),
+                    sample_step_time=config.steps.sampler(m, config.seed),
+                )
+            )
+        self.queue = EventQueue()
+        self.ledger = WorkLedger(config.learners)
+        self.tokens_trained = 0
+        self.draining = False
+        self.merges = 0
+        self.contributions = 0
+        self.rejected = 0
+        self.rejections: list[str] = []
+        self._polls: set[float] = set()
+        self._senders: dict[tuple[int, int, int], int] = {}  # (learner, fragment, base version) -> incarnation
+        self._last_merge_time = 0.0
+        self.longest_gap = 0.0
+
+    # --- the event loop -------------------------------------------------------------------------
+    def run(self) -> dict:
+        wall_start = time.perf_counter()
+        for m in range(self.config.learners):
+            self.queue.push(0.0, ("up", m))
+        for outage in self.config.failures.outages:
+            self.queue.push(outage.down_at, ("down", outage.learner))
+            if outage.up_at != float("inf"):
+                self.queue.push(outage.up_at, ("up", outage.learner))
+        handlers = {
+            "up": self._on_up,
+            "down": self._on_down,
+            "step_done": self._on_step_done,
+            "at_sync": self._on_at_sync,
+            "at_learner": self._on_at_learner,
+            "poll": self._on_poll,
+        }
+        end_time = 0.0
+        while self.queue:
+            now, event = self.queue.pop()
+            if self.draining and event[0] in ("up", "down"):
+                continue
+            handlers[event[0]](now, *event[1:])
+            end_time = now
+        self.longest_gap = max(self.longest_gap, end_time - self._last_merge_time)
+        summary = self.ledger.summary(end_time)
+        return {
+            **summary,
+            "sim_seconds": end_time,
+            "wall_seconds": time.perf_counter() - wall_start,
+            "outer_steps": self.merges,
+            "contributions": self.contributions,
+            "rejected_contributions": self.rejected,
+            "longest_gap_seconds": self.longest_gap,
+            "fragments": self.algorithm.fragments,
+        }
+
+    def global_model(self) -> torch.nn.Module:
+        with torch.no_grad():
+            for name, p in self.eval_model.named_parameters():
+                p.copy_(self.sync.params[name])
+        return self.eval_model
+
+    # --- membership -----------------------------------------------------------------------------
+    def _on_up(self, now: float, m: int) -> None:
+        learner = self.learners[m]
+        if learner.state != "down":
+            return
+        self.observe("up", now, {"learner": m})
+        learner.state = "joining"
+        learner.joining = {}
+        learner.inner_steps = 0
+        learner.core = LearnerCore(m, dict(learner.model.named_parameters()), self.plan, self.schedule)
+        if now > 0:
+            learner.optimizer = self._rejoin_optimizer(learner)
+        self._dispatch(self.sync.join(m, now), now)
+
+    def _rejoin_optimizer(self, learner: SimLearner) -> torch.optim.Optimizer:
+        """A restarted learner loses its inner optimizer; like the paper, copy a healthy peer's."""
+        fresh = make_inner_optimizer(learner.model, self.config.inner)
+        if self.config.rejoin_optimizer == "peer":
+            peers = [l for l in self.learners if l.state in ("stepping", "waiting") and l.id != learner.id]
+            if peers:
+                fresh.load_state_dict(copy.deepcopy(peers[0].optimizer.state_dict()))
+                learner.inner_steps = peers[0].inner_steps
+        return fresh
+
+    def _on_down(self, now: float, m: int) -> None:
+        learner = self.learners[m]
+        if learner.state == "down":
+            return
+        self.observe("down", now, {"learner": m})
+        learner.state = "down"
+        learner.incarnation += 1  # everything in flight to or from the old process is lost
+        learner.core = None
+        self._dispatch(self.sync.leave(m, now), now)
+
+    # --- learners -------------------------------------------------------------------------------
+    def _start_step(self, learner: SimLearner, now: float) -> None:
+        learner.state = "stepping"
+        learner.step_started = now
+        learner.step_duration = learner.sample_step_time()
+        self.queue.push(now + learner.step_duration, ("step_done", learner.id, learner.incarnation))
+
+    def _on_step_done(self, now: float, m: int, incarnation: int) -> None:
+        learner = self.learners[m]
+        if incarnation != learner.incarnation or learner.state != "stepping":
+            return
+        batch = learner.stream.next()
+        set_lr(learner.optimizer, lr_at(self.config.inner, learner.inner_steps, self.tokens_trained / self.config.tokens))
+        loss = self.task.loss(learner.model, batch)
+        inner_step(learner.model, learner.optimizer, loss, self.config.inner.grad_clip)
+        learner.inner_steps += 1
+        index = self.ledger.step(m, learner.incarnation, learner.step_started, now, batch.tokens)
+        self.tokens_trained += batch.tokens
+        messages = learner.core.after_step(batch.tokens, learner.step_duration)
+        assert index == learner.core.step
+        self._send(learner, messages, now)
+        if self.progress is not None:
+            self.progress(min(1.0, self.tokens_trained / self.config.tokens), {"loss": float(loss.detach())})
+        if self.tokens_trained >= self.config.tokens:
+            self._drain(now)
+        elif learner.core.must_wait():
+            learner.state = "waiting"
+        else:
+            self._start_step(learner, now)
+
+    def _drain(self, now: float) -> None:
+        """Training is over: every live learner sends the work it still holds, then the merges finish."""
+        self.draining = True
+        for learner in self.learners:
+            if learner.state in ("stepping", "waiting"):
+                learner.state = "stopped"
+                self._send(learner, learner.core.flush(), now)
+            elif learner.state == "joining":
+                learner.state = "stopped-joining"
+
+    def _on_at_learner(self, now: float, m: int, incarnation: int, message: object) -> None:
+        learner = self.learners[m]
+        if incarnation != learner.incarnation or learner.core is None:
+            return
+        core = learner.core
+        if isinstance(message, FragmentRequest):
+            core.request(message)
+            if learner.state in ("waiting", "stopped"):
+                self._send(learner, core.collect(), now)
+            return
+        assert isinstance(message, FragmentUpdate)
+        if learner.state in ("joining", "stopped-joining"):
+            held = learner.joining.get(message.fragment)
+            if held is None or message.version > held.version:
+                learner.joining[message.fragment] = message
+            if len(learner.joining) == self.plan.num_fragments:
+                core.join(list(learner.joining.values()))
+                self.observe("joined", now, {"learner": m, "versions": list(core.versions), "params": core.params})
+                if learner.state == "stopped-joining":
+                    learner.state = "stopped"
+                    self._send(learner, core.collect(), now)
+                else:
+                    self._start_step(learner, now)
+            return
+        core.receive(message)
+        if learner.state == "waiting":
+            core.apply_arrivals()
+            if not core.must_wait():
+                self._start_step(learner, now)
+        elif learner.state == "stopped":
+            core.apply_arrivals()
+
+    def _send(self, learner: SimLearner, messages: list, now: float) -> None:
+        link = self.config.link
+        for message in messages:
+            if isinstance(message, Contribution):
+                size = self.plan.sizes[message.fragment] * self.config.wire_bytes_per_param
+                arrival = now + link.transfer(size)
+            else:
+                arrival = now + link.latency
+            self.queue.push(arrival, ("at_sync", learner.id, learner.incarnation, message))
+
+    # --- synchronizer ---------------------------------------------------------------------------
+    def _on_at_sync(self, now: float, m: int, incarnation: int, message: Contribution | Decline) -> None:
+        if incarnation != self.learners[m].incarnation:
+            return  # the sender died before its message got through
+        if isinstance(message, Contribution):
+            self._senders[(m, message.fragment, message.base_version)] = incarnation
+        self._dispatch(self.sync.receive(message, now), now)
+
+    def _on_poll(self, now: float) -> None:
+        self._polls.discard(now)
+        self._dispatch(self.sync.poll(now), now)
+
+    def _dispatch(self, actions: list, now: float) -> None:
+        """Carry the synchronizer's actions out over the simulated links.
+
+        The update that follows a merge leaves after the merge's compute time; join updates and
+        re-sends to a learner that sent stale work leave at once.
+        """
+        link = self.config.link
+        merge_delay = 0.0
+        for action in actions:
+            if isinstance(action, Merged):
+                self._account(action, now)
+                numel = self.plan.sizes[action.fragment]
+                merge_delay = link.merge(numel, len(action.admitted))
+                sync_time = merge_delay + link.transfer(numel * self.config.wire_bytes_per_param)
+                self.sync.observe_sync_time(sync_time)
+            elif isinstance(action, FragmentUpdate):
+                size = self.plan.sizes[action.fragment] * self.config.wire_bytes_per_param
+                delay = merge_delay + link.transfer(size)
+                for m in action.learners:
+                    self._to_learner(m, now + delay, action)
+                merge_delay = 0.0
+            elif isinstance(action, FragmentRequest):
+                for m in action.learners:
+                    self._to_learner(m, now + link.latency, action)
+            elif isinstance(action, Rejected):
+                self.rejected += 1
+                if len(self.rejections) < 50:
+                    self.rejections.append(f"t={now:.2f} learner {action.learner}: {action.reason}")
+        deadline = self.sync.next_deadline()
+        if deadline is not None and deadline not in self._polls:
+            self._polls.add(deadline)
+            self.queue.push(max(deadline, now), ("poll",))
+
+    def _to_learner(self, m: int, when: float, message: object) -> None:
+        learner = self.learners[m]
+        self.queue.push(when, ("at_learner", m, learner.incarnation, message))
+
+    def _account(self, merged: Merged, now: float) -> None:
+        self.observe("merged", now, {"fragment": merged.fragment, "version": merged.version,
+                                     "learners": [w.learner for w in merged.admitted]})
+        self.merges += 1
+        self.contributions += len(merged.admitted)
+        self.longest_gap = max(self.longest_gap, now - self._last_merge_time)
+        self._last_merge_time = now
+        share = self.plan.share(merged.fragment)
+        for work in merged.admitted:
+            incarnation = self._senders.pop((work.learner, merged.fragment, merged.version - 1))
+            self.ledger.reached_model(work.learner, incarnation, work.step, work.steps, share)

@@ -1,0 +1,63 @@
+"""What one virtual-clock run is: the method, the model and data, the algorithm, the hardware, the faults."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
+
+from ..chaos.trace import FailureTrace
+from ..core.config import AlgorithmConfig
+from ..train.inner import InnerConfig
+from .hardware import LinkModel, StepTimeModel
+
+Method = Literal["ddp", "elastic-ddp", "diloco", "decoupled"]
+METHODS: tuple[str, ...] = ("ddp", "elastic-ddp", "diloco", "decoupled")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    method: Method = "decoupled"
+    model: str = "gpt"
+    model_size: str = "default"
+    data: str | None = None
+    seq_len: int = 128
+    learners: int = 4
+    tokens: int = 200_000
+    seed: int = 0
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    steps: StepTimeModel = field(default_factory=StepTimeModel)
+    link: LinkModel = field(default_factory=LinkModel)
+    failures: FailureTrace = field(default_factory=FailureTrace)
+    reconfigure_seconds: float = 5.0  # elastic data-parallel pause on every membership change
+    wire_bytes_per_param: float = 2.0  # bf16 outer gradients and fragments
+    rejoin_optimizer: Literal["peer", "fresh"] = "peer"
+    eval_batches: int = 20
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.learners < 1:
+            raise ValueError(f"learners must be >= 1, got {self.learners}")
+        if self.tokens < 1:
+            raise ValueError(f"tokens must be >= 1, got {self.tokens}")
+        if self.reconfigure_seconds < 0 or self.wire_bytes_per_param <= 0:
+            raise ValueError("reconfigure_seconds must be >= 0 and wire_bytes_per_param > 0")
+        if self.rejoin_optimizer not in ("peer", "fresh"):
+            raise ValueError("rejoin_optimizer must be 'peer' or 'fresh'")
+        bad = sorted(o.learner for o in self.failures.outages if o.learner >= self.learners)
+        if bad:
+            raise ValueError(f"failure trace names learner {bad[0]} but there are only {self.learners} learners")
+
+    def effective_algorithm(self) -> AlgorithmConfig:
+        """Synchronous DiLoCo is the same core with one fragment, blocking syncs and K = M."""
+        if self.method == "diloco":
+            return replace(
+                self.algorithm, fragments=1, overlap=0, quorum=self.learners, sync_every=self.algorithm.sync_every
+            )
+        return self.algorithm
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["failures"] = [asdict(o) for o in self.failures.outages]
+        return d

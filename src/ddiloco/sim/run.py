@@ -1,0 +1,58 @@
+"""One virtual-clock run, end to end: build the task, train with the chosen method, evaluate."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from ..train.tasks import Task, make_task
+from .cluster import DecoupledCluster
+from .config import SimConfig
+from .ddp import DataParallel
+
+Progress = Callable[[float, dict], None]
+
+
+def build_task(config: SimConfig) -> Task:
+    return make_task(config.model, config.data, seq_len=config.seq_len, model_size=config.model_size)
+
+
+def run_sim(config: SimConfig, task: Task | None = None, progress: Progress | None = None) -> dict:
+    """Train `config` on the virtual clock; returns the summary of `ddiloco sim --json`."""
+    wall_start = time.perf_counter()
+    torch.manual_seed(config.seed)
+    task = task if task is not None else build_task(config)
+    driver = (
+        DataParallel(config, task, progress)
+        if config.method in ("ddp", "elastic-ddp")
+        else DecoupledCluster(config, task, progress)
+    )
+    stats = driver.run()
+    metrics = task.evaluate(driver.global_model(), max_batches=config.eval_batches)
+    algorithm = config.effective_algorithm()
+    result = {
+        "method": config.method,
+        "model": config.model,
+        "learners": config.learners,
+        "tokens": stats.pop("tokens_trained"),
+        **metrics,
+        "goodput": stats.pop("goodput"),
+        "uptime": stats.pop("uptime"),
+        "utilization": stats.pop("utilization"),
+        "sim_seconds": stats.pop("sim_seconds"),
+        **stats,
+        "wall_seconds": time.perf_counter() - wall_start,
+        "seed": config.seed,
+    }
+    if config.method in ("diloco", "decoupled"):
+        result.update(
+            fragments=algorithm.fragments,
+            sync_every=algorithm.sync_every,
+            overlap=algorithm.overlap,
+            quorum=algorithm.quorum,
+            grace=algorithm.grace,
+            merge=algorithm.merge,
+        )
+    return result

@@ -1,0 +1,70 @@
+"""The inner optimizer every driver uses: AdamW with linear warm-up and cosine decay over the run."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class InnerConfig:
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0 or self.batch_size < 1 or self.warmup_steps < 0:
+            raise ValueError("inner lr must be > 0, batch_size >= 1, warmup_steps >= 0")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError("min_lr_ratio must be in [0, 1]")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def make_inner_optimizer(model: torch.nn.Module, config: InnerConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(
+        model.parameters(),
+        lr=config.lr,
+        betas=(config.beta1, config.beta2),
+        weight_decay=config.weight_decay,
+    )
+
+
+def lr_at(config: InnerConfig, step: int, progress: float) -> float:
+    """Warm-up over the learner's own first steps, cosine decay over the run's token progress in [0, 1].
+
+    Decaying by global progress rather than by the learner's step count gives every method the same
+    learning rate per token, which is what a comparison at equal tokens needs.
+    """
+    warm = min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps > 0 else 1.0
+    progress = min(1.0, max(0.0, progress))
+    cosine = config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return config.lr * warm * cosine
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def inner_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss: torch.Tensor,
+    grad_clip: float,
+) -> float:
+    """backward, clip, step, zero: one inner step; returns the loss value."""
+    loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())

@@ -1,0 +1,32 @@
+"""Shared fixtures: the tinyshakespeare corpus from the workspace's shared data folder (never copied)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def shakespeare_path() -> Path | None:
+    """`../shared/data/tinyshakespeare.txt` next to the repository, or None when it is absent."""
+    path = (REPO_ROOT / ".." / "shared" / "data" / "tinyshakespeare.txt").resolve()
+    return path if path.is_file() else None
+
+
+@pytest.fixture(scope="session")
+def shakespeare() -> str:
+    path = shakespeare_path()
+    if path is None:
+        pytest.skip(f"tinyshakespeare.txt not found at {REPO_ROOT.parent / 'shared' / 'data'}")
+    return str(path)
+
+
+
+@pytest.fixture(scope="session")
+def tiny_task(shakespeare: str):
+    """The tiny GPT on tinyshakespeare: real model and data, fast enough for multi-learner runs."""
+    from ddiloco.train.tasks import make_task
+
+    return make_task("gpt", shakespeare, seq_len=16, model_size="tiny")

@@ -1,0 +1,127 @@
+import pytest
+import torch
+
+from ddiloco.core import Contribution, Decline, FragmentRequest, FragmentUpdate, LearnerCore, Schedule, balanced_fragments
+
+
+def make(overlap=1, period=4):
+    params = {"a": torch.zeros(4), "b": torch.zeros(2)}
+    plan = balanced_fragments([("a", 4), ("b", 2)], 2)  # a -> fragment 0, b -> fragment 1
+    core = LearnerCore(7, params, plan, Schedule(2, period, overlap))
+    core.join([
+        FragmentUpdate(0, 0, {"a": torch.full((4,), 1.0)}, (7,)),
+        FragmentUpdate(1, 0, {"b": torch.full((2,), 2.0)}, (7,)),
+    ])
+    return core, params
+
+
+def test_join_overwrites_and_zeroes_counters():
+    core, params = make()
+    assert torch.equal(params["a"], torch.ones(4)) and torch.equal(params["b"], torch.full((2,), 2.0))
+    assert core.versions == [0, 0]
+    assert all(c.steps == 0 and c.tokens == 0 for c in core.counters)
+    with pytest.raises(ValueError):
+        core.join([FragmentUpdate(0, 0, {"a": torch.ones(4)}, (7,))])
+
+
+def test_step_before_join_is_an_error():
+    params = {"a": torch.zeros(1)}
+    core = LearnerCore(0, params, balanced_fragments([("a", 1)], 1), Schedule(1, 2, 1))
+    with pytest.raises(RuntimeError, match="join"):
+        core.after_step(1, 1.0)
+
+
+def test_counters_due_steps_and_outer_gradient_sign():
+    core, params = make(overlap=1, period=4)
+    sent = {}
+    for step in range(1, 7):
+        params["a"] += 0.5  # "training" moves a up by 0.5 per step
+        for msg in core.after_step(tokens=10, seconds=0.25):
+            sent.setdefault(msg.fragment, []).append((step, msg))
+    # fragment 0: offset 0, first due at 0 + 4 - 1 = 3; fragment 1: offset 2, due at 2 + 4 - 1 = 5
+    assert [s for s, _ in sent[0]] == [3]
+    assert [s for s, _ in sent[1]] == [5]
+    c0 = sent[0][0][1]
+    assert isinstance(c0, Contribution)
+    assert (c0.steps, c0.tokens, c0.seconds, c0.base_version, c0.step) == (3, 30, 0.75, 0, 3)
+    # a went from 1.0 to 2.5: v = Theta - theta = -1.5
+    assert torch.allclose(c0.outer_gradient["a"], torch.full((4,), -1.5))
+    assert core.pending == [0, 0]
+    # pending: nothing more is sent for fragment 0 however long we wait
+    for _ in range(10):
+        assert all(m.fragment != 0 for m in core.after_step(10, 0.25))
+
+
+def test_arrival_overwrites_at_boundary_resets_counters_and_keeps_inner_optimizer_state():
+    core, params = make(overlap=1, period=4)
+    weights = torch.nn.Parameter(params["a"])  # share storage with the model parameter
+    params["a"] = weights
+    core.params = params
+    opt = torch.optim.AdamW([weights], lr=0.1)
+    for _ in range(3):
+        weights.grad = torch.ones(4)
+        opt.step()
+        core.after_step(10, 1.0)
+    exp_avg = opt.state[weights]["exp_avg"].clone()
+    core.receive(FragmentUpdate(0, 1, {"a": torch.full((4,), 9.0)}, (7,)))
+    assert not torch.equal(weights.detach(), torch.full((4,), 9.0))  # not before the boundary
+    weights.grad = torch.ones(4)
+    opt.step()
+    core.after_step(10, 1.0)
+    assert torch.equal(weights.detach(), torch.full((4,), 9.0))
+    assert core.versions[0] == 1 and core.counters[0].steps == 0 and core.pending[0] is None
+    assert core.counters[1].steps == 4  # the other fragment keeps counting
+    assert torch.allclose(opt.state[weights]["exp_avg"], 0.9 * exp_avg + 0.1 * torch.ones(4))
+
+
+def test_old_versions_are_ignored():
+    core, params = make()
+    core.receive(FragmentUpdate(0, 3, {"a": torch.full((4,), 3.0)}, (7,)))
+    core.receive(FragmentUpdate(0, 2, {"a": torch.full((4,), 2.0)}, (7,)))
+    core.after_step(1, 1.0)
+    assert core.versions[0] == 3 and torch.equal(params["a"], torch.full((4,), 3.0))
+    core.receive(FragmentUpdate(0, 1, {"a": torch.full((4,), 1.0)}, (7,)))
+    core.after_step(1, 1.0)
+    assert core.versions[0] == 3
+
+
+def test_requests_answered_at_boundary_or_declined():
+    core, params = make(overlap=1, period=8)
+    core.request(FragmentRequest(1, 0, (7,)))
+    out = core.after_step(5, 1.0)
+    assert len(out) == 1 and isinstance(out[0], Contribution) and out[0].fragment == 1 and out[0].steps == 1
+    core.request(FragmentRequest(0, 4, (7,)))  # a version we do not hold
+    out = core.after_step(5, 1.0)
+    assert isinstance(out[0], Decline) and "holds version 0" in out[0].reason
+    core.request(FragmentRequest(0, 0, (3,)))  # addressed to someone else
+    assert core.requested == {}
+
+
+def test_fresh_learner_declines_until_it_has_stepped():
+    core, params = make(overlap=1, period=8)
+    core.receive(FragmentUpdate(0, 1, {"a": torch.zeros(4)}, (7,)))
+    core.after_step(5, 1.0)  # applies version 1: counters reset to zero
+    core.request(FragmentRequest(0, 1, (7,)))
+    assert isinstance(core.collect()[0], Decline)
+
+
+def test_blocking_mode_waits_and_ignores_requests():
+    core, params = make(overlap=0, period=2)
+    assert not core.answer_requests
+    assert core.after_step(1, 1.0) == []
+    out = core.after_step(1, 1.0)
+    assert [m.fragment for m in out] == [0]  # offset 0: due at 0 + 2 - 0
+    assert core.must_wait()
+    core.request(FragmentRequest(1, 0, (7,)))
+    assert core.collect() == []
+    core.receive(FragmentUpdate(0, 1, {"a": torch.zeros(4)}, (7,)))
+    assert core.apply_arrivals() == [0]
+    assert not core.must_wait()
+
+
+def test_flush_sends_all_unsent_work():
+    core, _ = make(overlap=1, period=8)
+    core.after_step(3, 1.0)
+    out = core.flush()
+    assert sorted(m.fragment for m in out) == [0, 1]
+    assert core.flush() == []  # all pending now

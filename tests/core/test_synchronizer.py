@@ -1,0 +1,168 @@
+import pytest
+import torch
+
+from ddiloco.core import (
+    AlgorithmConfig,
+    Contribution,
+    Decline,
+    FragmentRequest,
+    FragmentUpdate,
+    Merged,
+    Rejected,
+    SynchronizerCore,
+    balanced_fragments,
+)
+
+
+def contribution(learner, grad, steps=4, tokens=100, version=0, step_time=1.0, fragment=0, name="w"):
+    return Contribution(learner, fragment, version, {name: torch.tensor(grad)}, steps, tokens, float(steps), step_time, steps)
+
+
+def make(quorum=2, grace=0.5, learners=3, merge="mean", momentum=0.0):
+    config = AlgorithmConfig(fragments=1, sync_every=4, overlap=2, quorum=quorum, grace=grace,
+                             outer_lr=0.7, outer_momentum=momentum, merge=merge, ema=1.0)
+    plan = balanced_fragments([("w", 2)], 1)
+    core = SynchronizerCore(config, plan, {"w": torch.zeros(2)})
+    for m in range(learners):
+        [update] = core.join(m, 0.0)
+        assert update.version == 0 and update.learners == (m,)
+    return core
+
+
+def kinds(actions):
+    return [type(a).__name__ for a in actions]
+
+
+def test_quorum_then_grace_then_token_weighted_merge_by_hand():
+    core = make(quorum=2)
+    out = core.receive(contribution(0, [-1.0, 0.0], steps=4, tokens=100), now=0.0)
+    assert kinds(out) == ["FragmentRequest"] and out[0].learners == (1, 2) and out[0].version == 0
+    assert core.next_deadline() is None  # quorum of 2 not reached
+    out = core.receive(contribution(1, [0.0, -2.0], steps=2, tokens=100), now=0.3)
+    assert out == []
+    # slack = 2 * 1.0 - (0.3 + 0) = 1.7; grace = 0.85 from the quorum at 0.3
+    assert core.next_deadline() == pytest.approx(1.15)
+    assert core.poll(1.0) == []
+    out = core.poll(1.15)
+    assert kinds(out) == ["Merged", "FragmentUpdate"]
+    merged, update = out
+    assert [w.learner for w in merged.admitted] == [0, 1]
+    assert [w.weight for w in merged.admitted] == [2500.0, 5000.0]
+    assert merged.quorum_time == pytest.approx(0.3) and merged.grace == pytest.approx(0.85)
+    # delta = (2500*[-1,0] + 5000*[0,-2]) / 7500 = [-1/3, -4/3]; Theta = 0 - 0.7 * delta
+    assert torch.allclose(update.tensors["w"], torch.tensor([0.7 / 3, 2.8 / 3]))
+    assert update.version == 1 and update.learners == (0, 1, 2)
+    assert core.versions[0] == 1 and core.rounds == {}
+
+
+def test_merge_closes_early_when_everyone_asked_has_answered():
+    core = make(quorum=1)
+    core.receive(contribution(0, [1.0, 0.0]), now=0.0)
+    assert core.next_deadline() == pytest.approx(1.0)  # K=1: quorum at once; grace 0.5 * 2
+    assert core.receive(Decline(1, 0, 0, "nothing"), now=0.1) == []
+    out = core.receive(contribution(2, [0.0, 1.0]), now=0.2)
+    assert kinds(out) == ["Merged", "FragmentUpdate"]
+    assert [w.learner for w in out[0].admitted] == [0, 2]
+
+
+def test_no_grace_merges_the_quorum_alone():
+    core = make(quorum=1, grace=0.0)
+    out = core.receive(contribution(0, [1.0, 0.0]), now=0.0)
+    assert kinds(out) == ["FragmentRequest", "Merged", "FragmentUpdate"]
+    assert len(out[1].admitted) == 1
+
+
+def test_a_learner_that_leaves_is_not_waited_for():
+    core = make(quorum=3)
+    core.receive(contribution(0, [1.0, 0.0]), now=0.0)
+    core.receive(contribution(1, [1.0, 0.0]), now=0.1)
+    assert core.next_deadline() is None
+    out = core.leave(2, now=0.5)
+    assert kinds(out) == ["Merged", "FragmentUpdate"]
+    assert out[1].learners == (0, 1)  # the departed learner is not sent to
+
+
+def test_quorum_is_capped_at_live_learners_so_k_equal_m_waits_for_every_live_one():
+    core = make(quorum=10, learners=2)
+    out = core.receive(contribution(0, [1.0, 0.0]), now=0.0)
+    assert "Merged" not in kinds(out)
+    out = core.receive(contribution(1, [1.0, 0.0]), now=2.0)
+    assert kinds(out) == ["Merged", "FragmentUpdate"]
+
+
+def test_rejoining_learner_gets_current_global_and_stale_work_is_refused():
+    core = make(quorum=1, grace=0.0, learners=2)
+    for v in range(3):
+        core.receive(contribution(0, [-1.0, -1.0], version=v), now=float(v))
+    assert core.versions[0] == 3
+    current = core.params["w"].clone()
+    [update] = core.join(1, now=5.0)
+    assert update.version == 3 and torch.equal(update.tensors["w"], current)
+    # work computed from version 0 must not drag the model back
+    out = core.receive(contribution(1, [50.0, 50.0], version=0), now=5.1)
+    assert kinds(out) == ["Rejected", "FragmentUpdate"]
+    assert "stale" in out[0].reason and out[1].version == 3 and out[1].learners == (1,)
+    assert torch.equal(core.params["w"], current) and core.versions[0] == 3
+
+
+@pytest.mark.parametrize(
+    "message, reason",
+    [
+        (contribution(9, [1.0, 1.0]), "unknown learner"),
+        (contribution(0, [1.0, 1.0, 1.0]), "shape"),
+        (contribution(0, [float("nan"), 1.0]), "NaN or Inf"),
+        (contribution(0, [float("inf"), 1.0]), "NaN or Inf"),
+        (contribution(0, [1.0, 1.0], name="v"), "wrong tensors"),
+        (contribution(0, [1.0, 1.0], steps=0), "no steps"),
+        (contribution(0, [1.0, 1.0], version=4), "unknown version"),
+        (contribution(0, [1.0, 1.0], fragment=3), "not owned"),
+    ],
+)
+def test_bad_contributions_are_rejected_and_change_nothing(message, reason):
+    core = make(quorum=1)
+    before = core.params["w"].clone()
+    out = core.receive(message, now=0.0)
+    assert kinds(out) == ["Rejected"] and reason in out[0].reason
+    assert torch.equal(core.params["w"], before) and core.versions[0] == 0 and core.rounds == {}
+    assert sum(core.rejections.values()) == 1
+
+
+def test_duplicate_contribution_is_rejected():
+    core = make(quorum=3)
+    core.receive(contribution(0, [1.0, 0.0]), now=0.0)
+    out = core.receive(contribution(0, [1.0, 0.0]), now=0.1)
+    assert kinds(out) == ["Rejected"] and "duplicate" in out[0].reason
+    assert len(core.rounds[0].contributions) == 1
+
+
+def test_state_dict_round_trip_continues_identically():
+    a = make(quorum=1, grace=0.0, momentum=0.9)
+    a.receive(contribution(0, [-1.0, 0.5]), now=0.0)
+    state = a.state_dict()
+    b = make(quorum=1, grace=0.0, momentum=0.9)
+    b.load_state_dict(state)
+    for core in (a, b):
+        core.receive(contribution(1, [0.3, -0.2], version=1), now=1.0)
+    assert torch.equal(a.params["w"], b.params["w"]) and a.versions == b.versions == {0: 2}
+
+
+def test_shards_own_disjoint_fragments():
+    config = AlgorithmConfig(fragments=2, sync_every=4, overlap=1, quorum=1, grace=0.0)
+    plan = balanced_fragments([("a", 3), ("b", 2)], 2)
+    params = {"a": torch.zeros(3), "b": torch.zeros(2)}
+    shard = SynchronizerCore(config, plan, params, owned=[1])
+    assert set(shard.params) == {"b"}
+    [update] = shard.join(0, 0.0)
+    assert update.fragment == 1
+    out = shard.receive(contribution(0, [1.0, 1.0, 1.0], name="a", fragment=0), now=0.0)
+    assert "not owned" in out[0].reason
+    with pytest.raises(ValueError):
+        SynchronizerCore(config, plan, params, owned=[5])
+
+
+def test_config_validation_names_every_problem():
+    with pytest.raises(ValueError) as info:
+        AlgorithmConfig(fragments=30, sync_every=24, overlap=24, quorum=0, grace=1.5)
+    message = str(info.value)
+    for word in ("fragments", "overlap", "quorum", "grace"):
+        assert word in message
