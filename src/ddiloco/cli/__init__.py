@@ -19,15 +19,13 @@ def _root() -> None:
 
 
 def _register() -> None:
-    # Each sub-command lives in its own module and registers itself on `app`.
+    """Import every sub-command module of this package; each registers itself on `app`."""
     import importlib
+    import pkgutil
 
-    for name in ("sim", "goodput"):
-        try:
-            importlib.import_module(f"ddiloco.cli.{name}")
-        except ModuleNotFoundError as exc:  # a sub-command not written yet
-            if exc.name != f"ddiloco.cli.{name}":
-                raise
+    for module in pkgutil.iter_modules(__path__):
+        if not module.name.startswith("_") and module.name != "output":
+            importlib.import_module(f"{__name__}.{module.name}")
 
 
 def main() -> None:

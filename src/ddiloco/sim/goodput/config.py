@@ -36,7 +36,7 @@ class GoodputConfig:
         inner_steps: H, inner steps between two syncs of a fragment / outer steps [24].
         overlap_steps: tau, steps a fragment sync overlaps with compute [2].
         quorum: K, learners the synchronizer needs before it merges [1].
-        rejoin_s: cost of a Decoupled learner coming back from a failure pause [None = tau*step_s].
+        rejoin_s: extra pause of a DiLoCo learner after a failure, to rejoin the synchronizer [4].
         outer_sync_s: blocking outer all-reduce of synchronous DiLoCo [0, bandwidth out of scope].
         days: simulated wall-clock horizon [7].
     """
@@ -56,7 +56,7 @@ class GoodputConfig:
     inner_steps: int = 24
     overlap_steps: int = 2
     quorum: int = 1
-    rejoin_s: float | None = None
+    rejoin_s: float = 4.0
     outer_sync_s: float = 0.0
     days: float = 7.0
 
@@ -79,10 +79,9 @@ class GoodputConfig:
 
         for name in ("mtbi_years", "repair_mean_hours", "step_s", "checkpoint_s", "days"):
             positive(name)
-        for name in ("detect_s", "reconfig_s", "scaleup_s", "restart_s", "step_cv", "outer_sync_s"):
+        for name in ("detect_s", "reconfig_s", "scaleup_s", "restart_s", "rejoin_s", "step_cv",
+                     "outer_sync_s"):
             non_negative(name)
-        if self.rejoin_s is not None and not self.rejoin_s >= 0:
-            out.append(f"rejoin_s must be >= 0, got {self.rejoin_s}")
         if self.slice_chips < 1:
             out.append(f"slice_chips must be >= 1, got {self.slice_chips}")
         if self.repair_dist not in REPAIR_DISTRIBUTIONS:
@@ -111,11 +110,6 @@ class GoodputConfig:
         return self.repair_mean_hours * SECONDS_PER_HOUR
 
     @property
-    def rejoin_seconds(self) -> float:
-        """Default: tau steps, one round trip of the fragment pipeline (see docs/goodput.md)."""
-        return self.overlap_steps * self.step_s if self.rejoin_s is None else self.rejoin_s
-
-    @property
     def slack_s(self) -> float:
         """How long a learner may run ahead of a sync that cannot form before it must wait."""
         return self.overlap_steps * self.step_s
@@ -124,6 +118,4 @@ class GoodputConfig:
         return replace(self, **changes)
 
     def as_dict(self) -> dict[str, object]:
-        return {f.name: getattr(self, f.name) for f in fields(self)} | {
-            "rejoin_seconds": self.rejoin_seconds
-        }
+        return {f.name: getattr(self, f.name) for f in fields(self)}

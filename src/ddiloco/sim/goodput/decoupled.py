@@ -3,8 +3,9 @@
 Each learner is an elastic data-parallel job over its N/M chips (see elastic.py). Its work counts
 whenever it runs, except for:
 - the step in flight at a failure (as for elastic data-parallel);
-- a rejoin after each failure pause (`rejoin_seconds`): before computing again the learner
-  re-registers with the synchronizer and receives the fragments merged while it was away;
+- a rejoin after each failure pause (`rejoin_s`): before computing again the learner re-registers
+  with the synchronizer over the cross-datacenter network and receives the fragments merged while
+  it was away;
 - the quorum: the synchronizer merges a fragment only once K learners have made progress. While
   fewer than K learners run, the running ones may still go tau steps ahead (the overlap the
   schedule allows for a sync), then they wait for the quorum. With K = 1 nobody ever waits.
@@ -57,7 +58,7 @@ def simulate_decoupled(
     if config.quorum > learners:
         raise ValueError(f"quorum K={config.quorum} cannot exceed the number of learners M={learners}")
     groups = learner_of_slice(outages.num_slices, learners)
-    seg = elastic_segments(outages, groups, config, extra_failure_pause=config.rejoin_seconds)
+    seg = elastic_segments(outages, groups, config, extra_failure_pause=config.rejoin_s)
     useful = seg.useful_chip_seconds().sum() - quorum_blocked_work(seg, config.quorum, config.slack_s)
     return MethodResult(
         method="decoupled", learners=learners, chips=outages.chips, seed=seed,

@@ -1,7 +1,8 @@
 """Synchronous DiLoCo with M elastic learners: every outer step waits for every learner.
 
 Each learner is an elastic data-parallel job over its N/M chips (see elastic.py): a failure pauses
-it (detect + reconfigure, the inner step in flight is lost), a repaired slice pauses it again to
+it (detect + reconfigure + rejoin the outer group over the cross-datacenter network, the same
+`rejoin_s` a Decoupled learner pays; the inner step in flight is lost), a repaired slice pauses it again to
 scale up, and in between it keeps its state, so the inner steps it had done in the outer step are
 kept. An outer step starts for everyone at once; learner m must do H inner steps, whose total time
 varies from learner to learner (step-time variance, a normal approximation of the sum of H steps
@@ -113,7 +114,7 @@ def simulate_diloco(
 ) -> MethodResult:
     rng = np.random.default_rng(seed) if rng is None else rng
     groups = learner_of_slice(outages.num_slices, learners)
-    seg = elastic_segments(outages, groups, config)
+    seg = elastic_segments(outages, groups, config, extra_failure_pause=config.rejoin_s)
     useful, starts, done = run_outer_steps(seg, config, rng)
     return MethodResult(
         method="diloco", learners=learners, chips=outages.chips, seed=seed,
