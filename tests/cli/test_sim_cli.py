@@ -1,0 +1,52 @@
+"""`ddiloco sim` as a user runs it: a real process, a JSON last line, clear errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+REQUIRED = {"method", "learners", "tokens", "eval_loss", "goodput", "uptime", "sim_seconds", "wall_seconds",
+            "outer_steps", "contributions"}
+
+
+def ddiloco(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "ddiloco", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("method", ["decoupled", "elastic-ddp"])
+def test_json_summary_is_the_last_line(shakespeare, method, tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("learner,down_at,up_at\n1,3.5,9.5\n")
+    out = ddiloco("sim", "--method", method, "--model-size", "tiny", "--seq-len", "16", "--batch-size", "4",
+                  "--tokens", "4000", "--learners", "3", "--fragments", "2", "--sync-every", "4",
+                  "--data", shakespeare, "--failures", str(trace), "--json", "--quiet")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert REQUIRED <= set(result)
+    assert result["method"] == method and result["learners"] == 3 and result["tokens"] >= 4000
+    assert 0 < result["goodput"] <= 1 and 0 < result["uptime"] <= 1
+
+
+def test_vision_reports_accuracy():
+    out = ddiloco("sim", "--model", "vision", "--model-size", "tiny", "--tokens", "2000", "--learners", "2",
+                  "--fragments", "2", "--sync-every", "4", "--json", "--quiet")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert 0 <= result["eval_accuracy"] <= 1 and result["eval_loss"] > 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--method", "magic"], "unknown method"),
+        (["--fragments", "30", "--sync-every", "24"], "fragments"),
+        (["--speeds", "1,2"], "--speeds gives 2"),
+        (["--data", "/nonexistent/text"], "/nonexistent/text"),
+        (["--failures", "/nonexistent.csv"], "does not exist"),
+    ],
+)
+def test_bad_flags_fail_with_a_clear_message(args, message):
+    out = ddiloco("sim", "--model-size", "tiny", "--tokens", "100", *args)
+    assert out.returncode == 2
+    assert message in out.stderr
