@@ -186,7 +186,7 @@ def goodput(
     if trace_out is not None:
         from ddiloco.sim.goodput.trace_export import learner_trace
 
-        fail_rng, _ = seed_rngs(chips[0], seed)
+        fail_rng = seed_rngs(chips[0], seed)[0]
         trace = learner_trace(sample_outages(chips[0], config, fail_rng), m_trace, config, trace_scale)
         trace.save(trace_out)
         console.print(f"trace of {m_trace} learners ({len(trace.outages)} outages, {chips[0]:,} chips, "

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ddiloco.sim.goodput.config import SECONDS_PER_YEAR, GoodputConfig
-from ddiloco.sim.goodput.failures import RepairTime, sample_outages, slice_sizes
+from ddiloco.sim.goodput.failures import RepairTime, sample_job_failures, sample_outages, slice_sizes
 
 
 def test_slice_sizes_cover_every_chip_once():
@@ -78,3 +78,12 @@ def test_same_seed_same_draw():
     a = sample_outages(100_000, cfg, np.random.default_rng(7), horizon=86400.0)
     b = sample_outages(100_000, cfg, np.random.default_rng(7), horizon=86400.0)
     assert np.array_equal(a.down_at, b.down_at) and np.array_equal(a.slice, b.slice)
+
+
+def test_a_job_on_spares_fails_at_rate_chips_over_mtbi():
+    rng = np.random.default_rng(8)
+    counts = [sample_job_failures(1_200_000, SECONDS_PER_YEAR, 86400.0, rng).size for _ in range(50)]
+    expected = 1_200_000 / 365  # failures per day
+    assert np.mean(counts) == pytest.approx(expected, rel=4 / math.sqrt(50 * expected))
+    t = sample_job_failures(1_200_000, SECONDS_PER_YEAR, 86400.0, rng)
+    assert np.all(np.diff(t) >= 0) and t.min() >= 0 and t.max() < 86400.0

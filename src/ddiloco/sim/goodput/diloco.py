@@ -2,13 +2,13 @@
 
 Each learner is an elastic data-parallel job over its N/M chips (see elastic.py): a failure pauses
 it (detect + reconfigure + rejoin the outer group over the cross-datacenter network, the same
-`rejoin_s` a Decoupled learner pays; the inner step in flight is lost), a repaired slice pauses it again to
-scale up, and in between it keeps its state, so the inner steps it had done in the outer step are
-kept. An outer step starts for everyone at once; learner m must do H inner steps, whose total time
-varies from learner to learner (step-time variance, a normal approximation of the sum of H steps
-with coefficient of variation `step_cv` each). The outer step ends when the slowest learner is done,
-plus the blocking outer all-reduce (`outer_sync_s`). A learner that is done early idles: that idle
-chip time is what synchronous DiLoCo loses to failures and stragglers.
+`rejoin_s` a Decoupled learner pays; the inner step in flight is lost), a repaired slice pauses it
+again to scale up, and in between it keeps its state, so the inner steps it had done in the outer
+step are kept. An outer step starts for everyone at once; learner m must do H inner steps, whose
+total time varies from learner to learner (step-time variance, a normal approximation of the sum of
+H steps with coefficient of variation `step_cv` each). The outer step ends when the slowest learner
+is done, plus the blocking outer all-reduce (`outer_sync_s`). A learner that is done early idles:
+that idle chip time is what synchronous DiLoCo loses to failures and stragglers.
 
 The outer steps are sequential, so this is a loop over outer steps (about 12 000 in 7 days), each
 one vectorised over learners with `Cumulative`; never a loop over chips or slices.
@@ -72,9 +72,10 @@ def run_outer_steps(
 def training_time(seg: Segments, starts: np.ndarray, done: np.ndarray) -> float:
     """Seconds in which at least one learner computes for the current outer step.
 
-    Learner m computes for outer step k during [starts[k], done[k, m]) minus its pauses and lost
-    tails. We intersect those two interval lists per learner and take the union over learners, all
-    with +1/-1 sweeps (learner m's times shifted by m * span so that one sort serves all).
+    Learner m computes for outer step k during [starts[k], done[k, m]) minus its pauses (a step
+    lost to a failure was still computed, as for elastic-ddp's uptime). We intersect those two
+    interval lists per learner and take the union over learners, all with +1/-1 sweeps (learner
+    m's times shifted by m * span so that one sort serves all).
     """
     m = seg.num_groups
     span = 2.0 * seg.horizon + 1.0
@@ -83,8 +84,8 @@ def training_time(seg: Segments, starts: np.ndarray, done: np.ndarray) -> float:
     a_s = np.repeat(starts, m)
     a_e = done.reshape(-1)
     ok = a_e > a_s
-    # Interval list B: productive parts of the running intervals.
-    b_e = seg.start + seg.productive
+    # Interval list B: the running intervals.
+    b_e = seg.end
     okb = b_e > seg.start
     t = np.r_[a_g[ok] * span + a_s[ok], a_g[ok] * span + a_e[ok],
               seg.group[okb] * span + seg.start[okb], seg.group[okb] * span + b_e[okb]]

@@ -141,3 +141,10 @@ def sample_outages(
         slice_chips=sizes,
         horizon=horizon,
     )
+
+
+def sample_job_failures(chips: int, mtbi_s: float, horizon: float, rng: np.random.Generator) -> np.ndarray:
+    """Failure times of a job that always runs on `chips` healthy chips (failed slices swapped
+    for spares at once): a Poisson process of rate chips/MTBI, whatever the repair times."""
+    n = rng.poisson(chips / mtbi_s * horizon)
+    return np.sort(rng.uniform(0.0, horizon, n))

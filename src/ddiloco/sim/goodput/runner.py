@@ -18,15 +18,14 @@ from .ddp import simulate_ddp
 from .decoupled import simulate_decoupled
 from .diloco import simulate_diloco
 from .elastic import simulate_elastic_ddp
-from .failures import sample_outages
+from .failures import sample_job_failures, sample_outages
 from .result import METHODS, MethodResult
 from .stats import mean_ci
 
 
-def seed_rngs(chips: int, seed: int) -> tuple[np.random.Generator, np.random.Generator]:
-    """Independent streams for the failures and for step-time noise, fixed by (seed, chips)."""
-    failures, steps = np.random.SeedSequence([seed, chips]).spawn(2)
-    return np.random.default_rng(failures), np.random.default_rng(steps)
+def seed_rngs(chips: int, seed: int) -> tuple[np.random.Generator, ...]:
+    """Independent streams, fixed by (seed, chips): slice failures, step-time noise, ddp's failures."""
+    return tuple(np.random.default_rng(s) for s in np.random.SeedSequence([seed, chips]).spawn(3))
 
 
 def simulate_seed(
@@ -37,11 +36,12 @@ def simulate_seed(
     methods: Sequence[str] = METHODS,
 ) -> list[MethodResult]:
     """Every requested method on one failure draw."""
-    fail_rng, step_rng = seed_rngs(chips, seed)
+    fail_rng, step_rng, job_rng = seed_rngs(chips, seed)
     outages = sample_outages(chips, config, fail_rng)
     out: list[MethodResult] = []
     if "ddp" in methods:
-        out.append(simulate_ddp(outages, config, seed))
+        job_failures = sample_job_failures(chips, config.mtbi_s, config.horizon_s, job_rng)
+        out.append(simulate_ddp(job_failures, chips, config.horizon_s, config, seed))
     if "elastic-ddp" in methods:
         out.append(simulate_elastic_ddp(outages, config, seed))
     for m in learners:

@@ -1,0 +1,36 @@
+"""Atomic file writes: write a temporary file, fsync it, rename it over the target, fsync the folder.
+
+A reader (or a process restarted after kill -9 or a power cut) sees either the old file or the new
+one, never a torn mix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def atomic_write(path: str | Path, data: bytes, durable: bool = True) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        if durable:
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if durable:
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_json(path: str | Path, obj: object, durable: bool = True) -> None:
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True).encode(), durable)
+
+
+def read_json(path: str | Path) -> dict:
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,160 @@
+"""Synchronizer checkpoints: safetensors per fragment version plus a JSON manifest, written atomically.
+
+Layout of a checkpoint folder (one per synchronizer shard):
+
+    manifest.json                       seq, versions, which file holds each fragment, grace-window
+                                        estimates, rejection counts, the ledger (per-learner counters
+                                        and data positions), and the run's identity (plan, config)
+    fragments/p0003-v00000017.safetensors
+                                        fragment 3 at version 17: its parameters under their names
+                                        and the outer Nesterov buffers under "outer/<name>"
+
+A merge only changes one fragment, so a checkpoint writes only the fragments that changed since the
+last one (a fragment file is immutable once written) and then the manifest. Each file goes through
+write-temp, fsync, rename; the manifest rename is the commit point. A process killed at any moment
+restarts from the last committed manifest; fragment files it no longer references are deleted later.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from safetensors.torch import load_file, save
+
+from ..core import SynchronizerCore
+from .atomic import atomic_write, atomic_write_json, read_json
+
+FORMAT = 1
+OUTER_PREFIX = "outer/"
+
+
+class CheckpointStore:
+    def __init__(self, directory: str | Path, keep_versions: int = 2) -> None:
+        self.dir = Path(directory)
+        self.frag_dir = self.dir / "fragments"
+        self.frag_dir.mkdir(parents=True, exist_ok=True)
+        self.keep_versions = max(1, keep_versions)
+        self.seq = 0
+        self._files: dict[int, str] = {}
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.dir / "manifest.json"
+
+    def exists(self) -> bool:
+        return self.manifest_path.is_file()
+
+    @staticmethod
+    def fragment_file(p: int, version: int) -> str:
+        return f"p{p:04d}-v{version:08d}.safetensors"
+
+    def save(self, core: SynchronizerCore, dirty: Iterable[int], identity: dict, ledger: dict) -> int:
+        """Write the fragments in `dirty` (or any not yet on disk), then commit a new manifest."""
+        dirty = set(dirty)
+        for p in core.owned:
+            name = self.fragment_file(p, core.versions[p])
+            if p in dirty or self._files.get(p) != name or not (self.frag_dir / name).is_file():
+                if not (self.frag_dir / name).is_file():
+                    self._write_fragment(core, p, name)
+                self._files[p] = name
+        self.seq += 1
+        manifest = {
+            "format": FORMAT,
+            "seq": self.seq,
+            "identity": identity,
+            "fragments": {str(p): {"version": core.versions[p], "file": self._files[p]} for p in core.owned},
+            "grace": core.grace.state_dict(),
+            "rejections": dict(core.rejections),
+            "ledger": ledger,
+        }
+        atomic_write_json(self.manifest_path, manifest)
+        self._collect_garbage(core)
+        return self.seq
+
+    def _write_fragment(self, core: SynchronizerCore, p: int, name: str) -> None:
+        tensors = {n: core.params[n].contiguous() for n in core.plan.names[p]}
+        for n, buf in core.outer[p].buffers.items():
+            tensors[OUTER_PREFIX + n] = buf.contiguous()
+        data = save(tensors, metadata={"fragment": str(p), "version": str(core.versions[p])})
+        atomic_write(self.frag_dir / name, data)
+
+    def _collect_garbage(self, core: SynchronizerCore) -> None:
+        for path in self.frag_dir.iterdir():
+            if path.name.startswith("."):
+                if path.name.startswith(".p") and ".tmp-" in path.name:
+                    path.unlink(missing_ok=True)  # a torn write of a killed process
+                continue
+            try:
+                p = int(path.name[1:5])
+                version = int(path.name[7:15])
+            except ValueError:
+                continue
+            if p in core.versions and version <= core.versions[p] - self.keep_versions:
+                path.unlink(missing_ok=True)
+
+    def load(self, core: SynchronizerCore, identity: dict | None = None) -> dict:
+        """Restore `core` from the last committed manifest; returns the manifest (with the ledger)."""
+        manifest = read_json(self.manifest_path)
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"{self.manifest_path}: unknown checkpoint format {manifest.get('format')}")
+        if identity is not None:
+            saved = manifest.get("identity", {})
+            for key, value in identity.items():
+                if key in saved and saved[key] != value:
+                    raise ValueError(
+                        f"{self.manifest_path} belongs to a different run: {key} is {saved[key]!r}, "
+                        f"this synchronizer has {value!r}; use another --checkpoint-dir or --fresh"
+                    )
+        frags = manifest["fragments"]
+        missing = [p for p in core.owned if str(p) not in frags]
+        if missing:
+            raise ValueError(f"{self.manifest_path} lacks fragments {missing} of this shard")
+        params: dict[str, torch.Tensor] = {}
+        outer: dict[int, dict[str, torch.Tensor]] = {}
+        versions: dict[int, int] = {}
+        for p in core.owned:
+            entry = frags[str(p)]
+            tensors = load_file(str(self.frag_dir / entry["file"]))
+            outer[p] = {n[len(OUTER_PREFIX):]: t for n, t in tensors.items() if n.startswith(OUTER_PREFIX)}
+            for n in core.plan.names[p]:
+                if n not in tensors:
+                    raise ValueError(f"{entry['file']} lacks tensor {n!r}")
+                params[n] = tensors[n]
+            versions[p] = int(entry["version"])
+            self._files[p] = entry["file"]
+        core.load_state_dict({
+            "params": params,
+            "versions": versions,
+            "outer": outer,
+            "grace": manifest.get("grace", {}),
+            "rejections": manifest.get("rejections", {}),
+        })
+        self.seq = int(manifest.get("seq", 0))
+        return manifest
+
+
+def load_global_params(directories: Iterable[str | Path]) -> tuple[dict[str, torch.Tensor], dict[int, int]]:
+    """Global parameters and versions from the manifests of every shard (for evaluation, no core)."""
+    params: dict[str, torch.Tensor] = {}
+    versions: dict[int, int] = {}
+    for directory in directories:
+        directory = Path(directory)
+        manifest = read_json(directory / "manifest.json")
+        for p, entry in manifest["fragments"].items():
+            tensors = load_file(str(directory / "fragments" / entry["file"]))
+            params.update({n: t for n, t in tensors.items() if not n.startswith(OUTER_PREFIX)})
+            versions[int(p)] = int(entry["version"])
+    return params, versions
+
+
+def remove_stale_temp_files(directory: str | Path) -> None:
+    for path in Path(directory).glob(".*.tmp-*"):
+        try:
+            pid = int(path.name.rsplit("-", 1)[-1])
+        except ValueError:
+            continue
+        if pid != os.getpid():
+            path.unlink(missing_ok=True)

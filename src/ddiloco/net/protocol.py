@@ -1,0 +1,52 @@
+"""What the messages mean: model signatures, the plan on the wire, and what a learner does when its
+contribution is rejected.
+
+Message kinds (all JSON heads, see `wire`): register / heartbeat / decline / leave / status / stop on
+the control plane; contribution (learner -> synchronizer, Push), update, request and stop
+(synchronizer -> learner, Subscribe) and fetch on the bulk plane.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Mapping
+
+import torch
+
+from ..core import FragmentPlan
+
+#: What a learner does after a rejected contribution.
+#:   none        an update is on its way anyway (stale work, or a duplicate of work already in a round)
+#:   retry       nothing was merged: keep the work and send it again (with what it trains meanwhile)
+#:   reregister  the synchronizer does not know this session: register again, then retry
+#:   reset       the work itself is bad (NaN, wrong shape...): overwrite the fragment with the global
+#:               value the synchronizer sends along; the work is counted as lost
+ACTIONS = ("none", "retry", "reregister", "reset")
+
+
+def rejection_action(reason: str) -> str:
+    if reason.startswith("stale") or reason.startswith("duplicate"):
+        return "none"
+    if reason.startswith("unknown learner") or reason.startswith("unknown session"):
+        return "reregister"
+    return "reset"
+
+
+def signature(shapes: Mapping[str, object]) -> str:
+    """Digest of the model's parameter names and shapes, independent of their order."""
+    items = sorted((name, list(v.shape) if isinstance(v, torch.Tensor) else list(v)) for name, v in shapes.items())
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
+
+
+def plan_to_json(plan: FragmentPlan, shapes: Mapping[str, torch.Tensor]) -> dict:
+    return {
+        "names": [list(names) for names in plan.names],
+        "sizes": list(plan.sizes),
+        "shapes": {n: list(shapes[n].shape) for names in plan.names for n in names},
+    }
+
+
+def plan_from_json(d: dict) -> tuple[FragmentPlan, dict[str, tuple[int, ...]]]:
+    plan = FragmentPlan(names=tuple(tuple(n) for n in d["names"]), sizes=tuple(int(s) for s in d["sizes"]))
+    return plan, {n: tuple(s) for n, s in d["shapes"].items()}

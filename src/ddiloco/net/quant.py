@@ -1,0 +1,126 @@
+"""Tensor codecs for the wire: fp32, bf16 (the default for outer gradients), int8 and int4.
+
+The integer codecs are blockwise absmax quantisers: each block of `block` values shares one float32
+scale absmax / qmax, values are rounded to the nearest integer in [-qmax, qmax]. int4 packs two values
+per byte. The paper finds 4-bit outer gradients almost lossless; 2- and 1-bit collapse, so they are
+not offered. A block holding NaN or Inf gets a non-finite scale, so it decodes to non-finite values and
+the synchronizer's finiteness check still catches it: quantisation never launders bad values.
+Bytes are little-endian (every platform PyTorch supports in practice).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def _from_bytes(buf: memoryview | bytes, dtype: torch.dtype) -> torch.Tensor:
+    if len(buf) == 0:
+        return torch.empty(0, dtype=dtype)
+    if isinstance(buf, memoryview) and not buf.readonly:
+        return torch.frombuffer(buf, dtype=dtype)
+    return torch.frombuffer(bytearray(buf), dtype=dtype)
+
+
+def _to_bytes(t: torch.Tensor) -> bytes:
+    t = t.detach().contiguous().cpu()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().tobytes()
+
+
+@dataclass(frozen=True)
+class FloatCodec:
+    name: str
+    dtype: torch.dtype
+    itemsize: int
+
+    def nbytes(self, shape: tuple[int, ...]) -> int:
+        return _numel(shape) * self.itemsize
+
+    def encode(self, t: torch.Tensor) -> bytes:
+        return _to_bytes(t.detach().to(self.dtype))
+
+    def decode(self, buf: memoryview | bytes, shape: tuple[int, ...]) -> torch.Tensor:
+        return _from_bytes(buf, self.dtype).reshape(shape).to(torch.float32, copy=True)
+
+
+@dataclass(frozen=True)
+class BlockIntCodec:
+    """Blockwise absmax integer quantisation with `bits` in {4, 8}."""
+
+    name: str
+    bits: int
+    block: int
+
+    @property
+    def qmax(self) -> int:
+        return (1 << (self.bits - 1)) - 1
+
+    def _blocks(self, n: int) -> int:
+        return -(-n // self.block)
+
+    def nbytes(self, shape: tuple[int, ...]) -> int:
+        n = _numel(shape)
+        blocks = self._blocks(n)
+        values = blocks * self.block
+        return blocks * 4 + (values if self.bits == 8 else values // 2)
+
+    def encode(self, t: torch.Tensor) -> bytes:
+        x = t.detach().to("cpu", torch.float32).reshape(-1)
+        n = x.numel()
+        blocks = self._blocks(n)
+        if blocks == 0:
+            return b""
+        padded = torch.zeros(blocks * self.block, dtype=torch.float32)
+        padded[:n] = x
+        v = padded.view(blocks, self.block)
+        scale = v.abs().amax(dim=1) / self.qmax  # NaN/Inf stay in the scale on purpose
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = torch.round(v / safe[:, None]).clamp(-self.qmax, self.qmax)
+        q = torch.nan_to_num(q, nan=0.0).to(torch.int8)
+        if self.bits == 4:
+            u = (q + 8).to(torch.uint8).view(-1)
+            q = (u[0::2] | (u[1::2] << 4)).to(torch.uint8)
+        return _to_bytes(scale) + _to_bytes(q)
+
+    def decode(self, buf: memoryview | bytes, shape: tuple[int, ...]) -> torch.Tensor:
+        n = _numel(shape)
+        blocks = self._blocks(n)
+        if blocks == 0:
+            return torch.zeros(shape, dtype=torch.float32)
+        if len(buf) != self.nbytes(shape):
+            raise ValueError(f"{self.name}: {len(buf)} bytes for shape {shape}, expected {self.nbytes(shape)}")
+        scale = _from_bytes(buf[: blocks * 4], torch.float32)
+        body = buf[blocks * 4 :]
+        if self.bits == 8:
+            q = _from_bytes(body, torch.int8).to(torch.float32)
+        else:
+            packed = torch.from_numpy(np.frombuffer(body, dtype=np.uint8).copy())
+            q = torch.empty(blocks * self.block, dtype=torch.float32)
+            q[0::2] = (packed & 0x0F).to(torch.float32) - 8
+            q[1::2] = (packed >> 4).to(torch.float32) - 8
+        out = q.view(blocks, self.block) * scale[:, None]
+        return out.reshape(-1)[:n].reshape(shape).clone()
+
+
+CODECS: dict[str, FloatCodec | BlockIntCodec] = {
+    "fp32": FloatCodec("fp32", torch.float32, 4),
+    "bf16": FloatCodec("bf16", torch.bfloat16, 2),
+    "int8": BlockIntCodec("int8", 8, 256),
+    "int4": BlockIntCodec("int4", 4, 64),
+}
+
+
+def get(name: str) -> FloatCodec | BlockIntCodec:
+    try:
+        return CODECS[name]
+    except KeyError:
+        raise ValueError(f"unknown codec {name!r}; choose one of {', '.join(CODECS)}") from None

@@ -1,0 +1,97 @@
+"""gRPC plumbing: method names, the server, and the two channels a learner opens per shard.
+
+gRPC over HTTP/2 gives us flow control, deadlines, keep-alive and TLS for free. We use generic
+handlers with bytes in and bytes out (our own framing, see `wire`), so there is no protobuf codegen.
+
+Control plane and bulk plane are separate TCP connections (each channel gets its own subchannel
+pool): a heartbeat or a decline never queues behind a multi-megabyte tensor on the same socket. On
+the server, bulk handlers are capped below the thread-pool size so that control RPCs always find a
+free worker.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+from typing import Callable
+
+import grpc
+
+SERVICE = "ddiloco.Synchronizer"
+CONTROL_METHODS = ("Register", "Heartbeat", "Decline", "Leave", "Status", "Stop")
+BULK_METHODS = ("Push", "Subscribe", "Fetch")
+FRAME_MARGIN = 1 << 20  # header room on top of the chunk size
+
+
+def path(method: str) -> str:
+    return f"/{SERVICE}/{method}"
+
+
+def _message_options(max_frame: int) -> list[tuple[str, int]]:
+    return [("grpc.max_receive_message_length", max_frame), ("grpc.max_send_message_length", max_frame)]
+
+
+def make_server(
+    handlers: dict[str, Callable],
+    max_frame: int,
+    workers: int,
+    interceptors: tuple = (),
+) -> grpc.Server:
+    """A gRPC server serving `handlers` (method name -> callable) as our generic service."""
+    kinds = {
+        "Push": grpc.stream_unary_rpc_method_handler,
+        "Subscribe": grpc.unary_stream_rpc_method_handler,
+        "Fetch": grpc.unary_stream_rpc_method_handler,
+    }
+    method_handlers = {
+        name: kinds.get(name, grpc.unary_unary_rpc_method_handler)(fn) for name, fn in handlers.items()
+    }
+    options = _message_options(max_frame) + [
+        ("grpc.so_reuseport", 0),  # a second synchronizer on the same port must fail, not share it
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ddiloco-rpc"),
+        handlers=[grpc.method_handlers_generic_handler(SERVICE, method_handlers)],
+        interceptors=list(interceptors),
+        options=options,
+        maximum_concurrent_rpcs=None,
+    )
+    return server
+
+
+def open_channel(
+    address: str, plane: str, max_frame: int, credentials: grpc.ChannelCredentials | None = None
+) -> grpc.Channel:
+    """A channel with its own TCP connection, tagged by plane ("control" or "bulk")."""
+    options = _message_options(max_frame) + [
+        ("grpc.use_local_subchannel_pool", 1),
+        ("grpc.primary_user_agent", f"ddiloco-{plane}"),
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.enable_retries", 0),
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1_000),
+    ]
+    if credentials is not None:
+        return grpc.secure_channel(address, credentials, options=options)
+    return grpc.insecure_channel(address, options=options)
+
+
+class Stubs:
+    """Callables for every method on one channel, with the auth token attached."""
+
+    def __init__(self, channel: grpc.Channel, token: str | None) -> None:
+        from .auth import TOKEN_METADATA
+
+        self.metadata = ((TOKEN_METADATA, token),) if token else ()
+        self._channel = channel
+        self.unary = {m: channel.unary_unary(path(m)) for m in CONTROL_METHODS}
+        self.push = channel.stream_unary(path("Push"))
+        self.subscribe = channel.unary_stream(path("Subscribe"))
+        self.fetch = channel.unary_stream(path("Fetch"))
+
+    def call(self, method: str, request: bytes, timeout: float) -> bytes:
+        return self.unary[method](request, timeout=timeout, metadata=self.metadata)

@@ -1,0 +1,479 @@
+"""The synchronizer service: drives `SynchronizerCore` with real time, sessions and durable state.
+
+Everything that touches the core happens under one lock, because the core is a plain state machine.
+A timer thread calls `poll` when a grace window ends (`next_deadline`) and declares learners gone
+when their heartbeats stop (`leave`). Actions the core returns are carried out in order: a merge is
+booked and checkpointed *before* its update is queued to the learners, so a version a learner ever
+saw is never lost to a crash (with the default --checkpoint-every 1). The gRPC handlers that feed
+this class live in `handlers`.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..core import (
+    Contribution,
+    Decline,
+    FragmentRequest,
+    FragmentUpdate,
+    Merged,
+    Rejected,
+    SynchronizerCore,
+)
+from . import wire
+from .checkpoint import CheckpointStore
+from .eventlog import EventLog
+from .ledger import MergeLedger, PendingWork
+from .outbox import Outbox
+from .protocol import rejection_action
+from .timeouts import Timeouts
+
+log = logging.getLogger("ddiloco.net.service")
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    shard: int = 0
+    num_shards: int = 1
+    max_learners: int | None = None  # learner ids must be below this; None accepts any id >= 0
+    codec_down: str = "fp32"  # codec of the global fragments sent to learners
+    chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES
+    max_message_bytes: int = 1 << 30
+    checkpoint_every: int = 1  # merges between checkpoints; 0: only at the end and on SIGTERM
+    tokens: int | None = None  # stop once the learners report this many trained tokens
+    duration: float | None = None  # stop this many seconds after start
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    workers: int = 64
+    reserved_control_workers: int = 8
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 0:
+            raise ValueError("checkpoint_every must be >= 0")
+        if self.workers <= self.reserved_control_workers:
+            raise ValueError("workers must exceed reserved_control_workers")
+        if self.max_learners is not None and self.max_learners < 1:
+            raise ValueError("max_learners must be >= 1")
+        self.timeouts.validate()
+
+
+@dataclass
+class Session:
+    id: str
+    learner: int
+    incarnation: str
+    outbox: Outbox
+    last_seen: float
+    registered_wall: float
+    progress: dict = field(default_factory=dict)
+
+
+class Refused(Exception):
+    """A request refused before it reached the core; `code` names the gRPC status to answer."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+class SynchronizerService:
+    def __init__(
+        self,
+        core: SynchronizerCore,
+        settings: ServiceSettings,
+        identity: dict,
+        plan_json: dict,
+        store: CheckpointStore | None = None,
+        events: EventLog | None = None,
+    ) -> None:
+        self.core = core
+        self.settings = settings
+        self.identity = identity
+        self.plan_json = plan_json
+        self.shapes = {n: tuple(s) for n, s in plan_json["shapes"].items()}
+        self.store = store
+        self.events = events or EventLog(None)
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.t0 = time.monotonic()
+        self.ledger = MergeLedger(core.plan, time.time())
+        self.sessions: dict[str, Session] = {}
+        self.by_learner: dict[int, Session] = {}
+        self.stopping = False
+        self.stop_reason = ""
+        self._stop_mono = 0.0
+        self.finished = threading.Event()
+        self.closed = False
+        self.bulk_slots = threading.BoundedSemaphore(settings.workers - settings.reserved_control_workers)
+        self.recent_rejections: deque[str] = deque(maxlen=20)
+        self._dirty: set[int] = set()
+        self._merges_since_checkpoint = 0
+        self._last_merged: dict[str, int | None] = {}
+        self._quorum_logged: set[tuple[int, int]] = set()
+        self.restored_from: int | None = None
+        if store is not None and store.exists():
+            manifest = store.load(core, identity)
+            self.ledger.load_state_dict(manifest.get("ledger", {}))
+            self.restored_from = int(manifest.get("seq", 0))
+            log.info("restored checkpoint seq %s: versions %s", self.restored_from, core.versions)
+            self.events.write("restored", seq=self.restored_from, versions=core.versions)
+        self._thread = threading.Thread(target=self._tick_loop, name="ddiloco-sync-timer", daemon=True)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.events.write("started", shard=self.settings.shard, num_shards=self.settings.num_shards,
+                          versions=self.core.versions)
+        self._thread.start()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def close(self) -> None:
+        """Stop the timer, write a final checkpoint, drop every session."""
+        with self.cond:
+            if self.closed:
+                return
+            self.closed = True
+            if self.store is not None:
+                self.checkpoint()
+            for s in list(self.sessions.values()):
+                self._close_session(s)
+            self.cond.notify_all()
+        self._thread.join(timeout=5)
+        self.events.write("closed", versions=self.core.versions)
+
+    def checkpoint(self) -> None:
+        if self.store is None:
+            return
+        seq = self.store.save(self.core, self._dirty, self.identity, self.ledger.state_dict())
+        self._dirty.clear()
+        self._merges_since_checkpoint = 0
+        self.events.write("checkpoint", seq=seq, versions=self.core.versions)
+
+    def begin_stop(self, reason: str) -> None:
+        with self.cond:
+            if self.stopping:
+                return
+            self.stopping = True
+            self.stop_reason = reason
+            self._stop_mono = time.monotonic()
+            log.info("stopping: %s", reason)
+            self.events.write("stop", reason=reason)
+            frame = wire.message({"kind": "stop", "reason": reason})
+            for s in self.sessions.values():
+                s.outbox.put_control(frame)
+            self.cond.notify_all()
+
+    def progress(self) -> float:
+        """The run's progress in [0, 1] (drives the learners' learning-rate schedule)."""
+        fractions = [0.0]
+        if self.settings.tokens:
+            fractions.append(self.ledger.tokens_reported / self.settings.tokens)
+        if self.settings.duration:
+            fractions.append((time.time() - self.ledger.started_wall) / self.settings.duration)
+        return min(1.0, max(fractions))
+
+    # --- membership -----------------------------------------------------------------------------
+    def register(self, learner: int, incarnation: str, fresh: bool) -> dict:
+        max_learners = self.settings.max_learners
+        if learner < 0 or (max_learners is not None and learner >= max_learners):
+            raise Refused("INVALID_ARGUMENT", f"unknown learner id {learner}: this synchronizer accepts ids "
+                          f"0..{(max_learners or 1) - 1}" if max_learners else f"learner id must be >= 0, got {learner}")
+        with self.cond:
+            if self.closed:
+                raise Refused("UNAVAILABLE", "the synchronizer is shutting down")
+            now = self.now()
+            old = self.by_learner.get(learner)
+            if old is not None:
+                self._close_session(old)
+                if old.incarnation != incarnation and learner in self.core.live:
+                    # A restarted process: its predecessor is gone, do not wait for it.
+                    self._dispatch(self.core.leave(learner, now), now)
+            session = Session(secrets.token_hex(8), learner, incarnation, Outbox(), time.monotonic(), time.time())
+            self.sessions[session.id] = session
+            self.by_learner[learner] = session
+            resume = self.ledger.resume_position(learner, self._open_positions(learner))
+            self.ledger.book(learner)
+            self._dispatch(self.core.join(learner, now), now)
+            if self.stopping:
+                session.outbox.put_control(wire.message({"kind": "stop", "reason": self.stop_reason}))
+            self.events.write("join", learner=learner, incarnation=incarnation, fresh=fresh, resume_position=resume,
+                              versions=self.core.versions)
+            log.info("learner %d registered (incarnation %s, %s), resumes at data position %d",
+                     learner, incarnation, "fresh" if fresh else "reconnect", resume)
+            return {
+                "session": session.id,
+                "shard": self.settings.shard,
+                "num_shards": self.settings.num_shards,
+                "owned": list(self.core.owned),
+                "versions": {str(p): v for p, v in self.core.versions.items()},
+                "resume_position": resume,
+                "timeouts": self.settings.timeouts.to_dict(),
+                "algorithm": self.core.config.to_dict(),
+                "plan": self.plan_json,
+                "codec_down": self.settings.codec_down,
+                "chunk_bytes": self.settings.chunk_bytes,
+                "max_message_bytes": self.settings.max_message_bytes,
+                "stopping": self.stopping,
+                "progress": self.progress(),
+            }
+
+    def _open_positions(self, learner: int) -> list[int]:
+        out = []
+        for p, r in self.core.rounds.items():
+            if learner in r.contributions:
+                info = self.ledger.pending.get((learner, p, r.version))
+                if info is not None:
+                    out.append(info.position)
+        return out
+
+    def session(self, session_id: object) -> Session | None:
+        with self.lock:
+            return self.sessions.get(session_id) if isinstance(session_id, str) else None
+
+    def heartbeat(self, session_id: object, progress: dict) -> dict:
+        with self.cond:
+            s = self.sessions.get(session_id) if isinstance(session_id, str) else None
+            if s is None:
+                return {"ok": False, "reason": "unknown session: the synchronizer restarted or declared this "
+                        "learner gone; register again", "action": "reregister"}
+            s.last_seen = time.monotonic()
+            s.progress = {k: progress[k] for k in ("step", "tokens", "position", "step_time", "state") if k in progress}
+            if isinstance(progress.get("tokens"), int):
+                self.ledger.report_tokens(s.learner, s.incarnation, progress["tokens"])
+            return {"ok": True, "stopping": self.stopping, "progress": self.progress()}
+
+    def decline(self, session_id: object, fragment: int, version: int, reason: str) -> dict:
+        with self.cond:
+            s = self.sessions.get(session_id) if isinstance(session_id, str) else None
+            if s is None:
+                return {"ok": False, "reason": "unknown session: register again", "action": "reregister"}
+            s.last_seen = time.monotonic()
+            now = self.now()
+            self._dispatch(self.core.receive(Decline(s.learner, fragment, version, reason), now), now)
+            return {"ok": True}
+
+    def leave(self, session_id: object, tokens: int | None) -> dict:
+        with self.cond:
+            s = self.sessions.get(session_id) if isinstance(session_id, str) else None
+            if s is None:
+                return {"ok": False, "reason": "unknown session"}
+            if tokens is not None:
+                self.ledger.report_tokens(s.learner, s.incarnation, tokens)
+            self._close_session(s)
+            now = self.now()
+            self.events.write("leave", learner=s.learner, incarnation=s.incarnation, reason="left")
+            log.info("learner %d left", s.learner)
+            self._dispatch(self.core.leave(s.learner, now), now)
+            return {"ok": True}
+
+    def _close_session(self, s: Session) -> None:
+        s.outbox.close()
+        self.sessions.pop(s.id, None)
+        if self.by_learner.get(s.learner) is s:
+            del self.by_learner[s.learner]
+
+    # --- contributions --------------------------------------------------------------------------
+    def contribute(self, s: Session, c: Contribution, work: PendingWork, tokens_total: int | None) -> dict:
+        with self.cond:
+            if self.sessions.get(s.id) is not s:
+                return self.reject(None, c.fragment, "unknown session: register again", c.learner)
+            s.last_seen = time.monotonic()
+            if tokens_total is not None:
+                self.ledger.report_tokens(s.learner, s.incarnation, tokens_total)
+            key = (c.learner, c.fragment, c.base_version)
+            previous = self.ledger.pending.get(key)
+            self.ledger.contributed(c.learner, c.fragment, c.base_version, work)
+            started = time.perf_counter()
+            now = self.now()
+            actions = self.core.receive(c, now)
+            mine = [a for a in actions if isinstance(a, Rejected) and a.learner == c.learner]
+            if mine:
+                if previous is None:
+                    self.ledger.forget(*key)
+                else:
+                    self.ledger.pending[key] = previous
+            self._dispatch(actions, now)
+            if any(isinstance(a, Merged) for a in actions):
+                self.core.observe_sync_time(time.perf_counter() - started)
+            if mine:
+                return self.reject(s, c.fragment, mine[0].reason, c.learner)
+            return {"ok": True}
+
+    def reject(self, s: Session | None, fragment: int | None, reason: str, learner: int | None = None) -> dict:
+        """Count, log and answer a refused contribution; "reset" sends the learner the global value."""
+        action = rejection_action(reason)
+        with self.cond:
+            who = learner if learner is not None else (s.learner if s else -1)
+            self.ledger.on_rejected(who)
+            text = f"learner {who} fragment {fragment}: {reason}"
+            self.recent_rejections.append(text)
+            log.warning("rejected contribution from %s (action: %s)", text, action)
+            self.events.write("rejected", learner=who, fragment=fragment, reason=reason, action=action)
+            if action == "reset" and s is not None and fragment in self.core.versions:
+                update = FragmentUpdate(fragment, self.core.versions[fragment],
+                                        {n: self.core.params[n].clone() for n in self.core.plan.names[fragment]},
+                                        (s.learner,))
+                head = {"kind": "update", "fragment": fragment, "version": update.version, "force": True}
+                s.outbox.put_update(fragment, -1, wire.tensor_frames(head, update.tensors, self.settings.codec_down,
+                                                                     self.settings.chunk_bytes))
+        return {"ok": False, "reason": reason, "action": action}
+
+    def refuse_rpc(self, method: str, reason: str) -> None:
+        """Book a request refused at the wire level (bad frame, size, auth)."""
+        with self.lock:
+            if method == "Push":
+                self.ledger.rejected += 1
+            self.recent_rejections.append(f"{method}: {reason}")
+        log.warning("refused %s: %s", method, reason)
+        self.events.write("refused", method=method, reason=reason)
+
+    # --- carrying out the core's actions --------------------------------------------------------
+    def _dispatch(self, actions: list, now: float) -> None:
+        for a in actions:
+            if isinstance(a, Merged):
+                records = self.ledger.on_merge(a, time.time())
+                self._last_merged = {str(r["learner"]): r.get("position") for r in records}
+                self._dirty.add(a.fragment)
+                self._merges_since_checkpoint += 1
+                self._quorum_logged.discard((a.fragment, a.version - 1))
+                every = self.settings.checkpoint_every
+                if self.store is not None and every and self._merges_since_checkpoint >= every:
+                    self.checkpoint()
+                self.events.write("merge", fragment=a.fragment, version=a.version, expected=a.expected,
+                                  quorum_time=a.quorum_time, grace=a.grace, admitted=records)
+            elif isinstance(a, FragmentUpdate):
+                head = {"kind": "update", "fragment": a.fragment, "version": a.version, "merged": self._last_merged}
+                self._last_merged = {}
+                frames = wire.tensor_frames(head, a.tensors, self.settings.codec_down, self.settings.chunk_bytes)
+                for m in a.learners:
+                    s = self.by_learner.get(m)
+                    if s is not None:
+                        s.outbox.put_update(a.fragment, a.version, frames)
+            elif isinstance(a, FragmentRequest):
+                frame = wire.message({"kind": "request", "fragment": a.fragment, "version": a.version})
+                for m in a.learners:
+                    s = self.by_learner.get(m)
+                    if s is not None:
+                        s.outbox.put_control(frame)
+        self.cond.notify_all()
+
+    # --- the timer ------------------------------------------------------------------------------
+    def _tick_loop(self) -> None:
+        t = self.settings.timeouts
+        while True:
+            with self.cond:
+                if self.closed:
+                    return
+                try:
+                    self._tick()
+                except Exception:  # the service must survive anything a tick meets
+                    log.exception("timer tick failed")
+                now = self.now()
+                wait = t.heartbeat / 2
+                deadline = self.core.next_deadline()
+                if deadline is not None:
+                    wait = max(0.001, min(wait, deadline - now))
+                self.cond.wait(wait)
+
+    def _tick(self) -> None:
+        now, mono = self.now(), time.monotonic()
+        failure = self.settings.timeouts.failure
+        for s in list(self.sessions.values()):
+            silent = mono - s.last_seen
+            if silent > failure:
+                self._close_session(s)
+                reason = f"no heartbeat for {silent:.1f} s (failure timeout {failure:g} s)"
+                log.warning("learner %d declared gone: %s", s.learner, reason)
+                self.events.write("leave", learner=s.learner, incarnation=s.incarnation, reason=reason)
+                self._dispatch(self.core.leave(s.learner, now), now)
+        self._dispatch(self.core.poll(now), now)
+        self._explain_waiting_rounds(now)
+        if not self.stopping:
+            if self.settings.tokens and self.ledger.tokens_reported >= self.settings.tokens:
+                self.begin_stop(f"token budget of {self.settings.tokens} reached")
+            elif self.settings.duration and time.time() - self.ledger.started_wall >= self.settings.duration:
+                self.begin_stop(f"duration of {self.settings.duration:g} s reached")
+        if self.stopping and not self.finished.is_set():
+            drained = not self.sessions and not self.core.rounds
+            if drained or time.monotonic() - self._stop_mono > self.settings.timeouts.drain:
+                if not drained:
+                    log.warning("drain timeout: %d learners still registered, %d rounds open",
+                                len(self.sessions), len(self.core.rounds))
+                self.finished.set()
+
+    def _explain_waiting_rounds(self, now: float) -> None:
+        """Say, once per round, why a round has been waiting for its quorum for a while."""
+        for p, r in self.core.rounds.items():
+            if r.quorum_at is not None or now - r.opened_at < self.settings.timeouts.failure:
+                continue
+            if (p, r.version) in self._quorum_logged:
+                continue
+            self._quorum_logged.add((p, r.version))
+            live = self.core.live
+            waiting = sorted(m for m in r.expected & live if m not in r.contributions and m not in r.declined)
+            reason = (
+                f"fragment {p} version {r.version}: no quorum after {now - r.opened_at:.1f} s: need "
+                f"K={self.core.config.quorum} (capped at live learners), have contributions from "
+                f"{sorted(r.contributions)}, waiting for {waiting}, declined {sorted(r.declined)}, live {sorted(live)}"
+            )
+            log.warning(reason)
+            self.events.write("no_quorum", fragment=p, version=r.version, reason=reason)
+
+    # --- reads ----------------------------------------------------------------------------------
+    def snapshot(self) -> tuple[dict[int, int], dict[int, dict]]:
+        """Versions and a copy of every owned fragment's tensors."""
+        with self.lock:
+            return dict(self.core.versions), {
+                p: {n: self.core.params[n].clone() for n in self.core.plan.names[p]} for p in self.core.owned
+            }
+
+    def status(self) -> dict:
+        with self.lock:
+            ledger = self.ledger
+            return {
+                "shard": self.settings.shard,
+                "num_shards": self.settings.num_shards,
+                "versions": {str(p): v for p, v in self.core.versions.items()},
+                "version_sum": sum(self.core.versions.values()),
+                "merges": ledger.merges,
+                "contributions": ledger.contributions,
+                "rejected_contributions": ledger.rejected,
+                "rejections": list(self.recent_rejections),
+                "tokens_reported": ledger.tokens_reported,
+                "tokens_merged": ledger.tokens_merged,
+                "useful_seconds": ledger.useful_seconds,
+                "double_merged_steps": ledger.double_merged_steps,
+                "started_wall": ledger.started_wall,
+                "last_merge_wall": ledger.last_merge_wall,
+                "stall_seconds_max": ledger.stall(time.time()),
+                "live": sorted(self.core.live),
+                "learners": {
+                    str(m): {
+                        **s.progress,
+                        "incarnation": s.incarnation,
+                        "seconds_since_heartbeat": time.monotonic() - s.last_seen,
+                        "tokens_merged": ledger.book(m).tokens_merged,
+                        "contributions": ledger.book(m).contributions,
+                        "last_merge_wall": ledger.book(m).last_merge_wall,
+                        "merged_position": ledger.book(m).merged_position,
+                    }
+                    for m, s in self.by_learner.items()
+                },
+                "books": {str(m): {"tokens_trained": b.tokens_trained, "tokens_merged": b.tokens_merged,
+                                   "merged_position": b.merged_position, "contributions": b.contributions,
+                                   "rejected": b.rejected}
+                          for m, b in ledger.books.items()},
+                "open_rounds": len(self.core.rounds),
+                "stopping": self.stopping,
+                "finished": self.finished.is_set(),
+                "progress": self.progress(),
+                "restored_from": self.restored_from,
+                "algorithm": self.core.config.to_dict(),
+            }

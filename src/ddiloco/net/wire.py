@@ -1,0 +1,238 @@
+"""The wire format: framed JSON headers plus raw tensor bytes, chunked; nothing is ever unpickled.
+
+A frame is
+
+    b"DDL" | u8 protocol version | u32 header length (little-endian) | header (UTF-8 JSON) | body
+
+A logical message (a contribution, a fragment update) is a header dict plus a payload of tensors laid
+end to end; it travels as one or more frames of at most `chunk_size` body bytes each. The first frame's
+header holds the message header under "head" (with the tensor specs and the payload size); every
+frame holds {"msg": id, "part": i, "parts": n}. `Reassembler` checks the declared size against a
+limit *before* buffering anything, so an oversized message is refused after its first frame.
+Tensor specs name the tensor, its shape and its codec (see `quant`); the byte count is implied by the
+codec and the shape and is checked, so a malformed spec cannot make the reader over- or under-read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Mapping, Sequence
+
+import torch
+
+from . import quant
+
+MAGIC = b"DDL"
+PROTOCOL_VERSION = 1
+_PREFIX = struct.Struct("<3sBI")
+MAX_HEADER_BYTES = 1 << 20
+DEFAULT_CHUNK_BYTES = 1 << 20
+_ids = itertools.count(1)
+
+
+class WireError(ValueError):
+    """A frame or message that does not follow the wire format; the reason says what is wrong."""
+
+
+def pack_frame(header: Mapping, body: bytes | memoryview = b"") -> bytes:
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    if len(raw) > MAX_HEADER_BYTES:
+        raise WireError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
+    return b"".join((_PREFIX.pack(MAGIC, PROTOCOL_VERSION, len(raw)), raw, body))
+
+
+def unpack_frame(data: bytes) -> tuple[dict, memoryview]:
+    """(header, body) of one frame; WireError on a bad magic, protocol version, length or JSON."""
+    view = memoryview(data)
+    if len(view) < _PREFIX.size:
+        raise WireError(f"frame of {len(view)} bytes is shorter than the {_PREFIX.size}-byte prefix")
+    magic, version, length = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise WireError("not a ddiloco frame (bad magic)")
+    if version != PROTOCOL_VERSION:
+        raise WireError(f"protocol version mismatch: peer speaks {version}, this side speaks {PROTOCOL_VERSION}")
+    if length > MAX_HEADER_BYTES or _PREFIX.size + length > len(view):
+        raise WireError(f"header length {length} does not fit the frame of {len(view)} bytes")
+    try:
+        header = json.loads(bytes(view[_PREFIX.size : _PREFIX.size + length]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WireError(f"header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise WireError("header must be a JSON object")
+    return header, view[_PREFIX.size + length :]
+
+
+def message(header: Mapping) -> bytes:
+    """A small single-frame message (control plane)."""
+    return pack_frame({"msg": 0, "part": 0, "parts": 1, "head": dict(header, nbytes=0)})
+
+
+def read_message(data: bytes) -> dict:
+    """The header of a single-frame message without payload."""
+    frame, body = unpack_frame(data)
+    head = frame.get("head")
+    if frame.get("parts") != 1 or not isinstance(head, dict) or len(body):
+        raise WireError("expected a single-frame message without payload")
+    return head
+
+
+# --- tensors --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    codec: str
+
+    @property
+    def nbytes(self) -> int:
+        return quant.get(self.codec).nbytes(self.shape)
+
+    def to_json(self) -> list:
+        return [self.name, list(self.shape), self.codec]
+
+    @classmethod
+    def from_json(cls, item: object) -> "TensorSpec":
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and isinstance(item[1], list)):
+            raise WireError(f"bad tensor spec {str(item)[:80]}")
+        if not all(isinstance(d, int) and 0 <= d < 1 << 40 for d in item[1]) or len(item[1]) > 8:
+            raise WireError(f"bad shape in tensor spec for {item[0]!r}")
+        if item[2] not in quant.CODECS:
+            raise WireError(f"unknown codec {item[2]!r} for {item[0]!r}; known: {', '.join(quant.CODECS)}")
+        return cls(item[0], tuple(item[1]), item[2])
+
+
+def encode_tensors(tensors: Mapping[str, torch.Tensor], codec: str) -> tuple[list[TensorSpec], list[bytes]]:
+    """Specs and encoded byte blobs, in the mapping's order."""
+    c = quant.get(codec)
+    specs, blobs = [], []
+    for name, t in tensors.items():
+        specs.append(TensorSpec(name, tuple(t.shape), codec))
+        blobs.append(c.encode(t))
+    return specs, blobs
+
+
+def decode_tensors(
+    specs: Sequence[TensorSpec], payload: memoryview, expected: Mapping[str, tuple[int, ...]] | None = None
+) -> dict[str, torch.Tensor]:
+    """float32 tensors from a payload; checks names and shapes against `expected` when given."""
+    if expected is not None:
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise WireError("duplicate tensor names")
+        extra, missing = sorted(set(names) - set(expected)), sorted(set(expected) - set(names))
+        if extra or missing:
+            raise WireError(f"wrong tensor names: unexpected {extra[:3]}, missing {missing[:3]}")
+        for s in specs:
+            if tuple(s.shape) != tuple(expected[s.name]):
+                raise WireError(f"{s.name}: shape {tuple(s.shape)} != expected {tuple(expected[s.name])}")
+    total = sum(s.nbytes for s in specs)
+    if total != len(payload):
+        raise WireError(f"payload has {len(payload)} bytes, the tensor specs need {total}")
+    out, offset = {}, 0
+    for s in specs:
+        n = s.nbytes
+        out[s.name] = quant.get(s.codec).decode(payload[offset : offset + n], s.shape)
+        offset += n
+    return out
+
+
+# --- chunking -------------------------------------------------------------------------------------
+def frames(head: Mapping, blobs: Iterable[bytes], chunk_size: int = DEFAULT_CHUNK_BYTES) -> list[bytes]:
+    """A message as frames of at most chunk_size body bytes; head gains "nbytes"."""
+    if chunk_size < 1:
+        raise ValueError("chunk_size must be >= 1")
+    payload = b"".join(blobs)
+    total = len(payload)
+    parts = max(1, -(-total // chunk_size))
+    msg = next(_ids)
+    view = memoryview(payload)
+    out = []
+    for i in range(parts):
+        header = {"msg": msg, "part": i, "parts": parts}
+        if i == 0:
+            header["head"] = dict(head, nbytes=total)
+        out.append(pack_frame(header, view[i * chunk_size : (i + 1) * chunk_size]))
+    return out
+
+
+def tensor_frames(
+    head: Mapping, tensors: Mapping[str, torch.Tensor], codec: str, chunk_size: int = DEFAULT_CHUNK_BYTES
+) -> list[bytes]:
+    specs, blobs = encode_tensors(tensors, codec)
+    return frames(dict(head, tensors=[s.to_json() for s in specs]), blobs, chunk_size)
+
+
+@dataclass
+class Message:
+    head: dict
+    payload: memoryview
+
+    def specs(self) -> list[TensorSpec]:
+        items = self.head.get("tensors", [])
+        if not isinstance(items, list):
+            raise WireError("'tensors' must be a list of specs")
+        return [TensorSpec.from_json(item) for item in items]
+
+    def tensors(self, expected: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
+        return decode_tensors(self.specs(), self.payload, expected)
+
+
+class Reassembler:
+    """Collects frames into messages; frames of different messages may interleave (a small control
+    message may overtake a large update). Each message's declared size is checked against `limit`
+    before anything is buffered, and at most `max_open` messages may be incomplete at once."""
+
+    def __init__(self, limit: int, max_open: int = 4) -> None:
+        self.limit = limit
+        self.max_open = max_open
+        self._open: dict[object, list] = {}  # msg id -> [head, buffer, filled, next part, parts]
+
+    def feed(self, data: bytes) -> Message | None:
+        """Add one frame; returns the message when its last frame arrives."""
+        frame, body = unpack_frame(data)
+        part, parts, msg = frame.get("part"), frame.get("parts"), frame.get("msg")
+        if not (isinstance(part, int) and isinstance(parts, int) and 0 <= part < parts):
+            raise WireError(f"bad part numbering {part}/{parts}")
+        if not isinstance(msg, int):
+            raise WireError("frame lacks a message id")
+        if part == 0:
+            if msg in self._open:
+                raise WireError(f"message {msg} started twice")
+            head = frame.get("head")
+            if not isinstance(head, dict) or not isinstance(head.get("nbytes"), int) or head["nbytes"] < 0:
+                raise WireError("first frame lacks a head with nbytes")
+            if head["nbytes"] > self.limit:
+                raise WireError(f"message of {head['nbytes']} bytes exceeds the limit of {self.limit} bytes")
+            if parts > 1 and len(self._open) >= self.max_open:
+                raise WireError(f"more than {self.max_open} messages in flight at once")
+            state = [head, bytearray(head["nbytes"]), 0, 0, parts]
+            if parts > 1:
+                self._open[msg] = state
+        else:
+            state = self._open.get(msg)
+            if state is None or part != state[3] or parts != state[4]:
+                raise WireError(f"frame {part}/{parts} of message {msg} arrived out of order")
+        head, buf, filled, _, _ = state
+        end = filled + len(body)
+        if end > len(buf):
+            raise WireError(f"message body is longer than its declared {len(buf)} bytes")
+        buf[filled:end] = body
+        state[2], state[3] = end, part + 1
+        if part + 1 < parts:
+            return None
+        self._open.pop(msg, None)
+        if end != len(buf):
+            raise WireError(f"message body has {end} bytes, declared {len(buf)}")
+        return Message(head, memoryview(buf))
+
+
+def read_stream(frames_in: Iterable[bytes], limit: int) -> Iterator[Message]:
+    """Messages from an iterator of frames."""
+    r = Reassembler(limit)
+    for data in frames_in:
+        m = r.feed(data)
+        if m is not None:
+            yield m
