@@ -28,6 +28,14 @@ def test_json_summary_is_the_last_line(shakespeare, method, tmp_path):
     assert 0 < result["goodput"] <= 1 and 0 < result["uptime"] <= 1
 
 
+def test_bpe_tokenizer_option(shakespeare):
+    out = ddiloco("sim", "--model-size", "tiny", "--seq-len", "16", "--batch-size", "4", "--tokens", "2000",
+                  "--learners", "2", "--fragments", "2", "--sync-every", "4", "--tokenizer", "bpe", "--bpe-vocab", "300",
+                  "--data", shakespeare, "--json", "--quiet")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["eval_loss"] > 0
+
+
 def test_vision_reports_accuracy():
     out = ddiloco("sim", "--model", "vision", "--model-size", "tiny", "--tokens", "2000", "--learners", "2",
                   "--fragments", "2", "--sync-every", "4", "--json", "--quiet")
@@ -44,6 +52,7 @@ def test_vision_reports_accuracy():
         (["--speeds", "1,2"], "--speeds gives 2"),
         (["--data", "/nonexistent/text"], "/nonexistent/text"),
         (["--failures", "/nonexistent.csv"], "does not exist"),
+        (["--tokenizer", "words"], "tokenizer"),
     ],
 )
 def test_bad_flags_fail_with_a_clear_message(args, message):

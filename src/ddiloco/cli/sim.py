@@ -63,6 +63,8 @@ def sim(
         "library's own source (LMs) or scikit-learn's digits (vision); nothing is downloaded."
     ),
     seq_len: int = typer.Option(128, help="Context length of the language models."),
+    tokenizer: str = typer.Option("byte", help="byte (256 symbols) or bpe (trained here on the training text)."),
+    bpe_vocab: int = typer.Option(1024, help="Vocabulary size of the BPE tokenizer."),
     learners: int = typer.Option(4, "--learners", "-M", help="Number of learners M (the paper uses 8)."),
     fragments: int = typer.Option(24, "--fragments", "-P", help="Fragments P."),
     sync_every: int = typer.Option(24, "--sync-every", "-H", help="Steps H between two syncs of a fragment."),
@@ -121,6 +123,8 @@ def sim(
             model_size=model_size,
             data=data,
             seq_len=seq_len,
+            tokenizer=tokenizer,  # type: ignore[arg-type]
+            bpe_vocab_size=bpe_vocab,
             learners=learners,
             tokens=tokens,
             seed=seed,

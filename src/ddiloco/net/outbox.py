@@ -17,7 +17,7 @@ class Outbox:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._control: deque[bytes] = deque()
-        self._updates: OrderedDict[int, tuple[int, list[bytes]]] = OrderedDict()
+        self._updates: OrderedDict[int, tuple[float, list[bytes]]] = OrderedDict()
         self._current: deque[bytes] = deque()
         self.closed = False
 
@@ -27,7 +27,9 @@ class Outbox:
                 self._control.append(frame)
                 self._cond.notify()
 
-    def put_update(self, fragment: int, version: int, frames: list[bytes]) -> None:
+    def put_update(self, fragment: int, version: float, frames: list[bytes]) -> None:
+        """Queue an update; a forced re-send of version v is queued as v + 0.5 so that it replaces a
+        plain v but a newer version still replaces it."""
         with self._cond:
             if self.closed:
                 return

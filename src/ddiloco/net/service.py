@@ -182,9 +182,11 @@ class SynchronizerService:
     # --- membership -----------------------------------------------------------------------------
     def register(self, learner: int, incarnation: str, fresh: bool) -> dict:
         max_learners = self.settings.max_learners
-        if learner < 0 or (max_learners is not None and learner >= max_learners):
-            raise Refused("INVALID_ARGUMENT", f"unknown learner id {learner}: this synchronizer accepts ids "
-                          f"0..{(max_learners or 1) - 1}" if max_learners else f"learner id must be >= 0, got {learner}")
+        if learner < 0:
+            raise Refused("INVALID_ARGUMENT", f"unknown learner id {learner}: learner ids are >= 0")
+        if max_learners is not None and learner >= max_learners:
+            raise Refused("INVALID_ARGUMENT",
+                          f"unknown learner id {learner}: this synchronizer accepts ids 0..{max_learners - 1}")
         with self.cond:
             if self.closed:
                 raise Refused("UNAVAILABLE", "the synchronizer is shutting down")
@@ -321,7 +323,7 @@ class SynchronizerService:
                                         {n: self.core.params[n].clone() for n in self.core.plan.names[fragment]},
                                         (s.learner,))
                 head = {"kind": "update", "fragment": fragment, "version": update.version, "force": True}
-                s.outbox.put_update(fragment, -1, wire.tensor_frames(head, update.tensors, self.settings.codec_down,
+                s.outbox.put_update(fragment, update.version + 0.5, wire.tensor_frames(head, update.tensors, self.settings.codec_down,
                                                                      self.settings.chunk_bytes))
         return {"ok": False, "reason": reason, "action": action}
 

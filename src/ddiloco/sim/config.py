@@ -21,6 +21,8 @@ class SimConfig:
     model_size: str = "default"
     data: str | None = None
     seq_len: int = 128
+    tokenizer: Literal["byte", "bpe"] = "byte"
+    bpe_vocab_size: int = 1024
     learners: int = 4
     tokens: int = 200_000
     seed: int = 0

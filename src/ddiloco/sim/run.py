@@ -16,7 +16,14 @@ Progress = Callable[[float, dict], None]
 
 
 def build_task(config: SimConfig) -> Task:
-    return make_task(config.model, config.data, seq_len=config.seq_len, model_size=config.model_size)
+    return make_task(
+        config.model,
+        config.data,
+        seq_len=config.seq_len,
+        model_size=config.model_size,
+        tokenizer=config.tokenizer,
+        bpe_vocab_size=config.bpe_vocab_size,
+    )
 
 
 def run_sim(config: SimConfig, task: Task | None = None, progress: Progress | None = None) -> dict:

@@ -15,7 +15,8 @@ from ddiloco.sim.goodput.decoupled import simulate_decoupled
 from ddiloco.sim.goodput.diloco import simulate_diloco
 from ddiloco.sim.goodput.elastic import simulate_elastic_ddp
 from ddiloco.sim.goodput.failures import SliceOutages
-from ddiloco.sim.goodput.timeline import Events, running_segments
+from ddiloco.sim.goodput.progress import Cumulative
+from ddiloco.sim.goodput.timeline import Events, Segments, running_segments
 
 CFG = GoodputConfig(slice_chips=100)
 H = 1000.0
@@ -43,6 +44,20 @@ def test_windows_merge_when_they_overlap_and_groups_stay_apart():
     assert list(zip(g0.start, g0.end)) == [(0.0, 10.0), (17.0, 30.0), (35.0, 200.0)]
     # Group 1's long window does not leak into group 0.
     assert list(zip(g1.start, g1.end)) == [(0.0, 10.0), (110.0, 200.0)]
+
+
+def test_cumulative_work_and_its_inverse():
+    # Group 0 works [0,10) with 1 s lost at the end and [20,30) on 5 chips; group 1 works [5,8).
+    seg = Segments(np.array([0, 0, 1]), np.array([0.0, 20.0, 5.0]), np.array([10.0, 30.0, 8.0]),
+                   np.array([10.0, 5.0, 2.0]), np.array([1.0, 0.0, 0.0]), np.array([True, False, False]),
+                   2, 50.0)
+    cum = Cumulative(seg)
+    g = np.array([0, 0, 0, 1, 1])
+    t = np.array([5.0, 15.0, 25.0, 0.0, 50.0])
+    assert cum.work_at(g, t).tolist() == [5.0, 9.0, 14.0, 0.0, 3.0]
+    assert cum.useful_at(g, t).tolist() == [50.0, 90.0, 115.0, 0.0, 6.0]
+    w = np.array([9.0, 9.5, 19.0, 3.0, 3.5])
+    assert cum.time_for_work(g, w).tolist() == [9.0, 20.5, 30.0, 8.0, np.inf]
 
 
 # ---------------------------------------------------------------- elastic data-parallel
@@ -75,6 +90,15 @@ def test_elastic_failure_during_a_pause():
     r = simulate_elastic_ddp(outages([(0, 101, 400), (1, 401, 2000)]), CFG)
     assert r.goodput == pytest.approx((30_000 + 57_800 + 117_800) / 300_000)
     assert r.uptime == pytest.approx((101 + 289 + 589) / 1000)
+
+
+def test_elastic_return_during_a_failure_pause_is_folded_in():
+    # Slice 1 is down from before the start and returns at 103, inside the pause [101,111) that
+    # slice 0's failure opened: its 3-s scale-up ends at 106, the pause still ends at 111.
+    # [0,101) 200 chips, 1 s lost -> 20 000; [111,1000) 200 chips (slice 0 out, 1 back) -> 177 800
+    r = simulate_elastic_ddp(outages([(0, 101, 2000), (1, -50, 103)]), CFG)
+    assert r.goodput == pytest.approx((20_000 + 177_800) / 300_000)
+    assert r.uptime == pytest.approx((101 + 889) / 1000)
 
 
 def test_elastic_slice_already_down_at_start_and_back_later():
@@ -144,6 +168,16 @@ def test_decoupled_two_overlapping_failures_in_two_learners():
     learner1 = 20_800 + 18_100 + 139_400
     assert r.goodput == pytest.approx((learner0 + learner1) / 400_000)
     assert r.uptime == pytest.approx(1 - 10 / 1000)
+
+
+def test_decoupled_failure_during_a_learners_pause():
+    # 6 slices, M = 2: learner 0 = slices 0,1,2. Slice 0 down [101,400); slice 1 fails at 110, inside
+    # learner 0's pause [101,115), which now runs to 110 + 14 = 124; slice 1 is back at 300.
+    # Learner 0: [0,101) 300 chips, 1 s lost -> 30 000; [124,300) 100 -> 17 600;
+    #            [303,400) 200 -> 19 400; [403,1000) 300 -> 179 100.  Learner 1: 300 000.
+    r = simulate_decoupled(outages([(0, 101, 400), (1, 110, 300)], slices=6), 2, CFG)
+    assert r.goodput == pytest.approx((30_000 + 17_600 + 19_400 + 179_100 + 300_000) / 600_000)
+    assert r.uptime == 1.0
 
 
 def test_decoupled_with_one_learner_and_no_rejoin_is_elastic_ddp():

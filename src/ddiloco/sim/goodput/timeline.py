@@ -105,11 +105,10 @@ def running_segments(
     initial_down = np.asarray(initial_down, dtype=np.float64)
     n = events.time.size
     if n == 0:
-        g = np.arange(num_groups)
-        live = group_chips - initial_down
-        z = np.zeros(num_groups)
-        return Segments(g, z.copy(), np.full(num_groups, horizon), live, z.copy(),
-                        np.zeros(num_groups, bool), num_groups, horizon)
+        g = np.arange(num_groups)[group_chips > initial_down]
+        z = np.zeros(g.size)
+        return Segments(g, z, np.full(g.size, horizon), group_chips[g] - initial_down[g], z.copy(),
+                        np.zeros(g.size, bool), num_groups, horizon)
 
     span = 2.0 * horizon + float(events.window.max()) + 1.0
     key = events.group * span + events.time
@@ -142,8 +141,6 @@ def running_segments(
     prev_down = np.where(same_as_prev, np.r_[0.0, down_after[:-1]], initial_down[p_group])
 
     # Final interval of each group: from its last pause's end (or 0) to the horizon.
-    has_pause = np.zeros(num_groups, dtype=bool)
-    has_pause[p_group] = True
     last_of_group = np.r_[p_group[1:] != p_group[:-1], True]
     final_start = np.zeros(num_groups)
     final_down = initial_down.copy()
@@ -157,11 +154,11 @@ def running_segments(
     by_failure = np.r_[fail[first], np.zeros(num_groups, dtype=bool)]
     # A group with no live chip does not run, whatever its pauses say.
     keep = (end > start) & (live > 0)
-    g_all, start, end, live, by_failure = g_all[keep], start[keep], end[keep], live[keep], by_failure[keep]
+    g_all, start, end, live, by_failure = (x[keep] for x in (g_all, start, end, live, by_failure))
     lost = np.where(by_failure, lost_tail(end - start, granularity), 0.0)
     order = np.lexsort((start, g_all))
-    return Segments(g_all[order], start[order], end[order], np.maximum(live[order], 0.0),
-                    lost[order], by_failure[order], num_groups, horizon)
+    return Segments(g_all[order], start[order], end[order], live[order], lost[order],
+                    by_failure[order], num_groups, horizon)
 
 
 def count_running(segments: Segments) -> tuple[np.ndarray, np.ndarray]:
