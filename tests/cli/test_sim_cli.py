@@ -28,6 +28,25 @@ def test_json_summary_is_the_last_line(shakespeare, method, tmp_path):
     assert 0 < result["goodput"] <= 1 and 0 < result["uptime"] <= 1
 
 
+def test_event_log_records_failures_and_merges(shakespeare, tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("learner,down_at,up_at\n1,3.5,9.5\n")
+    events = tmp_path / "events.jsonl"
+    out = ddiloco("sim", "--model-size", "tiny", "--seq-len", "16", "--batch-size", "4", "--tokens", "4000",
+                  "--learners", "3", "--fragments", "2", "--sync-every", "4", "--data", shakespeare,
+                  "--failures", str(trace), "--events", str(events), "--quiet")
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(line) for line in events.read_text().splitlines()]
+    kinds = [r["event"] for r in records]
+    assert kinds.count("merged") >= 3 and "down" in kinds
+    down = next(r for r in records if r["event"] == "down")
+    assert down == {"event": "down", "time": 3.5, "learner": 1}
+    rejoined = [r for r in records if r["event"] == "joined" and r["learner"] == 1 and r["time"] > 9]
+    assert len(rejoined) == 1
+    merged = next(r for r in records if r["event"] == "merged")
+    assert {"fragment", "version", "learners", "asked", "quorum_seconds", "grace_seconds"} <= set(merged)
+
+
 def test_bpe_tokenizer_option(shakespeare):
     out = ddiloco("sim", "--model-size", "tiny", "--seq-len", "16", "--batch-size", "4", "--tokens", "2000",
                   "--learners", "2", "--fragments", "2", "--sync-every", "4", "--tokenizer", "bpe", "--bpe-vocab", "300",

@@ -14,7 +14,7 @@ from ..sim.config import METHODS, SimConfig
 from ..sim.hardware import LinkModel, StepTimeModel, half_slow
 from ..train.inner import InnerConfig
 from . import app
-from .output import print_summary, progress_bar
+from .output import EventLog, print_summary, progress_bar
 
 
 def parse_speeds(text: Optional[str], learners: int, hetero: Optional[float]) -> tuple[float, ...]:
@@ -93,6 +93,9 @@ def sim(
     reconfigure_seconds: float = typer.Option(5.0, help="elastic-ddp: pause on every membership change."),
     eval_batches: int = typer.Option(20, help="Validation batches for the final evaluation."),
     threads: int = typer.Option(0, help="torch threads (0: PyTorch's default)."),
+    events: Optional[Path] = typer.Option(
+        None, help="Write the run's events (failures, joins, merges with who was admitted, rejections) as JSON lines."
+    ),
     as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding the summary."),
     quiet: bool = typer.Option(False, help="No progress bar."),
 ) -> None:
@@ -139,8 +142,8 @@ def sim(
         task = build_task(config)
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
         raise typer.BadParameter(str(exc)) from None
-    with progress_bar(f"{method} x{learners}", disabled=quiet) as update:
-        result = run_sim(config, task=task, progress=update)
+    with EventLog(events) as log, progress_bar(f"{method} x{learners}", disabled=quiet) as update:
+        result = run_sim(config, task=task, progress=update, observer=log.write)
     print_summary(result, title=f"ddiloco sim --method {method}")
     if as_json:
         print(json.dumps(result, sort_keys=True))

@@ -294,6 +294,8 @@ class DecoupledCluster:
                 for m in action.learners:
                     self._to_learner(m, now + link.latency, action)
             elif isinstance(action, Rejected):
+                self.observe("rejected", now, {"learner": action.learner, "fragment": action.fragment,
+                                               "reason": action.reason})
                 self.rejected += 1
                 if len(self.rejections) < 50:
                     self.rejections.append(f"t={now:.2f} learner {action.learner}: {action.reason}")
@@ -307,8 +309,14 @@ class DecoupledCluster:
         self.queue.push(when, ("at_learner", m, learner.incarnation, message))
 
     def _account(self, merged: Merged, now: float) -> None:
-        self.observe("merged", now, {"fragment": merged.fragment, "version": merged.version,
-                                     "learners": [w.learner for w in merged.admitted]})
+        self.observe("merged", now, {
+            "fragment": merged.fragment,
+            "version": merged.version,
+            "learners": [w.learner for w in merged.admitted],
+            "asked": merged.expected,
+            "quorum_seconds": merged.quorum_time,
+            "grace_seconds": merged.grace,
+        })
         self.merges += 1
         self.contributions += len(merged.admitted)
         self.longest_gap = max(self.longest_gap, now - self._last_merge_time)

@@ -13,6 +13,7 @@ from .config import SimConfig
 from .ddp import DataParallel
 
 Progress = Callable[[float, dict], None]
+Observer = Callable[[str, float, dict], None]
 
 
 def build_task(config: SimConfig) -> Task:
@@ -26,15 +27,20 @@ def build_task(config: SimConfig) -> Task:
     )
 
 
-def run_sim(config: SimConfig, task: Task | None = None, progress: Progress | None = None) -> dict:
-    """Train `config` on the virtual clock; returns the summary of `ddiloco sim --json`."""
+def run_sim(
+    config: SimConfig, task: Task | None = None, progress: Progress | None = None, observer: Observer | None = None
+) -> dict:
+    """Train `config` on the virtual clock; returns the summary of `ddiloco sim --json`.
+
+    `observer(kind, time, details)` hears the DiLoCo methods' events (down, up, joined, merged, rejected).
+    """
     wall_start = time.perf_counter()
     torch.manual_seed(config.seed)
     task = task if task is not None else build_task(config)
     driver = (
         DataParallel(config, task, progress)
         if config.method in ("ddp", "elastic-ddp")
-        else DecoupledCluster(config, task, progress)
+        else DecoupledCluster(config, task, progress, observer)
     )
     stats = driver.run()
     metrics = task.evaluate(driver.global_model(), max_batches=config.eval_batches)
