@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -31,6 +32,17 @@ FORMAT = 1
 OUTER_PREFIX = "outer/"
 
 
+@dataclass
+class Snapshot:
+    """Everything one checkpoint writes, copied out of the core so it can be written without its lock."""
+
+    seq: int
+    versions: dict[int, int]
+    files: dict[int, str]
+    tensors: dict[int, dict[str, torch.Tensor]]  # only the fragment files not on disk yet
+    manifest: dict
+
+
 class CheckpointStore:
     def __init__(self, directory: str | Path, keep_versions: int = 2) -> None:
         self.dir = Path(directory)
@@ -38,7 +50,7 @@ class CheckpointStore:
         self.frag_dir.mkdir(parents=True, exist_ok=True)
         self.keep_versions = max(1, keep_versions)
         self.seq = 0
-        self._files: dict[int, str] = {}
+        self._on_disk = {p.name for p in self.frag_dir.iterdir() if not p.name.startswith(".")}
 
     @property
     def manifest_path(self) -> Path:
@@ -51,49 +63,58 @@ class CheckpointStore:
     def fragment_file(p: int, version: int) -> str:
         return f"p{p:04d}-v{version:08d}.safetensors"
 
-    def save(self, core: SynchronizerCore, dirty: Iterable[int], identity: dict, ledger: dict) -> int:
-        """Write the fragments in `dirty` (or any not yet on disk), then commit a new manifest."""
-        dirty = set(dirty)
+    def snapshot(self, core: SynchronizerCore, identity: dict, ledger: dict) -> Snapshot:
+        """Copy what the next checkpoint needs (cheap: only fragments whose current version is not on disk)."""
+        self.seq += 1
+        files, tensors = {}, {}
         for p in core.owned:
             name = self.fragment_file(p, core.versions[p])
-            if p in dirty or self._files.get(p) != name or not (self.frag_dir / name).is_file():
-                if not (self.frag_dir / name).is_file():
-                    self._write_fragment(core, p, name)
-                self._files[p] = name
-        self.seq += 1
+            files[p] = name
+            if name not in self._on_disk:
+                values = {n: core.params[n].clone() for n in core.plan.names[p]}
+                for n, buf in core.outer[p].buffers.items():
+                    values[OUTER_PREFIX + n] = buf.clone()
+                tensors[p] = values
         manifest = {
             "format": FORMAT,
             "seq": self.seq,
             "identity": identity,
-            "fragments": {str(p): {"version": core.versions[p], "file": self._files[p]} for p in core.owned},
+            "fragments": {str(p): {"version": core.versions[p], "file": files[p]} for p in core.owned},
             "grace": core.grace.state_dict(),
             "rejections": dict(core.rejections),
             "ledger": ledger,
         }
-        atomic_write_json(self.manifest_path, manifest)
-        self._collect_garbage(core)
-        return self.seq
+        return Snapshot(self.seq, dict(core.versions), files, tensors, manifest)
 
-    def _write_fragment(self, core: SynchronizerCore, p: int, name: str) -> None:
-        tensors = {n: core.params[n].contiguous() for n in core.plan.names[p]}
-        for n, buf in core.outer[p].buffers.items():
-            tensors[OUTER_PREFIX + n] = buf.contiguous()
-        data = save(tensors, metadata={"fragment": str(p), "version": str(core.versions[p])})
-        atomic_write(self.frag_dir / name, data)
+    def write(self, snap: Snapshot) -> None:
+        """Fragment files first (each atomic), then the manifest: its rename is the commit point."""
+        for p, values in snap.tensors.items():
+            name = snap.files[p]
+            data = save({n: t.contiguous() for n, t in values.items()},
+                        metadata={"fragment": str(p), "version": str(snap.versions[p])})
+            atomic_write(self.frag_dir / name, data)
+            self._on_disk.add(name)
+        atomic_write_json(self.manifest_path, snap.manifest)
+        self._collect_garbage(snap.versions)
 
-    def _collect_garbage(self, core: SynchronizerCore) -> None:
-        for path in self.frag_dir.iterdir():
+    def save(self, core: SynchronizerCore, identity: dict, ledger: dict) -> int:
+        snap = self.snapshot(core, identity, ledger)
+        self.write(snap)
+        return snap.seq
+
+    def _collect_garbage(self, versions: dict[int, int]) -> None:
+        for path in list(self.frag_dir.iterdir()):
             if path.name.startswith("."):
-                if path.name.startswith(".p") and ".tmp-" in path.name:
+                if ".tmp-" in path.name and not path.name.endswith(f"-{os.getpid()}"):
                     path.unlink(missing_ok=True)  # a torn write of a killed process
                 continue
             try:
-                p = int(path.name[1:5])
-                version = int(path.name[7:15])
+                p, version = int(path.name[1:5]), int(path.name[7:15])
             except ValueError:
                 continue
-            if p in core.versions and version <= core.versions[p] - self.keep_versions:
+            if p in versions and version <= versions[p] - self.keep_versions:
                 path.unlink(missing_ok=True)
+                self._on_disk.discard(path.name)
 
     def load(self, core: SynchronizerCore, identity: dict | None = None) -> dict:
         """Restore `core` from the last committed manifest; returns the manifest (with the ledger)."""
@@ -124,7 +145,6 @@ class CheckpointStore:
                     raise ValueError(f"{entry['file']} lacks tensor {n!r}")
                 params[n] = tensors[n]
             versions[p] = int(entry["version"])
-            self._files[p] = entry["file"]
         core.load_state_dict({
             "params": params,
             "versions": versions,
@@ -148,13 +168,3 @@ def load_global_params(directories: Iterable[str | Path]) -> tuple[dict[str, tor
             params.update({n: t for n, t in tensors.items() if not n.startswith(OUTER_PREFIX)})
             versions[int(p)] = int(entry["version"])
     return params, versions
-
-
-def remove_stale_temp_files(directory: str | Path) -> None:
-    for path in Path(directory).glob(".*.tmp-*"):
-        try:
-            pid = int(path.name.rsplit("-", 1)[-1])
-        except ValueError:
-            continue
-        if pid != os.getpid():
-            path.unlink(missing_ok=True)

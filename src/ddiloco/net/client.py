@@ -304,6 +304,7 @@ class LearnerClient:
             "learner": self.learner, "incarnation": self.incarnation, "steps": self.steps, "tokens": self.tokens,
             "seconds": self.compute_seconds, "start_position": self.start_position, "position": self.position,
             "started": self.started_wall, "updated": time.time(), "state": self.state,
+            "versions": list(self.core.versions) if self.core is not None else [],
         })
 
     def stats(self) -> dict:

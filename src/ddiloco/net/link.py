@@ -76,8 +76,9 @@ class ShardLink:
         self.ctx = ctx
         self.timeouts = timeouts
         self.stats = LinkStats()
-        self.control = rpc.Stubs(rpc.open_channel(address, "control", ctx.max_frame, ctx.credentials), ctx.token)
-        self.bulk = rpc.Stubs(rpc.open_channel(address, "bulk", ctx.max_frame, ctx.credentials), ctx.token)
+        backoff = (timeouts.backoff_min, timeouts.backoff_max)
+        self.control = rpc.Stubs(rpc.open_channel(address, "control", ctx.max_frame, ctx.credentials, backoff), ctx.token)
+        self.bulk = rpc.Stubs(rpc.open_channel(address, "bulk", ctx.max_frame, ctx.credentials, backoff), ctx.token)
         self.info: dict = {}
         self._session: str | None = None
         self._session_cond = threading.Condition()
@@ -86,6 +87,7 @@ class ShardLink:
         self._stream = None
         self._threads: list[threading.Thread] = []
         self.chunk_bytes = wire.DEFAULT_CHUNK_BYTES
+        self._last_register_log = 0.0
 
     # --- sessions -------------------------------------------------------------------------------
     @property
@@ -123,6 +125,10 @@ class ShardLink:
             except grpc.RpcError as exc:
                 if exc.code() in PERMANENT:
                     raise SynchronizerError(f"synchronizer {self.address} refused registration: {exc.details()}") from None
+                if time.monotonic() - self._last_register_log > 5.0:
+                    self._last_register_log = time.monotonic()
+                    log.info("cannot register with %s yet (%s: %s); retrying", self.address, exc.code().name,
+                             exc.details())
                 if self.ctx.closing.is_set() or (deadline is not None and time.monotonic() + delay > deadline):
                     raise ConnectionError(f"cannot reach synchronizer {self.address}: {exc.details()}") from None
                 time.sleep(delay * (0.5 + random.random()))
@@ -257,8 +263,8 @@ class ShardLink:
             self.stats.rejected += 1
             self.stats.last_rejection = reply.get("reason", "")
             action = reply.get("action", "reset")
-            log.warning("synchronizer %s rejected fragment %d: %s (%s)", self.address, c.fragment,
-                        reply.get("reason"), action)
+            log.log(logging.INFO if action == "none" else logging.WARNING, "synchronizer %s rejected fragment %d: %s (%s)",
+                    self.address, c.fragment, reply.get("reason"), action)
             self.ctx.inbound.put(("rejected", self.index, c.fragment, c.base_version, reply.get("reason"), action))
             if action == "reregister":
                 self.invalidate(sid)

@@ -63,17 +63,22 @@ def make_server(
 
 
 def open_channel(
-    address: str, plane: str, max_frame: int, credentials: grpc.ChannelCredentials | None = None
+    address: str,
+    plane: str,
+    max_frame: int,
+    credentials: grpc.ChannelCredentials | None = None,
+    backoff: tuple[float, float] = (0.1, 1.0),
 ) -> grpc.Channel:
-    """A channel with its own TCP connection, tagged by plane ("control" or "bulk")."""
+    """A channel with its own TCP connection, tagged by plane ("control" or "bulk"); `backoff` is the
+    (initial, max) reconnect backoff in seconds (from `Timeouts`)."""
     options = _message_options(max_frame) + [
         ("grpc.use_local_subchannel_pool", 1),
         ("grpc.primary_user_agent", f"ddiloco-{plane}"),
         ("grpc.keepalive_time_ms", 10_000),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.enable_retries", 0),
-        ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.max_reconnect_backoff_ms", 1_000),
+        ("grpc.initial_reconnect_backoff_ms", max(1, int(backoff[0] * 1000))),
+        ("grpc.max_reconnect_backoff_ms", max(1, int(backoff[1] * 1000))),
     ]
     if credentials is not None:
         return grpc.secure_channel(address, credentials, options=options)

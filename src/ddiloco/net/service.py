@@ -27,7 +27,8 @@ from ..core import (
     SynchronizerCore,
 )
 from . import wire
-from .checkpoint import CheckpointStore
+from .checkpoint import CheckpointStore, Snapshot
+from .commit import CommitLog
 from .eventlog import EventLog
 from .ledger import MergeLedger, PendingWork
 from .outbox import Outbox
@@ -112,7 +113,6 @@ class SynchronizerService:
         self.closed = False
         self.bulk_slots = threading.BoundedSemaphore(settings.workers - settings.reserved_control_workers)
         self.recent_rejections: deque[str] = deque(maxlen=20)
-        self._dirty: set[int] = set()
         self._merges_since_checkpoint = 0
         self._last_merged: dict[str, int | None] = {}
         self._quorum_logged: set[tuple[int, int]] = set()
@@ -123,6 +123,13 @@ class SynchronizerService:
             self.restored_from = int(manifest.get("seq", 0))
             log.info("restored checkpoint seq %s: versions %s", self.restored_from, core.versions)
             self.events.write("restored", seq=self.restored_from, versions=core.versions)
+        elif store is not None:
+            store.save(core, identity, self.ledger.state_dict())  # the manifest exists from the start
+        self.commit = (
+            CommitLog(store, self.cond, self._snapshot, dict(core.versions), hold=settings.checkpoint_every == 1,
+                      on_written=self._written)
+            if store is not None and settings.checkpoint_every > 0 else None
+        )
         self._thread = threading.Thread(target=self._tick_loop, name="ddiloco-sync-timer", daemon=True)
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -140,21 +147,37 @@ class SynchronizerService:
             if self.closed:
                 return
             self.closed = True
-            if self.store is not None:
-                self.checkpoint()
+            self.cond.notify_all()
+        if self.commit is not None:
+            self.commit.close()
+        with self.cond:
+            self.checkpoint()
             for s in list(self.sessions.values()):
                 self._close_session(s)
-            self.cond.notify_all()
         self._thread.join(timeout=5)
         self.events.write("closed", versions=self.core.versions)
 
     def checkpoint(self) -> None:
+        """A synchronous checkpoint (at the end and on SIGTERM); the caller holds the lock."""
         if self.store is None:
             return
-        seq = self.store.save(self.core, self._dirty, self.identity, self.ledger.state_dict())
-        self._dirty.clear()
-        self._merges_since_checkpoint = 0
-        self.events.write("checkpoint", seq=seq, versions=self.core.versions)
+        snap = self._snapshot()
+        self.store.write(snap)
+        self._written(snap)
+
+    def _snapshot(self) -> Snapshot:
+        return self.store.snapshot(self.core, self.identity, self.ledger.state_dict())
+
+    def _written(self, snap: Snapshot) -> None:
+        self.events.write("checkpoint", seq=snap.seq, versions=snap.versions)
+
+    def _send_update(self, s: Session, fragment: int, version: float, frames: list[bytes]) -> None:
+        """Queue an update once its version is durable (see `commit`)."""
+        send = lambda: s.outbox.put_update(fragment, version, frames)  # noqa: E731
+        if self.commit is None:
+            send()
+        else:
+            self.commit.deliver(fragment, int(version), send)
 
     def begin_stop(self, reason: str) -> None:
         with self.cond:
@@ -316,15 +339,17 @@ class SynchronizerService:
             self.ledger.on_rejected(who)
             text = f"learner {who} fragment {fragment}: {reason}"
             self.recent_rejections.append(text)
-            log.warning("rejected contribution from %s (action: %s)", text, action)
+            # Stale work is an expected, normal outcome of the algorithm; everything else is a warning.
+            log.log(logging.INFO if action == "none" else logging.WARNING, "rejected contribution from %s (action: %s)",
+                    text, action)
             self.events.write("rejected", learner=who, fragment=fragment, reason=reason, action=action)
             if action == "reset" and s is not None and fragment in self.core.versions:
                 update = FragmentUpdate(fragment, self.core.versions[fragment],
                                         {n: self.core.params[n].clone() for n in self.core.plan.names[fragment]},
                                         (s.learner,))
                 head = {"kind": "update", "fragment": fragment, "version": update.version, "force": True}
-                s.outbox.put_update(fragment, update.version + 0.5, wire.tensor_frames(head, update.tensors, self.settings.codec_down,
-                                                                     self.settings.chunk_bytes))
+                frames = wire.tensor_frames(head, update.tensors, self.settings.codec_down, self.settings.chunk_bytes)
+                self._send_update(s, fragment, update.version + 0.5, frames)
         return {"ok": False, "reason": reason, "action": action}
 
     def refuse_rpc(self, method: str, reason: str) -> None:
@@ -342,12 +367,11 @@ class SynchronizerService:
             if isinstance(a, Merged):
                 records = self.ledger.on_merge(a, time.time())
                 self._last_merged = {str(r["learner"]): r.get("position") for r in records}
-                self._dirty.add(a.fragment)
                 self._merges_since_checkpoint += 1
                 self._quorum_logged.discard((a.fragment, a.version - 1))
-                every = self.settings.checkpoint_every
-                if self.store is not None and every and self._merges_since_checkpoint >= every:
-                    self.checkpoint()
+                if self.commit is not None and self._merges_since_checkpoint >= self.settings.checkpoint_every:
+                    self._merges_since_checkpoint = 0
+                    self.commit.request()
                 self.events.write("merge", fragment=a.fragment, version=a.version, expected=a.expected,
                                   quorum_time=a.quorum_time, grace=a.grace, admitted=records)
             elif isinstance(a, FragmentUpdate):
@@ -357,7 +381,7 @@ class SynchronizerService:
                 for m in a.learners:
                     s = self.by_learner.get(m)
                     if s is not None:
-                        s.outbox.put_update(a.fragment, a.version, frames)
+                        self._send_update(s, a.fragment, a.version, frames)
             elif isinstance(a, FragmentRequest):
                 frame = wire.message({"kind": "request", "fragment": a.fragment, "version": a.version})
                 for m in a.learners:

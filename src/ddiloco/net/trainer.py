@@ -8,6 +8,7 @@ ranks of this one learner); rank r of learner m reads data shard m * world + r.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import signal
@@ -43,6 +44,14 @@ class LearnerSettings:
     max_steps: int | None = None
     checkpoint_every: int = 24
     start_timeout: float = 120.0
+
+
+def params_digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def _init_distributed() -> tuple[int, int]:
@@ -100,7 +109,8 @@ def train(settings: LearnerSettings) -> dict:
                 saver.submit(optimizer, inner_steps)
         if saver is not None:
             saver.submit(optimizer, inner_steps)
-        return client.finish()
+        digest = params_digest(model)  # every rank holds the same values here (see `fanout`)
+        return {**client.finish(), "rank": rank, "world": world, "params_sha": digest}
     finally:
         if saver is not None:
             saver.close()
