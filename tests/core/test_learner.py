@@ -125,3 +125,24 @@ def test_flush_sends_all_unsent_work():
     out = core.flush()
     assert sorted(m.fragment for m in out) == [0, 1]
     assert core.flush() == []  # all pending now
+
+
+def test_force_reapplies_a_held_version_and_retry_resends_lost_work():
+    core, params = make(overlap=1, period=4)
+    for _ in range(3):
+        params["a"] += 1.0
+        out = core.after_step(10, 1.0)
+    assert [m.fragment for m in out] == [0] and core.pending[0] == 0
+    # the synchronizer lost it: retry makes fragment 0 due again, with the work done since included
+    assert not core.retry(0, version=5)
+    assert core.retry(0, version=0)
+    params["a"] += 1.0
+    out = core.after_step(10, 1.0)
+    assert [m.fragment for m in out] == [0] and out[0].steps == 4
+    assert torch.allclose(out[0].outer_gradient["a"], torch.full((4,), -4.0))
+    # a forced update of the version we already hold is applied anyway (a plain receive ignores it)
+    core.receive(FragmentUpdate(0, 0, {"a": torch.zeros(4)}, (7,)))
+    assert 0 not in core.inbox
+    core.force(FragmentUpdate(0, 0, {"a": torch.zeros(4)}, (7,)))
+    core.after_step(10, 1.0)
+    assert torch.equal(params["a"], torch.zeros(4)) and core.pending[0] is None and core.counters[0].steps == 0

@@ -99,6 +99,28 @@ class LearnerCore:
         if update.version > held:
             self.inbox[update.fragment] = update
 
+    def force(self, update: FragmentUpdate) -> None:
+        """Queue `update` even if we hold that version or a newer one.
+
+        For repairs only: after a refused contribution (the local fragment may hold NaN) or after a
+        synchronizer restarted from a checkpoint older than what we hold. Applied at the next
+        boundary like any update: overwrite, counters reset, pending cleared.
+        """
+        self.inbox[update.fragment] = update
+
+    def retry(self, fragment: int, version: int) -> bool:
+        """Forget a contribution against `version` that was refused or lost, and make it due now.
+
+        The work is then sent again at the next boundary, with what was trained since. Without this a
+        learner whose contribution vanished (a synchronizer crash) would wait for an update that never
+        comes and, with blocking syncs, wait forever. Returns False if nothing was awaited.
+        """
+        if self.pending[fragment] != version:
+            return False
+        self.pending[fragment] = None
+        self.anchors[fragment] = self.step - self.schedule.period
+        return True
+
     def request(self, request: FragmentRequest) -> None:
         if self.id in request.learners:
             self.requested[request.fragment] = request.version
