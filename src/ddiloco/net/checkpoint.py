@@ -13,13 +13,15 @@ A merge only changes one fragment, so a checkpoint writes only the fragments tha
 last one (a fragment file is immutable once written) and then the manifest. Each file goes through
 write-temp, fsync, rename; the manifest rename is the commit point. A process killed at any moment
 restarts from the last committed manifest; fragment files it no longer references are deleted later.
+Saving is split in two so that the slow part runs without the service's lock: `snapshot` copies the
+new fragment versions out of the core (under the lock), `write` puts them on disk (see `commit`).
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
 
 import torch

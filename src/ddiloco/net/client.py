@@ -16,9 +16,9 @@ cluster is its driver for virtual time.
 
 Recovery, in the training thread, from the events the links post:
 * "resync" after (re)registering: fragments the synchronizer holds at an *older* version than we do
-  (it restarted from an older checkpoint) are overwritten with its value when it arrives; fragments
-  at the same version with a contribution in flight are retried (the contribution may have died
-  with the old connection).
+  (it restarted from an older checkpoint) are overwritten with its value when it arrives
+  (`LearnerCore.force`); fragments at the same version with a contribution in flight are retried
+  (`LearnerCore.retry`: the contribution may have died with the old connection).
 * a rejected contribution: "retry" resends the work, "reset" overwrites the fragment with the
   global value the synchronizer sends along (the work is counted as lost), "none" waits for the
   update that is already on its way.
@@ -39,7 +39,6 @@ from typing import Mapping, Sequence
 import torch
 
 from ..core import AlgorithmConfig, Contribution, Decline, LearnerCore, Schedule
-from . import corehooks
 from .fanout import RankFanout, active_group_size
 from .journal import Journal
 from .link import LinkContext, ShardLink, SynchronizerError
@@ -243,7 +242,7 @@ class LearnerClient:
             p = update.fragment
             if force or self._force.get(p) == update.version:
                 self._force.pop(p, None)
-                corehooks.force_update(core, update)
+                core.force(update)
             else:
                 core.receive(update)
             counted = merged.get(str(self.learner)) if isinstance(merged, dict) else None
@@ -255,7 +254,7 @@ class LearnerClient:
             _, _, p, base, reason, action = event
             self.rejected.append(f"fragment {p}: {reason}")
             if action == "retry":
-                corehooks.retry(core, p, base)
+                core.retry(p, base)
         elif kind == "resync":
             _, shard, versions = event
             for p, v in versions.items():
@@ -265,7 +264,7 @@ class LearnerClient:
                                 "taking its value", shard, p, v, held)
                     self._force[p] = v
                 elif v == held:
-                    corehooks.retry(core, p, v)
+                    core.retry(p, v)
         elif kind == "fatal":
             self._fatal = event[2]
 

@@ -59,8 +59,9 @@ def load_optimizer(directory: str | Path, optimizer: torch.optim.Optimizer) -> i
         for key, value in meta.get("scalars", {}).items():
             index, name = key.split("/", 1)
             state.setdefault(int(index), {})[name] = value
-        optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in meta["param_groups"]]
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    except Exception as exc:  # noqa: BLE001 - any unusable file (torn, foreign, corrupt) means "start fresh"
         log.warning("ignoring unusable learner state in %s: %s", directory, exc)
         return None
     return int(meta.get("inner_steps", 0))

@@ -63,7 +63,7 @@ class LinkContext:
     progress: Callable[[], dict]
     credentials: object = None
     net_delay: float = 0.0
-    max_frame: int = wire.DEFAULT_CHUNK_BYTES + rpc.FRAME_MARGIN
+    max_frame: int = 256 << 20  # what this side accepts per frame; the synchronizer's own limit protects it
     closing: threading.Event = field(default_factory=threading.Event)
     stop_requested: threading.Event = field(default_factory=threading.Event)
     global_progress: float = 0.0
@@ -129,7 +129,8 @@ class ShardLink:
                     self._last_register_log = time.monotonic()
                     log.info("cannot register with %s yet (%s: %s); retrying", self.address, exc.code().name,
                              exc.details())
-                if self.ctx.closing.is_set() or (deadline is not None and time.monotonic() + delay > deadline):
+                given_up = self.ctx.closing.is_set() or (fresh and self.ctx.stop_requested.is_set())
+                if given_up or (deadline is not None and time.monotonic() + delay > deadline):
                     raise ConnectionError(f"cannot reach synchronizer {self.address}: {exc.details()}") from None
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(2 * delay, self.timeouts.backoff_max)

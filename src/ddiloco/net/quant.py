@@ -29,11 +29,12 @@ def _from_bytes(buf: memoryview | bytes, dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(bytearray(buf), dtype=dtype)
 
 
-def _to_bytes(t: torch.Tensor) -> bytes:
+def _to_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes without a copy (a view that keeps the tensor alive)."""
     t = t.detach().contiguous().cpu()
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
-    return t.numpy().tobytes()
+    return memoryview(t.numpy()).cast("B")
 
 
 @dataclass(frozen=True)
@@ -45,11 +46,15 @@ class FloatCodec:
     def nbytes(self, shape: tuple[int, ...]) -> int:
         return _numel(shape) * self.itemsize
 
-    def encode(self, t: torch.Tensor) -> bytes:
+    def encode(self, t: torch.Tensor) -> memoryview:
+        """The bytes; when `t` already has the wire dtype they are `t`'s own memory, not a copy, so the
+        caller must not change `t` until the bytes are sent (ours are always fresh copies)."""
         return _to_bytes(t.detach().to(self.dtype))
 
     def decode(self, buf: memoryview | bytes, shape: tuple[int, ...]) -> torch.Tensor:
-        return _from_bytes(buf, self.dtype).reshape(shape).to(torch.float32, copy=True)
+        """float32 values; from a writable buffer of float32 (a reassembled message, which nothing else
+        holds) this is a view of that buffer, not a copy."""
+        return _from_bytes(buf, self.dtype).reshape(shape).to(torch.float32)
 
 
 @dataclass(frozen=True)
@@ -73,12 +78,12 @@ class BlockIntCodec:
         values = blocks * self.block
         return blocks * 4 + (values if self.bits == 8 else values // 2)
 
-    def encode(self, t: torch.Tensor) -> bytes:
+    def encode(self, t: torch.Tensor) -> memoryview:
         x = t.detach().to("cpu", torch.float32).reshape(-1)
         n = x.numel()
         blocks = self._blocks(n)
         if blocks == 0:
-            return b""
+            return memoryview(b"")
         padded = torch.zeros(blocks * self.block, dtype=torch.float32)
         padded[:n] = x
         v = padded.view(blocks, self.block)
@@ -89,7 +94,7 @@ class BlockIntCodec:
         if self.bits == 4:
             u = (q + 8).to(torch.uint8).view(-1)
             q = (u[0::2] | (u[1::2] << 4)).to(torch.uint8)
-        return _to_bytes(scale) + _to_bytes(q)
+        return memoryview(b"".join((_to_bytes(scale), _to_bytes(q))))
 
     def decode(self, buf: memoryview | bytes, shape: tuple[int, ...]) -> torch.Tensor:
         n = _numel(shape)

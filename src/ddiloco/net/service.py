@@ -26,7 +26,7 @@ from ..core import (
     Rejected,
     SynchronizerCore,
 )
-from . import wire
+from . import report, wire
 from .checkpoint import CheckpointStore, Snapshot
 from .commit import CommitLog
 from .eventlog import EventLog
@@ -420,7 +420,11 @@ class SynchronizerService:
                 self.events.write("leave", learner=s.learner, incarnation=s.incarnation, reason=reason)
                 self._dispatch(self.core.leave(s.learner, now), now)
         self._dispatch(self.core.poll(now), now)
-        self._explain_waiting_rounds(now)
+        for p, version, reason in report.waiting_rounds(self.core, now, self.settings.timeouts.failure):
+            if (p, version) not in self._quorum_logged:  # once per round
+                self._quorum_logged.add((p, version))
+                log.warning(reason)
+                self.events.write("no_quorum", fragment=p, version=version, reason=reason)
         if not self.stopping:
             if self.settings.tokens and self.ledger.tokens_reported >= self.settings.tokens:
                 self.begin_stop(f"token budget of {self.settings.tokens} reached")
@@ -434,24 +438,6 @@ class SynchronizerService:
                                 len(self.sessions), len(self.core.rounds))
                 self.finished.set()
 
-    def _explain_waiting_rounds(self, now: float) -> None:
-        """Say, once per round, why a round has been waiting for its quorum for a while."""
-        for p, r in self.core.rounds.items():
-            if r.quorum_at is not None or now - r.opened_at < self.settings.timeouts.failure:
-                continue
-            if (p, r.version) in self._quorum_logged:
-                continue
-            self._quorum_logged.add((p, r.version))
-            live = self.core.live
-            waiting = sorted(m for m in r.expected & live if m not in r.contributions and m not in r.declined)
-            reason = (
-                f"fragment {p} version {r.version}: no quorum after {now - r.opened_at:.1f} s: need "
-                f"K={self.core.config.quorum} (capped at live learners), have contributions from "
-                f"{sorted(r.contributions)}, waiting for {waiting}, declined {sorted(r.declined)}, live {sorted(live)}"
-            )
-            log.warning(reason)
-            self.events.write("no_quorum", fragment=p, version=r.version, reason=reason)
-
     # --- reads ----------------------------------------------------------------------------------
     def snapshot(self) -> tuple[dict[int, int], dict[int, dict]]:
         """Versions and a copy of every owned fragment's tensors."""
@@ -462,44 +448,4 @@ class SynchronizerService:
 
     def status(self) -> dict:
         with self.lock:
-            ledger = self.ledger
-            return {
-                "shard": self.settings.shard,
-                "num_shards": self.settings.num_shards,
-                "versions": {str(p): v for p, v in self.core.versions.items()},
-                "version_sum": sum(self.core.versions.values()),
-                "merges": ledger.merges,
-                "contributions": ledger.contributions,
-                "rejected_contributions": ledger.rejected,
-                "rejections": list(self.recent_rejections),
-                "tokens_reported": ledger.tokens_reported,
-                "tokens_merged": ledger.tokens_merged,
-                "useful_seconds": ledger.useful_seconds,
-                "double_merged_steps": ledger.double_merged_steps,
-                "started_wall": ledger.started_wall,
-                "last_merge_wall": ledger.last_merge_wall,
-                "stall_seconds_max": ledger.stall(time.time()),
-                "live": sorted(self.core.live),
-                "learners": {
-                    str(m): {
-                        **s.progress,
-                        "incarnation": s.incarnation,
-                        "seconds_since_heartbeat": time.monotonic() - s.last_seen,
-                        "tokens_merged": ledger.book(m).tokens_merged,
-                        "contributions": ledger.book(m).contributions,
-                        "last_merge_wall": ledger.book(m).last_merge_wall,
-                        "merged_position": ledger.book(m).merged_position,
-                    }
-                    for m, s in self.by_learner.items()
-                },
-                "books": {str(m): {"tokens_trained": b.tokens_trained, "tokens_merged": b.tokens_merged,
-                                   "merged_position": b.merged_position, "contributions": b.contributions,
-                                   "rejected": b.rejected}
-                          for m, b in ledger.books.items()},
-                "open_rounds": len(self.core.rounds),
-                "stopping": self.stopping,
-                "finished": self.finished.is_set(),
-                "progress": self.progress(),
-                "restored_from": self.restored_from,
-                "algorithm": self.core.config.to_dict(),
-            }
+            return report.status(self)

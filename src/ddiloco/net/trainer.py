@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +45,7 @@ class LearnerSettings:
     max_steps: int | None = None
     checkpoint_every: int = 24
     start_timeout: float = 120.0
+    min_step_seconds: float = 0.0  # pad every step to this long: emulates a dedicated accelerator
 
 
 def params_digest(model: torch.nn.Module) -> str:
@@ -87,7 +89,13 @@ def train(settings: LearnerSettings) -> dict:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     saver = None
     try:
-        position = client.start()
+        try:
+            position = client.start()
+        except ConnectionError:
+            if stop["signal"]:  # told to stop before it could join: nothing trained, nothing lost
+                log.info("learner %d stopped before joining", settings.learner)
+                return {**client.stats(), "rank": rank, "world": world, "params_sha": ""}
+            raise
         inner_steps = (load_optimizer(state_dir / "inner", optimizer) if state_dir else None) or 0
         if rank == 0 and state_dir is not None:
             saver = BackgroundSaver(state_dir / "inner")
@@ -98,12 +106,16 @@ def train(settings: LearnerSettings) -> dict:
                  position, inner_steps)
         steps = 0
         while not client.stopping and (settings.max_steps is None or steps < settings.max_steps):
+            started = time.perf_counter()
             batch = stream.next()
             set_lr(optimizer, lr_at(settings.inner, inner_steps, client.progress))
             loss = task.loss(trained, batch)
             inner_step(trained, optimizer, loss, settings.inner.grad_clip)
             inner_steps += 1
             steps += 1
+            pad = settings.min_step_seconds - (time.perf_counter() - started)
+            if pad > 0:  # the "chip" is busy for the whole step: the pad counts as compute time
+                time.sleep(pad)
             client.step(batch.tokens, position=stream.position)
             if saver is not None and inner_steps % settings.checkpoint_every == 0:
                 saver.submit(optimizer, inner_steps)

@@ -140,11 +140,12 @@ def decode_tensors(
 
 
 # --- chunking -------------------------------------------------------------------------------------
-def frames(head: Mapping, blobs: Iterable[bytes], chunk_size: int = DEFAULT_CHUNK_BYTES) -> list[bytes]:
+def frames(head: Mapping, blobs: Iterable[bytes | memoryview], chunk_size: int = DEFAULT_CHUNK_BYTES) -> list[bytes]:
     """A message as frames of at most chunk_size body bytes; head gains "nbytes"."""
     if chunk_size < 1:
         raise ValueError("chunk_size must be >= 1")
-    payload = b"".join(blobs)
+    blobs = list(blobs)
+    payload = blobs[0] if len(blobs) == 1 else b"".join(blobs)  # one tensor: no extra copy
     total = len(payload)
     parts = max(1, -(-total // chunk_size))
     msg = next(_ids)

@@ -1,0 +1,258 @@
+"""Transport: fragment push and pull throughput of our wire format over gRPC against a plain TCP socket
+moving the same bytes on loopback, measured side by side in one run.
+
+Every path starts from a float32 tensor and ends with a float32 tensor, with the same codec (push:
+bf16 outer gradient; pull: fp32 global fragment), so what differs is only how the bytes travel:
+
+* plain TCP: tensor -> bytes -> one TCP connection (sendall / recv_into a preallocated buffer) ->
+  tensor, between two Python processes; no header, no chunking;
+* ddiloco transport: tensor -> framed chunks with the JSON header -> gRPC bulk channel (HTTP/2) ->
+  reassembly with the size limit -> shape-checked decode -> tensor (our `wire` + `rpc` modules in a
+  server process, without the synchronizer's algorithm);
+* ddiloco service (for information): the same through a real `ddiloco synchronizer`, whose push also
+  runs the core's checks (shape, finiteness over every value); its quorum cannot be reached, so no
+  merge is timed.
+
+The ratio is ddiloco transport over plain TCP for push + pull together.
+
+    python benchmarks/transport.py                 # 16M-parameter fragment, ~1 minute
+    python benchmarks/transport.py --quick --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from safetensors.torch import save_file
+
+from ddiloco.net import quant, rpc, wire
+from ddiloco.net.launch.procs import ProcessTable, ddiloco_command
+from ddiloco.net.protocol import signature
+
+console = Console(stderr=True)
+
+TCP_SERVER = r"""
+import socket, struct, sys, torch
+torch.set_num_threads(1)
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 0)); srv.listen(1); print(srv.getsockname()[1], flush=True)
+conn, _ = srv.accept(); conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+numel = int(sys.argv[1]); buf = bytearray(4 * numel); view = memoryview(buf)
+weights = torch.randn(numel)
+def recv_exact(n):
+    got = 0
+    while got < n:
+        k = conn.recv_into(view[got:n])
+        if not k: raise SystemExit(0)
+        got += k
+while True:
+    recv_exact(9)
+    op, n = bytes(view[:1]), struct.unpack("<Q", view[1:9])[0]
+    if op == b"P":  # a bf16 outer gradient arrives: decode it into a float32 tensor
+        recv_exact(n)
+        torch.frombuffer(view[:n], dtype=torch.bfloat16).to(torch.float32)
+        conn.sendall(b"k")
+    else:  # send the float32 global value
+        conn.sendall(memoryview(weights.numpy()).cast("B"))
+"""
+
+WIRE_SERVER = r"""
+import sys, time, torch
+torch.set_num_threads(1)
+from ddiloco.net import rpc, wire
+numel, chunk = int(sys.argv[1]), int(sys.argv[2])
+weights = torch.randn(numel)
+def push(frames, context):
+    r = wire.Reassembler(1 << 40)
+    for f in frames:
+        m = r.feed(f)
+    m.tensors({"w": (numel,)})
+    return wire.message({"ok": True})
+def fetch(request, context):
+    yield from wire.tensor_frames({"kind": "fragment", "fragment": 0, "version": 0}, {"w": weights}, "fp32", chunk)
+server = rpc.make_server({"Push": push, "Fetch": fetch}, chunk + rpc.FRAME_MARGIN, 8)
+port = server.add_insecure_port("127.0.0.1:0"); server.start(); print(port, flush=True); time.sleep(3600)
+"""
+
+
+def _start_and_read_port(procs: ProcessTable, name: str, cmd: list[str], tmp: Path) -> int:
+    out = tmp / f"{name}.out"
+    child = procs.start(name, cmd, tmp / f"{name}.log", out)
+    deadline = time.monotonic() + 60
+    while not out.read_text().strip():
+        if not child.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not start: {(tmp / f'{name}.log').read_text()[-2000:]}")
+        time.sleep(0.02)
+    return int(out.read_text().split()[0])
+
+
+class Tcp:
+    def __init__(self, procs: ProcessTable, numel: int, tmp: Path) -> None:
+        port = _start_and_read_port(procs, "tcp", [sys.executable, "-c", TCP_SERVER, str(numel)], tmp)
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.numel = numel
+        self.view = memoryview(bytearray(4 * numel))
+
+    def push(self, grad: torch.Tensor) -> int:
+        data = quant.get("bf16").encode(grad)
+        self.sock.sendall(b"P" + struct.pack("<Q", len(data)))
+        self.sock.sendall(data)
+        if self.sock.recv(1) != b"k":
+            raise ConnectionError("the TCP baseline server went away")
+        return len(data)
+
+    def pull(self) -> int:
+        n = 4 * self.numel
+        self.sock.sendall(b"G" + struct.pack("<Q", n))
+        got = 0
+        while got < n:
+            k = self.sock.recv_into(self.view[got:n])
+            if not k:
+                raise ConnectionError("the TCP baseline server went away")
+            got += k
+        torch.frombuffer(self.view[:n], dtype=torch.float32).clone()
+        return n
+
+
+class Ours:
+    """Push and pull through our wire format and gRPC (a minimal server, or the real synchronizer)."""
+
+    def __init__(self, address: str, numel: int, chunk: int, learner_sessions: list[str] | None = None) -> None:
+        max_frame = chunk + rpc.FRAME_MARGIN
+        self.control = rpc.Stubs(rpc.open_channel(address, "control", max_frame), None)
+        self.bulk = rpc.Stubs(rpc.open_channel(address, "bulk", max_frame), None)
+        self.numel, self.chunk = numel, chunk
+        self.sessions = learner_sessions or ["-"]
+
+    def push(self, grad: torch.Tensor) -> int:
+        head = {"kind": "contribution", "session": self.sessions[0], "fragment": 0, "base_version": 0, "steps": 1,
+                "tokens": 1, "seconds": 0.1, "step_time": 0.1, "step": 1, "position": 1}
+        frames = wire.tensor_frames(head, {"w": grad}, "bf16", self.chunk)
+        reply = wire.read_message(self.bulk.push(iter(frames), timeout=300))
+        if not (reply.get("ok") or "duplicate" in reply.get("reason", "")):
+            raise RuntimeError(f"push refused: {reply}")
+        return sum(len(f) for f in frames)
+
+    def pull(self) -> int:
+        nbytes, got = 0, {}
+        r = wire.Reassembler(1 << 40)
+        for frame in self.bulk.fetch(wire.message({}), timeout=300):
+            nbytes += len(frame)
+            msg = r.feed(frame)
+            if msg is not None:
+                got.update(msg.tensors({"w": (self.numel,)}))
+        assert got["w"].shape == (self.numel,)
+        return nbytes
+
+    def keep_alive(self) -> None:
+        for s in self.sessions[1:] + self.sessions[:1]:
+            if s != "-":
+                self.control.call("Heartbeat", wire.message({"session": s}), 30)
+
+
+def start_service(procs: ProcessTable, tmp: Path, numel: int, chunk: int) -> Ours:
+    save_file({"w": torch.randn(numel)}, str(tmp / "init.safetensors"))
+    cmd = ddiloco_command(
+        "synchronizer", "--port", "0", "--address-file", str(tmp / "address"), "--init", str(tmp / "init.safetensors"),
+        "--fragments", "1", "--sync-every", "2", "--overlap", "1", "--quorum", "2", "--learners", "2",
+        "--heartbeat", "5", "--chunk-bytes", str(chunk), "--checkpoint-every", "0", "--log-level", "error",
+    )
+    child = procs.start("sync", cmd, tmp / "sync.log")
+    deadline = time.monotonic() + 120
+    while not (tmp / "address").is_file():
+        if not child.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the synchronizer did not start: {(tmp / 'sync.log').read_text()[-2000:]}")
+        time.sleep(0.05)
+    address = (tmp / "address").read_text().strip()
+    probe = Ours(address, numel, chunk)
+    sig = signature({"w": torch.empty(numel)})
+    sessions = [wire.read_message(probe.control.call("Register", wire.message(
+        {"learner": m, "incarnation": f"bench{m}", "signature": sig, "fresh": True}), 30))["session"] for m in range(2)]
+    return Ours(address, numel, chunk, sessions)  # two learners live: a quorum of 2 is never reached by one
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--params", type=int, default=16 * 1024 * 1024, help="parameters in the fragment")
+    p.add_argument("--repeats", type=int, default=6)
+    p.add_argument("--chunk-bytes", type=int, default=wire.DEFAULT_CHUNK_BYTES)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # so `finally` ends the children
+    if args.quick:
+        args.params, args.repeats = 2 * 1024 * 1024, 4
+    torch.set_num_threads(1)
+    numel, chunk = args.params, args.chunk_bytes
+    procs = ProcessTable()
+    times: dict[str, dict[str, list[float]]] = {}
+    sizes: dict[str, dict[str, int]] = {}
+    grad = torch.randn(numel) * 1e-3
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        try:
+            backends = {
+                "tcp": Tcp(procs, numel, tmp),
+                "transport": Ours(f"127.0.0.1:{_start_and_read_port(procs, 'wire', [sys.executable, '-c', WIRE_SERVER, str(numel), str(chunk)], tmp)}", numel, chunk),
+                "service": start_service(procs, tmp, numel, chunk),
+            }
+            for name in backends:
+                times[name] = {"push": [], "pull": []}
+                sizes[name] = {}
+            for _ in range(args.repeats + 1):  # the first round warms up and is not counted
+                for name, backend in backends.items():  # interleaved: every path sees the same machine
+                    if isinstance(backend, Ours):
+                        backend.keep_alive()
+                    for op in ("push", "pull"):
+                        t0 = time.perf_counter()
+                        sizes[name][op] = backend.push(grad) if op == "push" else backend.pull()
+                        times[name][op].append(time.perf_counter() - t0)
+        finally:
+            procs.stop_all()
+    med = {n: {op: statistics.median(v[1:]) for op, v in ops.items()} for n, ops in times.items()}
+    mbps = {n: {op: sizes[n][op] / med[n][op] / 1e6 for op in ("push", "pull")} for n in med}
+
+    def both(n: str, reference: str = "tcp") -> float:  # bytes of the reference over the time of n
+        return (sizes[reference]["push"] + sizes[reference]["pull"]) / (med[n]["push"] + med[n]["pull"]) / 1e6
+
+    result = {
+        "params": numel, "chunk_bytes": chunk,
+        "tcp_push_bytes": sizes["tcp"]["push"], "tcp_pull_bytes": sizes["tcp"]["pull"],
+        "wire_push_bytes": sizes["transport"]["push"], "wire_pull_bytes": sizes["transport"]["pull"],
+        **{f"{n}_{op}_MBps": mbps[n][op] for n in mbps for op in ("push", "pull")},
+        "tcp_MBps": both("tcp"), "transport_MBps": both("transport"), "service_MBps": both("service"),
+    }
+    result["push_ratio"] = med["tcp"]["push"] / med["transport"]["push"]
+    result["pull_ratio"] = med["tcp"]["pull"] / med["transport"]["pull"]
+    result["ratio"] = result["transport_MBps"] / result["tcp_MBps"]
+    result["service_ratio"] = result["service_MBps"] / result["tcp_MBps"]
+    table = Table(title=f"fragment of {numel / 1e6:.1f}M parameters on loopback: MB/s of tensor data "
+                        f"(median of {args.repeats})")
+    for col in ("path", "push (bf16)", "pull (fp32)", "push + pull", "ratio to TCP"):
+        table.add_column(col, justify="right")
+    for n, label in (("tcp", "plain TCP"), ("transport", "ddiloco wire + gRPC"), ("service", "ddiloco synchronizer")):
+        push = sizes["tcp"]["push"] / med[n]["push"] / 1e6
+        pull = sizes["tcp"]["pull"] / med[n]["pull"] / 1e6
+        table.add_row(label, f"{push:.0f}", f"{pull:.0f}", f"{both(n):.0f}", f"{both(n) / both('tcp'):.2f}")
+    console.print(table)
+    console.print(f"push + pull throughput ratio (wire + gRPC / plain TCP): [bold]{result['ratio']:.2f}[/bold] "
+                  f"(aim: >= 0.5); through the synchronizer: {result['service_ratio']:.2f}")
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

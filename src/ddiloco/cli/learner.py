@@ -1,0 +1,72 @@
+"""`ddiloco learner`: train one of the built-in models as a learner of a running synchronizer."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import app
+
+
+@app.command("learner")
+def learner(
+    connect: str = typer.Option("127.0.0.1:7070", help="Synchronizer address(es), comma-separated, one per shard."),
+    learner_id: int = typer.Option(..., "--id", help="This learner's id (0..M-1)."),
+    learners: int = typer.Option(4, "--learners", "-M", help="Learners M: the data is split into M shards."),
+    model: str = typer.Option("gpt", help="gpt, gpt-moe or vision (must match the synchronizer)."),
+    model_size: str = typer.Option("default"),
+    data: Optional[str] = typer.Option(None),
+    seq_len: int = typer.Option(128),
+    seed: int = typer.Option(0),
+    batch_size: int = typer.Option(16, help="Sequences (or images) per step and rank."),
+    inner_lr: float = typer.Option(3e-3, help="Peak inner AdamW learning rate."),
+    codec: str = typer.Option("bf16", help="Outer-gradient codec: bf16, int8, int4 or fp32."),
+    token: Optional[str] = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN)."),
+    tls_ca: Optional[Path] = typer.Option(None, help="CA certificate to verify a TLS synchronizer."),
+    state_dir: Optional[Path] = typer.Option(None, help="Folder for this learner's own state (inner optimizer, "
+                                             "journal of trained tokens)."),
+    net_delay: float = typer.Option(0.0, help="Added latency per message, milliseconds (chaos testing)."),
+    max_steps: Optional[int] = typer.Option(None, help="Stop after this many steps even if the run goes on."),
+    checkpoint_every: int = typer.Option(24, help="Steps between saves of the inner optimizer state."),
+    min_step_seconds: float = typer.Option(0.0, help="Pad every step to at least this long (emulates a learner "
+                                           "with its own accelerator of that speed on a shared CPU)."),
+    threads: int = typer.Option(0, help="torch threads (0: PyTorch's default)."),
+    as_json: bool = typer.Option(False, "--json", help="End with one JSON line of this learner's stats."),
+    log_level: str = typer.Option("info"),
+) -> None:
+    """Train until the synchronizer says the run is over; communication never blocks the training loop."""
+    import torch
+
+    from ..net import auth, logsetup
+    from ..net.link import SynchronizerError
+    from ..net.trainer import LearnerSettings, train
+    from ..train.inner import InnerConfig
+
+    logsetup.configure(f"learner{learner_id}", log_level)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        settings = LearnerSettings(
+            learner=learner_id, addresses=connect, learners=learners, model=model, model_size=model_size, data=data,
+            seq_len=seq_len, seed=seed, inner=InnerConfig(lr=inner_lr, batch_size=batch_size), codec=codec,
+            token=auth.resolve_token(token), credentials=auth.channel_credentials(tls_ca),
+            state_dir=str(state_dir) if state_dir else None, net_delay=net_delay / 1000.0, max_steps=max_steps,
+            checkpoint_every=checkpoint_every, min_step_seconds=min_step_seconds,
+        )
+        if not 0 <= learner_id < learners:
+            raise ValueError(f"--id must be in 0..{learners - 1} (the data has {learners} shards)")
+    except (ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    try:
+        stats = train(settings)
+    except (SynchronizerError, ConnectionError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    if as_json:
+        print(json.dumps(stats), flush=True)

@@ -1,0 +1,182 @@
+"""`ddiloco run`: the synchronizer and M learner processes on this machine, supervised, with chaos."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import app
+
+
+@app.command("run")
+def run(
+    method: str = typer.Option("decoupled", help="decoupled, or diloco (synchronous baseline: every learner "
+                               "waits at every outer step)."),
+    model: str = typer.Option("gpt", help="gpt, gpt-moe or vision."),
+    model_size: str = typer.Option("default", help="default (~1M parameters) or tiny."),
+    data: Optional[str] = typer.Option(None, help="Text file or folder (LMs) / torchvision root (vision)."),
+    seq_len: int = typer.Option(128),
+    learners: int = typer.Option(4, "--learners", "-M"),
+    fragments: int = typer.Option(24, "--fragments", "-P"),
+    sync_every: int = typer.Option(24, "--sync-every", "-H"),
+    overlap: int = typer.Option(2, "--overlap", help="tau (0 = blocking syncs)."),
+    quorum: int = typer.Option(1, "--quorum", "-K"),
+    grace: float = typer.Option(0.5),
+    merge: Optional[str] = typer.Option(None, help="rda or mean (default: rda; mean for diloco)."),
+    outer_lr: float = typer.Option(0.7),
+    outer_momentum: float = typer.Option(0.9),
+    inner_lr: float = typer.Option(3e-3),
+    batch_size: int = typer.Option(16),
+    tokens: Optional[int] = typer.Option(None, help="Stop once the learners trained this many tokens "
+                                         "(default 400000 unless --duration is given)."),
+    duration: Optional[float] = typer.Option(None, help="Stop after this many seconds."),
+    seed: int = typer.Option(0),
+    sync_shards: int = typer.Option(1, help="Synchronizer shard processes (fragments spread round-robin)."),
+    codec: str = typer.Option("bf16", help="Outer-gradient codec: bf16, int8, int4 or fp32."),
+    heartbeat: float = typer.Option(0.5, help="Heartbeat interval; failure timeout = 6x, see docs/runtime.md."),
+    checkpoint_every: int = typer.Option(1, help="Synchronizer merges between checkpoints."),
+    threads: int = typer.Option(1, help="torch threads per learner process."),
+    min_step_seconds: float = typer.Option(0.0, help="Pad every learner step to at least this long: emulates "
+                                           "learners with their own accelerators on a shared CPU."),
+    run_dir: Optional[Path] = typer.Option(None, help="Logs, checkpoints, event log (default runs/run-<time>)."),
+    learner_mtbf: Optional[float] = typer.Option(None, help="kill -9 each learner at exponential intervals of this "
+                                                 "mean (seconds)."),
+    learner_down: float = typer.Option(15.0, help="Seconds before a killed learner is restarted."),
+    straggle: Optional[float] = typer.Option(None, help="SIGSTOP a random learner for this many seconds now and then."),
+    straggle_every: float = typer.Option(30.0, help="Mean seconds between two stragglers."),
+    kill_synchronizer_at: Optional[float] = typer.Option(None, help="kill -9 synchronizer shard 0 this many seconds "
+                                                         "in, then restart it."),
+    synchronizer_down: float = typer.Option(1.0, help="Seconds before a killed synchronizer is restarted."),
+    net_delay: float = typer.Option(0.0, help="Added latency per message, milliseconds."),
+    chaos_trace: Optional[Path] = typer.Option(None, help="Replay learner outages (CSV learner,down_at,up_at)."),
+    eval_batches: int = typer.Option(20, help="Validation batches for the final evaluation."),
+    eval_every: float = typer.Option(20.0, help="Seconds between evaluations in the live view (0: none)."),
+    token: Optional[str] = typer.Option(None, help="Shared secret for the processes (or $DDILOCO_TOKEN)."),
+    as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding the summary."),
+    quiet: bool = typer.Option(False, help="No live view."),
+) -> None:
+    """Train with real processes and real sockets, inject faults, report goodput, stalls and loss."""
+    from rich.live import Live
+
+    from ..chaos.trace import FailureTrace
+    from ..net import auth, logsetup
+    from ..net.launch.chaos import ChaosSettings
+    from ..net.launch.config import RunConfig
+    from ..net.launch.supervisor import Supervisor
+    from .output import print_summary, stderr
+
+    logsetup.configure("run", "warning")
+    try:
+        trace = FailureTrace.load(chaos_trace) if chaos_trace is not None else None
+        chaos = ChaosSettings(
+            learner_mtbf=learner_mtbf, learner_down=learner_down, straggle=straggle, straggle_every=straggle_every,
+            kill_synchronizer_at=kill_synchronizer_at, synchronizer_down=synchronizer_down,
+            net_delay_ms=net_delay, trace=trace, seed=seed,
+        )
+        if trace is not None and any(o.learner >= learners for o in trace.outages):
+            raise ValueError(f"{chaos_trace} names learners beyond 0..{learners - 1}")
+        config = RunConfig(
+            run_dir=run_dir or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"),
+            method=method, model=model, model_size=model_size, data=data, seq_len=seq_len, learners=learners,
+            fragments=fragments, sync_every=sync_every, overlap=overlap, quorum=quorum, grace=grace, merge=merge,
+            outer_lr=outer_lr, outer_momentum=outer_momentum, inner_lr=inner_lr, batch_size=batch_size, seed=seed,
+            tokens=tokens if tokens is not None or duration is not None else 400_000, duration=duration,
+            sync_shards=sync_shards, codec=codec, heartbeat=heartbeat, checkpoint_every=checkpoint_every,
+            threads=threads, min_step_seconds=min_step_seconds, eval_batches=eval_batches, eval_every=eval_every, token=auth.resolve_token(token),
+            chaos=chaos,
+        )
+        from ..train.tasks import make_task
+
+        task = make_task(model, data, seq_len=seq_len, model_size=model_size)
+    except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+    import torch
+
+    torch.set_num_threads(1)
+    latest_eval: dict = {"loss": None}
+    live = None if quiet else Live(console=stderr, refresh_per_second=2, transient=False)
+
+    def on_tick(sup: Supervisor) -> None:
+        if live is not None:
+            from ..net.launch.live import render
+
+            live.update(render(sup, latest_eval["loss"]))
+
+    sup = Supervisor(config, on_tick)
+
+    def on_signal(signum, frame):  # noqa: ANN001
+        sup.interrupted.set()
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, on_signal)
+    evaluator = None
+    if live is not None and eval_every > 0:
+        evaluator = threading.Thread(target=_evaluate_periodically, args=(sup, task, config, latest_eval),
+                                     daemon=True)
+        evaluator.start()
+    wall_start = time.perf_counter()
+    if live is not None:
+        live.start()
+    try:
+        sup.run()
+    finally:
+        if live is not None:
+            live.stop()
+            stderr.print()
+    result = _result(sup, task, config, time.perf_counter() - wall_start)
+    print_summary(result, title=f"ddiloco run --method {method}")
+    if sup.error:
+        stderr.print(f"[red]error:[/red] {sup.error}")
+    if as_json:
+        print(json.dumps(result, sort_keys=True), flush=True)
+    if sup.error:
+        sys.exit(1)
+
+
+def _evaluate_periodically(sup, task, config, latest: dict) -> None:  # noqa: ANN001
+    from ..net.launch.evaluate import evaluate_params, fetch_params
+
+    while not sup.stopping and not sup.interrupted.wait(config.eval_every):
+        addresses = [s.address for s in sup.shards if s.address]
+        params = fetch_params(addresses, config.token)
+        if params is not None:
+            try:
+                latest["loss"] = evaluate_params(task, config.seed, params, max_batches=4)["eval_loss"]
+            except ValueError:
+                pass
+
+
+def _result(sup, task, config, wall_seconds: float) -> dict:  # noqa: ANN001
+    from ..net.launch.evaluate import evaluate_checkpoints
+    from ..net.launch.summary import summarize
+
+    stats = summarize(sup.shard_dirs(), sup.learner_dirs(), config.learners, time.time(), sup.start_wall)
+    try:
+        metrics = evaluate_checkpoints(task, config.seed, sup.shard_dirs(), config.eval_batches)
+    except (OSError, ValueError, KeyError) as exc:
+        metrics = {"eval_loss": float("nan")}
+        sup.error = sup.error or f"could not evaluate the final checkpoint: {exc}"
+    window = stats["sim_seconds"]
+    offset = stats["window_start"] - sup.start_wall  # chaos times count from the launch
+    downtime = sum(sup.injector.downtime(m, offset + window) - sup.injector.downtime(m, max(0.0, offset))
+                   for m in range(config.learners))
+    return {
+        **config.as_dict(),
+        "model": config.model,
+        "tokens": stats.pop("tokens"),
+        **metrics,
+        **stats,
+        "availability": 1.0 - downtime / (config.learners * window) if window > 0 else 0.0,
+        "wall_seconds": wall_seconds,
+        "learner_restarts": sup.learner_restarts,
+        "synchronizer_restarts": sum(s.restarts for s in sup.shards),
+        "run_dir": str(config.run_dir),
+    }

@@ -1,0 +1,145 @@
+"""`ddiloco synchronizer`: one synchronizer shard as a service on a TCP address."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import app
+
+
+def algorithm_for(method: str, learners: int, **knobs) -> "object":
+    """The algorithm a method runs, exactly as the simulator derives it (diloco: P=1, tau=0, K=M)."""
+    from ..core.config import AlgorithmConfig
+    from ..sim.config import SimConfig
+
+    if method not in ("decoupled", "diloco"):
+        raise ValueError(f"the runtime runs --method decoupled or diloco, got {method!r}")
+    knobs["merge"] = knobs.get("merge") or ("mean" if method == "diloco" else "rda")
+    if method == "diloco":  # one fragment, whatever -P says (as `ddiloco sim` derives it)
+        knobs["fragments"] = 1
+    return SimConfig(method=method, learners=learners, algorithm=AlgorithmConfig(**knobs)).effective_algorithm()
+
+
+@app.command("synchronizer")
+def synchronizer(
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(7070, help="TCP port; 0 picks a free one (see --address-file)."),
+    address_file: Optional[Path] = typer.Option(None, help="Write the host:port actually bound here (atomically)."),
+    model: str = typer.Option("gpt", help="gpt, gpt-moe or vision: builds the initial global parameters."),
+    model_size: str = typer.Option("default", help="default or tiny."),
+    data: Optional[str] = typer.Option(None, help="Text file or folder (LMs) / torchvision root (vision)."),
+    seq_len: int = typer.Option(128, help="Context length of the language models."),
+    seed: int = typer.Option(0, help="Seed of the initial parameters."),
+    init: Optional[Path] = typer.Option(None, help="Initial parameters from a safetensors file instead of --model "
+                                        "(any PyTorch model: save dict(model.named_parameters()))."),
+    plain_names: str = typer.Option("", help="With --init: comma-separated tensors merged by plain averaging "
+                                    "(embeddings)."),
+    method: str = typer.Option("decoupled", help="decoupled, or diloco (synchronous baseline: P=1, tau=0, K=M)."),
+    learners: int = typer.Option(4, "--learners", "-M", help="Learners M (the quorum of --method diloco)."),
+    fragments: int = typer.Option(24, "--fragments", "-P"),
+    sync_every: int = typer.Option(24, "--sync-every", "-H"),
+    overlap: int = typer.Option(2, "--overlap", help="tau (0 = blocking syncs)."),
+    quorum: int = typer.Option(1, "--quorum", "-K"),
+    grace: float = typer.Option(0.5, help="Grace factor gamma in [0, 1)."),
+    merge: Optional[str] = typer.Option(None, help="rda or mean (default: rda; mean for diloco)."),
+    outer_lr: float = typer.Option(0.7),
+    outer_momentum: float = typer.Option(0.9),
+    shard: int = typer.Option(0, help="This process's shard index."),
+    num_shards: int = typer.Option(1, help="Shards in all: fragment p lives on shard p mod num_shards."),
+    max_learners: Optional[int] = typer.Option(None, help="Accept learner ids 0..N-1 only (default: any)."),
+    checkpoint_dir: Optional[Path] = typer.Option(None, help="Checkpoint folder; resumed from if it holds one."),
+    checkpoint_every: int = typer.Option(1, help="Merges between checkpoints (1: write-ahead, no version a learner "
+                                         "saw is ever lost; 0: only at the end and on SIGTERM)."),
+    fresh: bool = typer.Option(False, help="Refuse to start if --checkpoint-dir already holds a checkpoint."),
+    tokens: Optional[int] = typer.Option(None, help="Stop the run once the learners trained this many tokens."),
+    duration: Optional[float] = typer.Option(None, help="Stop the run after this many seconds."),
+    heartbeat: float = typer.Option(0.5, help="Heartbeat interval h; the other timeouts derive from it."),
+    failure_timeout: Optional[float] = typer.Option(None, help="Declare a silent learner gone after this (6 h)."),
+    token: Optional[str] = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN); required beyond loopback."),
+    insecure_no_auth: bool = typer.Option(False, help="Allow listening beyond loopback without a token."),
+    tls_cert: Optional[Path] = typer.Option(None, help="TLS certificate (PEM)."),
+    tls_key: Optional[Path] = typer.Option(None, help="TLS private key (PEM)."),
+    codec_down: str = typer.Option("fp32", help="Codec of global fragments sent to learners: fp32 or bf16."),
+    chunk_bytes: int = typer.Option(1 << 20, help="Bytes per wire chunk."),
+    max_message_bytes: int = typer.Option(1 << 30, help="Largest contribution accepted, in bytes."),
+    event_log: Optional[Path] = typer.Option(None, help="Append events (merges, joins, rejections) as JSON lines."),
+    summary: Optional[Path] = typer.Option(None, help="Write the final status as JSON here on exit."),
+    exit_when_done: bool = typer.Option(True, help="Exit once a stopped run has drained."),
+    threads: int = typer.Option(1, help="torch threads for merging."),
+    log_level: str = typer.Option("info"),
+) -> None:
+    """Serve one synchronizer shard: merges learners' outer gradients, checkpoints, never waits for the dead."""
+    import torch
+    from safetensors.torch import load_file
+
+    from ..net import auth, logsetup
+    from ..net.atomic import atomic_write
+    from ..net.server import SynchronizerServer, build_service
+    from ..net.service import ServiceSettings
+    from ..net.timeouts import Timeouts
+
+    logsetup.configure(f"sync{shard}", log_level)
+    torch.set_num_threads(max(1, threads))
+    try:
+        secret = auth.resolve_token(token)
+        auth.require_token_policy(host, secret, insecure_no_auth)
+        algorithm = algorithm_for(method, learners, fragments=fragments, sync_every=sync_every, overlap=overlap,
+                                  quorum=quorum, grace=grace, merge=merge, outer_lr=outer_lr,
+                                  outer_momentum=outer_momentum)
+        extra = {} if failure_timeout is None else {"failure": failure_timeout}
+        settings = ServiceSettings(
+            shard=shard, num_shards=num_shards, max_learners=max_learners, codec_down=codec_down,
+            chunk_bytes=chunk_bytes, max_message_bytes=max_message_bytes, checkpoint_every=checkpoint_every,
+            tokens=tokens, duration=duration, timeouts=Timeouts.derive(heartbeat, **extra),
+            workers=max(64, 4 * (max_learners or learners) + 16),
+        )
+        if codec_down not in ("fp32", "bf16"):
+            raise ValueError("--codec-down must be fp32 or bf16 (global values are not quantised further)")
+        if fresh and checkpoint_dir is not None and (checkpoint_dir / "manifest.json").is_file():
+            raise ValueError(f"{checkpoint_dir} already holds a checkpoint and --fresh was given")
+        if init is not None:
+            params = load_file(str(init))
+            plain = frozenset(n for n in plain_names.split(",") if n)
+        else:
+            from ..train.tasks import make_task
+
+            task = make_task(model, data, seq_len=seq_len, model_size=model_size)
+            params = {n: p.detach() for n, p in task.build_model(seed).named_parameters()}
+            plain = frozenset(task.embedding_names)
+        service = build_service(params, algorithm, settings, plain, checkpoint_dir, event_log)
+        del params
+        credentials = auth.server_credentials(tls_cert, tls_key)
+        server = SynchronizerServer(service, host, port, secret, credentials)
+        address = server.start()
+    except (ValueError, OSError, FileNotFoundError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if address_file is not None:
+        atomic_write(address_file, address.encode())
+    print(f"synchronizer shard {shard}/{num_shards} listening on {address}", flush=True)
+
+    stop = threading.Event()
+
+    def on_signal(signum, frame):  # noqa: ANN001
+        stop.set()
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, on_signal)
+    while not stop.is_set():
+        if exit_when_done and service.finished.is_set():
+            break
+        stop.wait(0.2)
+    server.stop()
+    status = service.status()
+    if summary is not None:
+        atomic_write(summary, json.dumps(status, indent=1, sort_keys=True).encode())
+    print(json.dumps({k: status[k] for k in ("versions", "merges", "contributions", "rejected_contributions",
+                                            "tokens_reported", "tokens_merged")}), flush=True)
+    # 0 only when the run is over; stopped by a signal before that (checkpoint written): 128 + SIGTERM
+    sys.exit(0 if status["finished"] else 128 + signal.SIGTERM)

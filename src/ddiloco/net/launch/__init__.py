@@ -1,0 +1,1 @@
+"""`ddiloco run`: a synchronizer and M learner processes on one machine, supervised, with chaos."""

@@ -1,0 +1,96 @@
+"""Child processes, tracked and ended by PID only.
+
+Every process the launcher (or a test) starts goes through `ProcessTable`, which remembers it and,
+at the end, sends SIGTERM, waits, then SIGKILL to exactly those PIDs that are still running. Nothing
+is ever matched by name. Children get their own session (`start_new_session`) so that a Ctrl+C in
+the terminal reaches only the launcher, which then stops them in order.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+
+def ddiloco_command(*args: str) -> list[str]:
+    """The `ddiloco` CLI run by this same interpreter."""
+    return [sys.executable, "-m", "ddiloco", *args]
+
+
+@dataclass
+class Child:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path | None
+    started: float = field(default_factory=time.time)
+    stopped_by_us: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> bool:
+        """Send `sig` to this child's PID if it is still running."""
+        if self.popen.poll() is not None:
+            return False
+        try:
+            os.kill(self.popen.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+class ProcessTable:
+    def __init__(self, env: dict | None = None) -> None:
+        self.children: list[Child] = []
+        self.env = env
+
+    def start(self, name: str, command: Sequence[str], log_path: Path | None = None,
+              stdout_path: Path | None = None) -> Child:
+        """Start `command`; stderr goes to log_path, stdout to stdout_path (default: the same log)."""
+        err = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
+        out = open(stdout_path, "ab") if stdout_path is not None else err
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        try:
+            popen = subprocess.Popen(list(command), stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
+        finally:
+            for f in {id(err): err, id(out): out}.values():
+                if hasattr(f, "close"):
+                    f.close()
+        child = Child(name, popen, log_path)
+        self.children.append(child)
+        return child
+
+    def running(self) -> list[Child]:
+        return [c for c in self.children if c.alive()]
+
+    def stop_all(self, grace: float = 5.0) -> None:
+        """SIGTERM every child still running, wait up to `grace` seconds, SIGKILL the rest; reap all."""
+        for c in self.running():
+            c.stopped_by_us = True
+            c.signal(signal.SIGCONT)  # a stopped (straggling) process cannot handle SIGTERM
+            c.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for c in self.running():
+            c.signal(signal.SIGKILL)
+        for c in self.children:
+            try:
+                c.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass

@@ -1,0 +1,72 @@
+"""What the synchronizer says about itself: its status (for the launcher and the live view) and why a
+round has not formed its quorum yet (for the logs). Read-only views of the service's state."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Iterator
+
+from ..core import SynchronizerCore
+
+if TYPE_CHECKING:
+    from .service import SynchronizerService
+
+
+def waiting_rounds(core: SynchronizerCore, now: float, after: float) -> Iterator[tuple[int, int, str]]:
+    """(fragment, version, reason) for every round that has waited `after` seconds without a quorum."""
+    for p, r in core.rounds.items():
+        if r.quorum_at is not None or now - r.opened_at < after:
+            continue
+        live = core.live
+        waiting = sorted(m for m in r.expected & live if m not in r.contributions and m not in r.declined)
+        yield p, r.version, (
+            f"fragment {p} version {r.version}: no quorum after {now - r.opened_at:.1f} s: need "
+            f"K={core.config.quorum} (capped at live learners), have contributions from "
+            f"{sorted(r.contributions)}, waiting for {waiting}, declined {sorted(r.declined)}, live {sorted(live)}"
+        )
+
+
+def status(service: "SynchronizerService") -> dict:
+    """The service's state as JSON (the caller holds its lock)."""
+    core, ledger = service.core, service.ledger
+    return {
+        "shard": service.settings.shard,
+        "num_shards": service.settings.num_shards,
+        "versions": {str(p): v for p, v in core.versions.items()},
+        "version_sum": sum(core.versions.values()),
+        "merges": ledger.merges,
+        "contributions": ledger.contributions,
+        "rejected_contributions": ledger.rejected,
+        "rejections": list(service.recent_rejections),
+        "tokens_reported": ledger.tokens_reported,
+        "tokens_merged": ledger.tokens_merged,
+        "useful_seconds": ledger.useful_seconds,
+        "double_merged_steps": ledger.double_merged_steps,
+        "started_wall": ledger.started_wall,
+        "last_merge_wall": ledger.last_merge_wall,
+        "stall_seconds_max": ledger.stall(time.time()),
+        "live": sorted(core.live),
+        "learners": {
+            str(m): {
+                **s.progress,
+                "incarnation": s.incarnation,
+                "seconds_since_heartbeat": time.monotonic() - s.last_seen,
+                "tokens_merged": ledger.book(m).tokens_merged,
+                "contributions": ledger.book(m).contributions,
+                "last_merge_wall": ledger.book(m).last_merge_wall,
+                "merged_position": ledger.book(m).merged_position,
+            }
+            for m, s in service.by_learner.items()
+        },
+        "books": {
+            str(m): {"tokens_trained": b.tokens_trained, "tokens_merged": b.tokens_merged,
+                     "merged_position": b.merged_position, "contributions": b.contributions, "rejected": b.rejected}
+            for m, b in ledger.books.items()
+        },
+        "open_rounds": len(core.rounds),
+        "stopping": service.stopping,
+        "finished": service.finished.is_set(),
+        "progress": service.progress(),
+        "restored_from": service.restored_from,
+        "algorithm": core.config.to_dict(),
+    }
