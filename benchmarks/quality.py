@@ -38,7 +38,7 @@ MTBF_STEPS, DOWN_STEPS = 90.0, 10.0
 
 
 def rows(learners: int, period: int) -> list[tuple[str, dict]]:
-    decoupled = AlgorithmConfig(fragments=4, sync_every=period, overlap=2, quorum=1, grace=0.5)
+    decoupled = AlgorithmConfig(fragments=4, sync_every=period, overlap=2, quorum=1, grace=0.9)
     hetero = StepTimeModel(speeds=half_slow(learners, 1.2), jitter=0.1)
     return [
         ("ddp", dict(method="ddp")),

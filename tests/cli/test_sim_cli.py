@@ -14,13 +14,14 @@ def ddiloco(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "ddiloco", *args], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("method", ["decoupled", "elastic-ddp"])
+@pytest.mark.parametrize("method", ["decoupled", "elastic-ddp", "diloco"])
 def test_json_summary_is_the_last_line(shakespeare, method, tmp_path):
     trace = tmp_path / "trace.csv"
     trace.write_text("learner,down_at,up_at\n1,3.5,9.5\n")
     out = ddiloco("sim", "--method", method, "--model-size", "tiny", "--seq-len", "16", "--batch-size", "4",
-                  "--tokens", "4000", "--learners", "3", "--fragments", "2", "--sync-every", "4",
-                  "--data", shakespeare, "--failures", str(trace), "--json", "--quiet")
+                  "--tokens", "4000", "--learners", "3", "--sync-every", "4",
+                  "--data", shakespeare, "--failures", str(trace), "--json", "--quiet",
+                  *([] if method == "diloco" else ["--fragments", "2"]))  # diloco ignores P (default 24 > H)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert REQUIRED <= set(result)

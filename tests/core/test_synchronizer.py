@@ -166,3 +166,32 @@ def test_config_validation_names_every_problem():
     message = str(info.value)
     for word in ("fragments", "overlap", "quorum", "grace"):
         assert word in message
+
+
+def test_open_rounds_say_why_no_quorum_formed():
+    core = make(quorum=3)
+    core.receive(contribution(0, [1.0, 0.0]), now=0.0)
+    core.receive(Decline(2, 0, 0, "nothing"), now=0.5)
+    [view] = core.open_rounds()
+    # learner 2 has nothing for this version, so K=3 is capped at the two that can contribute
+    assert (view.fragment, view.version, view.need) == (0, 0, 2)
+    assert view.contributors == (0,) and view.declined == (2,) and view.waiting_for == (1,)
+    text = view.describe(now=2.0)
+    assert "no quorum after 2.00 s" in text and "waiting for [1]" in text and "need 2" in text
+    out = core.receive(contribution(1, [1.0, 0.0]), now=2.0)
+    assert kinds(out) == ["Merged", "FragmentUpdate"] and core.open_rounds() == []  # a declined learner never hangs a round
+
+
+def test_fragment_state_and_current_update_are_copies():
+    core = make(quorum=1, grace=0.0, momentum=0.9)
+    core.receive(contribution(0, [-1.0, 0.5]), now=0.0)
+    state = core.fragment_state(0)
+    assert set(state) == {"w", "outer/w"}
+    assert torch.equal(state["w"], core.params["w"]) and torch.equal(state["outer/w"], torch.tensor([-1.0, 0.5]))
+    state["w"].add_(100.0)
+    update = core.current_update(0, (1,))
+    assert update.version == 1 and update.learners == (1,) and torch.equal(update.tensors["w"], core.params["w"])
+    update.tensors["w"].add_(1.0)
+    assert not torch.equal(update.tensors["w"], core.params["w"])
+    with pytest.raises(KeyError):
+        core.current_update(5, (1,))

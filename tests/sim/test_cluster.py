@@ -27,7 +27,7 @@ def test_k1_alone_merges_the_opener_grace_admits_the_slower_learners_and_k_m_adm
                  [("k1", k1), ("k1_grace", k1_grace), ("km", km)]}
     assert per_merge["k1"] < 1.3  # only the final drain merges more than one
     assert per_merge["k1_grace"] > 3.0
-    assert per_merge["km"] > 3.9
+    assert per_merge["km"] > 3.7  # all but learners that declined (an update still in flight to them)
     # Nobody waits in any of them: the learners compute all the time...
     for stats in (k1, k1_grace, km):
         assert stats["utilization"] > 0.9

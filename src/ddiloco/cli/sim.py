@@ -70,7 +70,7 @@ def sim(
     sync_every: int = typer.Option(24, "--sync-every", "-H", help="Steps H between two syncs of a fragment."),
     overlap: int = typer.Option(2, "--overlap", help="Steps tau a sync overlaps with compute (0 = blocking)."),
     quorum: int = typer.Option(1, "--quorum", "-K", help="Minimum quorum K (capped at the live learners)."),
-    grace: float = typer.Option(0.5, help="Grace factor gamma in [0, 1); 0 disables the grace window."),
+    grace: float = typer.Option(0.9, help="Grace factor gamma in [0, 1); 0 disables the grace window (docs/algorithm.md says why 0.9)."),
     merge: Optional[str] = typer.Option(None, help="rda or mean. Default: rda; mean for --method diloco."),
     outer_lr: float = typer.Option(0.7, help="Outer Nesterov learning rate."),
     outer_momentum: float = typer.Option(0.9, help="Outer Nesterov momentum."),
@@ -106,6 +106,8 @@ def sim(
 
     if threads > 0:
         torch.set_num_threads(threads)
+    if method == "diloco":  # synchronous DiLoCo: one fragment, blocking syncs, everyone waits (P, tau, K ignored)
+        fragments, overlap, quorum = 1, 0, learners
     try:
         algorithm = AlgorithmConfig(
             fragments=fragments,

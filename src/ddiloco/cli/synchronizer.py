@@ -47,7 +47,7 @@ def synchronizer(
     sync_every: int = typer.Option(24, "--sync-every", "-H"),
     overlap: int = typer.Option(2, "--overlap", help="tau (0 = blocking syncs)."),
     quorum: int = typer.Option(1, "--quorum", "-K"),
-    grace: float = typer.Option(0.5, help="Grace factor gamma in [0, 1)."),
+    grace: float = typer.Option(0.9, help="Grace factor gamma in [0, 1) (docs/algorithm.md says why 0.9)."),
     merge: Optional[str] = typer.Option(None, help="rda or mean (default: rda; mean for diloco)."),
     outer_lr: float = typer.Option(0.7),
     outer_momentum: float = typer.Option(0.9),

@@ -27,7 +27,7 @@ class AlgorithmConfig:
     sync_every: int = 24
     overlap: int = 2
     quorum: int = 1
-    grace: float = 0.5
+    grace: float = 0.9
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     merge: MergeMode = "rda"

@@ -34,6 +34,9 @@ from .outer import NesterovOuterOptimizer
 from .timing import GraceWindow
 from .weights import token_weight
 
+#: Prefix of outer-optimizer buffers in `fragment_state`, so they can share a file with the parameters.
+OUTER_PREFIX = "outer/"
+
 
 @dataclass
 class Round:
@@ -46,6 +49,34 @@ class Round:
     declined: set[int] = field(default_factory=set)
     quorum_at: float | None = None
     deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """A read-only picture of an open round, for status pages and "why no quorum yet" logs."""
+
+    fragment: int
+    version: int
+    opened_at: float
+    quorum_at: float | None
+    deadline: float | None
+    need: int
+    contributors: tuple[int, ...]
+    declined: tuple[int, ...]
+    waiting_for: tuple[int, ...]
+    live: tuple[int, ...]
+
+    def describe(self, now: float) -> str:
+        state = (
+            f"quorum at {self.quorum_at - self.opened_at:.2f} s, grace until {self.deadline - self.opened_at:.2f} s"
+            if self.quorum_at is not None and self.deadline is not None
+            else f"no quorum after {now - self.opened_at:.2f} s"
+        )
+        return (
+            f"fragment {self.fragment} version {self.version}: {state}: need {self.need} "
+            f"(K capped at the live learners asked), contributions from {list(self.contributors)}, "
+            f"waiting for {list(self.waiting_for)}, declined {list(self.declined)}, live {list(self.live)}"
+        )
 
 
 class SynchronizerCore:
@@ -189,11 +220,39 @@ class SynchronizerCore:
             actions += self._advance(p, now)
         return actions
 
+    def _waiting_for(self, r: Round) -> set[int]:
+        return {m for m in r.expected & self.live if m not in r.contributions and m not in r.declined}
+
+    def _need(self, r: Round) -> int:
+        """K, capped at the live learners that can still contribute (and those who did).
+
+        A learner that declined has nothing for this version, so waiting for it would hang the round
+        whenever K exceeds the learners that can answer.
+        """
+        able = ((r.expected & self.live) - r.declined) | set(r.contributions)
+        return min(self.config.quorum, max(1, len(able)))
+
+    def open_rounds(self) -> list[RoundView]:
+        return [
+            RoundView(
+                fragment=p,
+                version=r.version,
+                opened_at=r.opened_at,
+                quorum_at=r.quorum_at,
+                deadline=r.deadline,
+                need=self._need(r),
+                contributors=tuple(sorted(r.contributions)),
+                declined=tuple(sorted(r.declined)),
+                waiting_for=tuple(sorted(self._waiting_for(r))),
+                live=tuple(sorted(self.live)),
+            )
+            for p, r in sorted(self.rounds.items())
+        ]
+
     def _advance(self, p: int, now: float) -> list[SyncAction]:
         r = self.rounds[p]
-        waiting_for = {m for m in r.expected & self.live if m not in r.contributions and m not in r.declined}
-        askable = len((r.expected & self.live) | set(r.contributions))
-        need = min(self.config.quorum, max(1, askable))
+        waiting_for = self._waiting_for(r)
+        need = self._need(r)
         if r.quorum_at is None and len(r.contributions) >= need:
             r.quorum_at = now
             quorum_time = now - r.opened_at
@@ -235,9 +294,25 @@ class SynchronizerCore:
         tensors = {name: self.params[name].clone() for name in self.plan.names[p]}
         return FragmentUpdate(p, self.versions[p], tensors, tuple(learners))
 
+    def current_update(self, p: int, learners: Sequence[int]) -> FragmentUpdate:
+        """The current global value of fragment p, addressed to `learners` (a copy: safe to send)."""
+        if p not in self.versions:
+            raise KeyError(f"fragment {p} is not owned by this synchronizer")
+        return self._update(p, learners)
+
     # --- state ----------------------------------------------------------------------------------
     def global_params(self) -> dict[str, torch.Tensor]:
         return {name: t.clone() for name, t in self.params.items()}
+
+    def fragment_state(self, p: int) -> dict[str, torch.Tensor]:
+        """Copies of fragment p's global tensors and its outer-optimizer buffers (keys OUTER_PREFIX + name).
+
+        One fragment at a time, so a checkpoint can write only the fragments whose version changed.
+        """
+        state = {name: self.params[name].clone() for name in self.plan.names[p]}
+        for name, buf in self.outer[p].state_dict().items():
+            state[OUTER_PREFIX + name] = buf
+        return state
 
     def state_dict(self) -> dict:
         """Everything needed to resume: parameters, versions, outer optimizer buffers, estimates."""

@@ -28,10 +28,10 @@ import torch
 from safetensors.torch import load_file, save
 
 from ..core import SynchronizerCore
+from ..core.synchronizer import OUTER_PREFIX
 from .atomic import atomic_write, atomic_write_json, read_json
 
 FORMAT = 1
-OUTER_PREFIX = "outer/"
 
 
 @dataclass
@@ -73,10 +73,7 @@ class CheckpointStore:
             name = self.fragment_file(p, core.versions[p])
             files[p] = name
             if name not in self._on_disk:
-                values = {n: core.params[n].clone() for n in core.plan.names[p]}
-                for n, buf in core.outer[p].buffers.items():
-                    values[OUTER_PREFIX + n] = buf.clone()
-                tensors[p] = values
+                tensors[p] = core.fragment_state(p)
         manifest = {
             "format": FORMAT,
             "seq": self.seq,

@@ -14,16 +14,9 @@ if TYPE_CHECKING:
 
 def waiting_rounds(core: SynchronizerCore, now: float, after: float) -> Iterator[tuple[int, int, str]]:
     """(fragment, version, reason) for every round that has waited `after` seconds without a quorum."""
-    for p, r in core.rounds.items():
-        if r.quorum_at is not None or now - r.opened_at < after:
-            continue
-        live = core.live
-        waiting = sorted(m for m in r.expected & live if m not in r.contributions and m not in r.declined)
-        yield p, r.version, (
-            f"fragment {p} version {r.version}: no quorum after {now - r.opened_at:.1f} s: need "
-            f"K={core.config.quorum} (capped at live learners), have contributions from "
-            f"{sorted(r.contributions)}, waiting for {waiting}, declined {sorted(r.declined)}, live {sorted(live)}"
-        )
+    for r in core.open_rounds():
+        if r.quorum_at is None and now - r.opened_at >= after:
+            yield r.fragment, r.version, r.describe(now)
 
 
 def status(service: "SynchronizerService") -> dict:
@@ -63,7 +56,7 @@ def status(service: "SynchronizerService") -> dict:
                      "merged_position": b.merged_position, "contributions": b.contributions, "rejected": b.rejected}
             for m, b in ledger.books.items()
         },
-        "open_rounds": len(core.rounds),
+        "open_rounds": len(core.open_rounds()),
         "stopping": service.stopping,
         "finished": service.finished.is_set(),
         "progress": service.progress(),

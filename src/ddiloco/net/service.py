@@ -251,9 +251,9 @@ class SynchronizerService:
 
     def _open_positions(self, learner: int) -> list[int]:
         out = []
-        for p, r in self.core.rounds.items():
-            if learner in r.contributions:
-                info = self.ledger.pending.get((learner, p, r.version))
+        for r in self.core.open_rounds():
+            if learner in r.contributors:
+                info = self.ledger.pending.get((learner, r.fragment, r.version))
                 if info is not None:
                     out.append(info.position)
         return out
@@ -344,9 +344,7 @@ class SynchronizerService:
                     text, action)
             self.events.write("rejected", learner=who, fragment=fragment, reason=reason, action=action)
             if action == "reset" and s is not None and fragment in self.core.versions:
-                update = FragmentUpdate(fragment, self.core.versions[fragment],
-                                        {n: self.core.params[n].clone() for n in self.core.plan.names[fragment]},
-                                        (s.learner,))
+                update = self.core.current_update(fragment, (s.learner,))
                 head = {"kind": "update", "fragment": fragment, "version": update.version, "force": True}
                 frames = wire.tensor_frames(head, update.tensors, self.settings.codec_down, self.settings.chunk_bytes)
                 self._send_update(s, fragment, update.version + 0.5, frames)
@@ -431,20 +429,18 @@ class SynchronizerService:
             elif self.settings.duration and time.time() - self.ledger.started_wall >= self.settings.duration:
                 self.begin_stop(f"duration of {self.settings.duration:g} s reached")
         if self.stopping and not self.finished.is_set():
-            drained = not self.sessions and not self.core.rounds
+            drained = not self.sessions and not self.core.open_rounds()
             if drained or time.monotonic() - self._stop_mono > self.settings.timeouts.drain:
                 if not drained:
                     log.warning("drain timeout: %d learners still registered, %d rounds open",
-                                len(self.sessions), len(self.core.rounds))
+                                len(self.sessions), len(self.core.open_rounds()))
                 self.finished.set()
 
     # --- reads ----------------------------------------------------------------------------------
     def snapshot(self) -> tuple[dict[int, int], dict[int, dict]]:
         """Versions and a copy of every owned fragment's tensors."""
         with self.lock:
-            return dict(self.core.versions), {
-                p: {n: self.core.params[n].clone() for n in self.core.plan.names[p]} for p in self.core.owned
-            }
+            return dict(self.core.versions), {p: dict(self.core.current_update(p, ()).tensors) for p in self.core.owned}
 
     def status(self) -> dict:
         with self.lock:
