@@ -1,6 +1,7 @@
 import pytest
 
-from ddiloco.sim.ledger import WorkLedger, _union_length
+from ddiloco.accounting import union_length
+from ddiloco.sim.ledger import WorkLedger
 
 
 def test_goodput_utilization_uptime_by_hand():
@@ -35,6 +36,6 @@ def test_shares_never_exceed_one_and_bad_ranges_fail():
         ledger.step(0, 0, 2.0, 1.0, 1)
 
 
-def test_union_length():
-    assert _union_length([]) == 0.0
-    assert _union_length([(0, 1), (0.5, 2), (3, 4)]) == pytest.approx(3.0)
+def testunion_length():
+    assert union_length([]) == 0.0
+    assert union_length([(0, 1), (0.5, 2), (3, 4)]) == pytest.approx(3.0)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from ..accounting import union_length
+
 
 @dataclass
 class _Steps:
@@ -64,22 +66,8 @@ class WorkLedger:
         return {
             "goodput": useful / allocated if allocated > 0 else 0.0,
             "utilization": busy / allocated if allocated > 0 else 0.0,
-            "uptime": _union_length(intervals) / end_time if end_time > 0 else 0.0,
+            "uptime": union_length(intervals) / end_time if end_time > 0 else 0.0,
             "tokens_trained": int(tokens_trained),
             "tokens_merged": tokens_merged,
         }
 
-
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total = 0.0
-    cur_start = cur_end = None
-    for start, end in sorted(intervals):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total

@@ -19,22 +19,9 @@ import json
 from pathlib import Path
 from typing import Iterable
 
+from ...accounting import union_length
 from ..eventlog import read_events
 from ..journal import read_journals
-
-
-def _union(intervals: Iterable[tuple[float, float]]) -> float:
-    total, cur_start, cur_end = 0.0, None, None
-    for start, end in sorted(intervals):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
 
 
 def read_shard_events(sync_dirs: list[Path]) -> list[dict]:
@@ -91,7 +78,7 @@ def summarize(
         "tokens_merged": tokens_merged,
         "tokens_lost": max(0.0, tokens_trained - tokens_merged),
         "goodput": useful / allocated,
-        "uptime": min(1.0, _union([i for i in intervals if i[1] > i[0]]) / window),
+        "uptime": min(1.0, union_length([i for i in intervals if i[1] > i[0]]) / window),
         "utilization": busy / allocated,
         "sim_seconds": window,
         "run_seconds": window,
