@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from . import app
+from . import app, options
 
 
 @app.command("run")
@@ -23,15 +23,15 @@ def run(
     model_size: str = typer.Option("default", help="default (~1M parameters) or tiny."),
     data: Optional[str] = typer.Option(None, help="Text file or folder (LMs) / torchvision root (vision)."),
     seq_len: int = typer.Option(128),
-    learners: int = typer.Option(4, "--learners", "-M"),
-    fragments: int = typer.Option(24, "--fragments", "-P"),
-    sync_every: int = typer.Option(24, "--sync-every", "-H"),
-    overlap: int = typer.Option(2, "--overlap", help="tau (0 = blocking syncs)."),
-    quorum: int = typer.Option(1, "--quorum", "-K"),
-    grace: float = typer.Option(0.9, help="Grace factor gamma in [0, 1); 0 disables the grace window."),
-    merge: Optional[str] = typer.Option(None, help="rda or mean (default: rda; mean for diloco)."),
-    outer_lr: float = typer.Option(0.7),
-    outer_momentum: float = typer.Option(0.9),
+    learners: int = options.LEARNERS,
+    fragments: int = options.FRAGMENTS,
+    sync_every: int = options.SYNC_EVERY,
+    overlap: int = options.OVERLAP,
+    quorum: int = options.QUORUM,
+    grace: float = options.GRACE,
+    merge: Optional[str] = options.MERGE,
+    outer_lr: float = options.OUTER_LR,
+    outer_momentum: float = options.OUTER_MOMENTUM,
     inner_lr: float = typer.Option(3e-3),
     batch_size: int = typer.Option(16),
     tokens: Optional[int] = typer.Option(None, help="Stop once the learners trained this many tokens "

@@ -13,7 +13,7 @@ from ..core.config import AlgorithmConfig
 from ..sim.config import METHODS, SimConfig
 from ..sim.hardware import LinkModel, StepTimeModel, half_slow
 from ..train.inner import InnerConfig
-from . import app
+from . import app, options
 from .output import EventLog, print_summary, progress_bar
 
 
@@ -65,15 +65,15 @@ def sim(
     seq_len: int = typer.Option(128, help="Context length of the language models."),
     tokenizer: str = typer.Option("byte", help="byte (256 symbols) or bpe (trained here on the training text)."),
     bpe_vocab: int = typer.Option(1024, help="Vocabulary size of the BPE tokenizer."),
-    learners: int = typer.Option(4, "--learners", "-M", help="Number of learners M (the paper uses 8)."),
-    fragments: int = typer.Option(24, "--fragments", "-P", help="Fragments P."),
-    sync_every: int = typer.Option(24, "--sync-every", "-H", help="Steps H between two syncs of a fragment."),
-    overlap: int = typer.Option(2, "--overlap", help="Steps tau a sync overlaps with compute (0 = blocking)."),
-    quorum: int = typer.Option(1, "--quorum", "-K", help="Minimum quorum K (capped at the live learners)."),
-    grace: float = typer.Option(0.9, help="Grace factor gamma in [0, 1); 0 disables the grace window (docs/algorithm.md says why 0.9)."),
-    merge: Optional[str] = typer.Option(None, help="rda or mean. Default: rda; mean for --method diloco."),
-    outer_lr: float = typer.Option(0.7, help="Outer Nesterov learning rate."),
-    outer_momentum: float = typer.Option(0.9, help="Outer Nesterov momentum."),
+    learners: int = options.LEARNERS,
+    fragments: int = options.FRAGMENTS,
+    sync_every: int = options.SYNC_EVERY,
+    overlap: int = options.OVERLAP,
+    quorum: int = options.QUORUM,
+    grace: float = options.GRACE,
+    merge: Optional[str] = options.MERGE,
+    outer_lr: float = options.OUTER_LR,
+    outer_momentum: float = options.OUTER_MOMENTUM,
     inner_lr: float = typer.Option(3e-3, help="Inner AdamW learning rate (peak; cosine decay over the run)."),
     batch_size: int = typer.Option(16, help="Sequences (or images) per learner step."),
     tokens: int = typer.Option(400_000, help="Token budget: training stops when the learners have trained on this many."),

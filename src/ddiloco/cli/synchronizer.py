@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from . import app
+from . import app, options
 
 
 def algorithm_for(method: str, learners: int, **knobs) -> "object":
@@ -42,15 +42,15 @@ def synchronizer(
     plain_names: str = typer.Option("", help="With --init: comma-separated tensors merged by plain averaging "
                                     "(embeddings)."),
     method: str = typer.Option("decoupled", help="decoupled, or diloco (synchronous baseline: P=1, tau=0, K=M)."),
-    learners: int = typer.Option(4, "--learners", "-M", help="Learners M (the quorum of --method diloco)."),
-    fragments: int = typer.Option(24, "--fragments", "-P"),
-    sync_every: int = typer.Option(24, "--sync-every", "-H"),
-    overlap: int = typer.Option(2, "--overlap", help="tau (0 = blocking syncs)."),
-    quorum: int = typer.Option(1, "--quorum", "-K"),
-    grace: float = typer.Option(0.9, help="Grace factor gamma in [0, 1) (docs/algorithm.md says why 0.9)."),
-    merge: Optional[str] = typer.Option(None, help="rda or mean (default: rda; mean for diloco)."),
-    outer_lr: float = typer.Option(0.7),
-    outer_momentum: float = typer.Option(0.9),
+    learners: int = options.LEARNERS,
+    fragments: int = options.FRAGMENTS,
+    sync_every: int = options.SYNC_EVERY,
+    overlap: int = options.OVERLAP,
+    quorum: int = options.QUORUM,
+    grace: float = options.GRACE,
+    merge: Optional[str] = options.MERGE,
+    outer_lr: float = options.OUTER_LR,
+    outer_momentum: float = options.OUTER_MOMENTUM,
     shard: int = typer.Option(0, help="This process's shard index."),
     num_shards: int = typer.Option(1, help="Shards in all: fragment p lives on shard p mod num_shards."),
     max_learners: Optional[int] = typer.Option(None, help="Accept learner ids 0..N-1 only (default: any)."),
