@@ -33,8 +33,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ddiloco.net.journal import read_journals
-from ddiloco.net.launch.chaos import ChaosSettings, learner_trace
+from ddiloco.chaos.injector import ChaosSettings, learner_trace
+from ddiloco.learner.journal import read_journals
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"

@@ -24,8 +24,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from ddiloco.net.client import LearnerClient
-from ddiloco.net.launch.procs import ProcessTable, ddiloco_command
+from ddiloco.launch.procs import ProcessTable, ddiloco_command
+from ddiloco.learner.client import LearnerClient
 from ddiloco.train.inner import InnerConfig, inner_step, make_inner_optimizer
 from ddiloco.train.tasks import make_task
 

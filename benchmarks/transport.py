@@ -37,9 +37,9 @@ from rich.console import Console
 from rich.table import Table
 from safetensors.torch import save_file
 
-from ddiloco.net import quant, rpc, wire
-from ddiloco.net.launch.procs import ProcessTable, ddiloco_command
-from ddiloco.net.protocol import signature
+from ddiloco.launch.procs import ProcessTable, ddiloco_command
+from ddiloco.wire import framing, quant, rpc
+from ddiloco.wire.protocol import signature
 
 console = Console(stderr=True)
 
@@ -71,17 +71,17 @@ while True:
 WIRE_SERVER = r"""
 import sys, time, torch
 torch.set_num_threads(1)
-from ddiloco.net import rpc, wire
+from ddiloco.wire import framing, rpc
 numel, chunk = int(sys.argv[1]), int(sys.argv[2])
 weights = torch.randn(numel)
 def push(frames, context):
-    r = wire.Reassembler(1 << 40)
+    r = framing.Reassembler(1 << 40)
     for f in frames:
         m = r.feed(f)
     m.tensors({"w": (numel,)})
-    return wire.message({"ok": True})
+    return framing.message({"ok": True})
 def fetch(request, context):
-    yield from wire.tensor_frames({"kind": "fragment", "fragment": 0, "version": 0}, {"w": weights}, "fp32", chunk)
+    yield from framing.tensor_frames({"kind": "fragment", "fragment": 0, "version": 0}, {"w": weights}, "fp32", chunk)
 server = rpc.make_server({"Push": push, "Fetch": fetch}, chunk + rpc.FRAME_MARGIN, 8)
 port = server.add_insecure_port("127.0.0.1:0"); server.start(); print(port, flush=True); time.sleep(3600)
 """
@@ -140,16 +140,16 @@ class Ours:
     def push(self, grad: torch.Tensor) -> int:
         head = {"kind": "contribution", "session": self.sessions[0], "fragment": 0, "base_version": 0, "steps": 1,
                 "tokens": 1, "seconds": 0.1, "step_time": 0.1, "step": 1, "position": 1}
-        frames = wire.tensor_frames(head, {"w": grad}, "bf16", self.chunk)
-        reply = wire.read_message(self.bulk.push(iter(frames), timeout=300))
+        frames = framing.tensor_frames(head, {"w": grad}, "bf16", self.chunk)
+        reply = framing.read_message(self.bulk.push(iter(frames), timeout=300))
         if not (reply.get("ok") or "duplicate" in reply.get("reason", "")):
             raise RuntimeError(f"push refused: {reply}")
         return sum(len(f) for f in frames)
 
     def pull(self) -> int:
         nbytes, got = 0, {}
-        r = wire.Reassembler(1 << 40)
-        for frame in self.bulk.fetch(wire.message({}), timeout=300):
+        r = framing.Reassembler(1 << 40)
+        for frame in self.bulk.fetch(framing.message({}), timeout=300):
             nbytes += len(frame)
             msg = r.feed(frame)
             if msg is not None:
@@ -160,7 +160,7 @@ class Ours:
     def keep_alive(self) -> None:
         for s in self.sessions[1:] + self.sessions[:1]:
             if s != "-":
-                self.control.call("Heartbeat", wire.message({"session": s}), 30)
+                self.control.call("Heartbeat", framing.message({"session": s}), 30)
 
 
 def start_service(procs: ProcessTable, tmp: Path, numel: int, chunk: int) -> Ours:
@@ -179,7 +179,7 @@ def start_service(procs: ProcessTable, tmp: Path, numel: int, chunk: int) -> Our
     address = (tmp / "address").read_text().strip()
     probe = Ours(address, numel, chunk)
     sig = signature({"w": torch.empty(numel)})
-    sessions = [wire.read_message(probe.control.call("Register", wire.message(
+    sessions = [framing.read_message(probe.control.call("Register", framing.message(
         {"learner": m, "incarnation": f"bench{m}", "signature": sig, "fresh": True}), 30))["session"] for m in range(2)]
     return Ours(address, numel, chunk, sessions)  # two learners live: a quorum of 2 is never reached by one
 
@@ -188,7 +188,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--params", type=int, default=16 * 1024 * 1024, help="parameters in the fragment")
     p.add_argument("--repeats", type=int, default=6)
-    p.add_argument("--chunk-bytes", type=int, default=wire.DEFAULT_CHUNK_BYTES)
+    p.add_argument("--chunk-bytes", type=int, default=framing.DEFAULT_CHUNK_BYTES)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()

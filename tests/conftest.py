@@ -1,10 +1,14 @@
-"""Shared fixtures: the tinyshakespeare corpus from the workspace's shared data folder (never copied)."""
+"""Shared fixtures: the tinyshakespeare corpus from the workspace's shared data folder (never copied),
+and a process table whose children are all ended, by PID, when a test ends."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+from ddiloco.launch.procs import ProcessTable
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,3 +34,15 @@ def tiny_task(shakespeare: str):
     from ddiloco.train.tasks import make_task
 
     return make_task("gpt", shakespeare, seq_len=16, model_size="tiny")
+
+
+@pytest.fixture()
+def procs():
+    table = ProcessTable()
+    yield table
+    table.stop_all(grace=5.0)
+    leftovers = [c.pid for c in table.children if c.alive()]
+    assert not leftovers, f"processes left running: {leftovers}"
+    for c in table.children:  # reaped: the PID no longer names our child
+        with pytest.raises(ChildProcessError):
+            os.waitpid(c.pid, os.WNOHANG)

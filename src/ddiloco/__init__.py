@@ -1,3 +1,59 @@
-"""Decoupled DiLoCo: independent learners, a fragment-wise synchronizer, no global barrier."""
+"""Decoupled DiLoCo: independent learners, a fragment-wise synchronizer, no global barrier.
 
-__version__ = "0.1.0"
+The names users import live here (`from ddiloco import LearnerClient`); they load on first use so
+that `import ddiloco` stays cheap. The parts of the system, top down (docs/architecture.md):
+cli -> launch, sim, goodput -> synchronizer, learner -> wire -> core; records, train and chaos serve
+any of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from . import _moved
+
+__version__ = "0.2.0"
+
+_moved.install()
+
+_PUBLIC = {
+    "LearnerClient": "ddiloco.learner.client",
+    "SynchronizerError": "ddiloco.learner.link",
+    "SynchronizerServer": "ddiloco.synchronizer.server",
+    "build_service": "ddiloco.synchronizer.server",
+    "ServiceSettings": "ddiloco.synchronizer.settings",
+    "Timeouts": "ddiloco.wire.timeouts",
+    "AlgorithmConfig": "ddiloco.core.config",
+    "make_task": "ddiloco.train.tasks",
+    "EventLog": "ddiloco.records.events",
+    "read_events": "ddiloco.records.events",
+}
+
+__all__ = [
+    "AlgorithmConfig", "EventLog", "LearnerClient", "ServiceSettings", "SynchronizerError",
+    "SynchronizerServer", "Timeouts", "__version__", "build_service", "make_task", "read_events",
+]
+
+if TYPE_CHECKING:
+    from .core.config import AlgorithmConfig
+    from .learner.client import LearnerClient
+    from .learner.link import SynchronizerError
+    from .records.events import EventLog, read_events
+    from .synchronizer.server import SynchronizerServer, build_service
+    from .synchronizer.settings import ServiceSettings
+    from .train.tasks import make_task
+    from .wire.timeouts import Timeouts
+
+
+def __getattr__(name: str) -> object:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ddiloco' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

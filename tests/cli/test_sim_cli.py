@@ -38,14 +38,14 @@ def test_event_log_records_failures_and_merges(shakespeare, tmp_path):
                   "--failures", str(trace), "--events", str(events), "--quiet")
     assert out.returncode == 0, out.stderr
     records = [json.loads(line) for line in events.read_text().splitlines()]
-    kinds = [r["event"] for r in records]
-    assert kinds.count("merged") >= 3 and "down" in kinds
-    down = next(r for r in records if r["event"] == "down")
-    assert down == {"event": "down", "time": 3.5, "learner": 1}
-    rejoined = [r for r in records if r["event"] == "joined" and r["learner"] == 1 and r["time"] > 9]
+    kinds = [r["kind"] for r in records]
+    assert kinds.count("merge") >= 3 and "down" in kinds
+    down = next(r for r in records if r["kind"] == "down")
+    assert down == {"t": 3.5, "kind": "down", "learner": 1}
+    rejoined = [r for r in records if r["kind"] == "join" and r["learner"] == 1 and r["t"] > 9]
     assert len(rejoined) == 1
-    merged = next(r for r in records if r["event"] == "merged")
-    assert {"fragment", "version", "learners", "asked", "quorum_seconds", "grace_seconds"} <= set(merged)
+    merged = next(r for r in records if r["kind"] == "merge")
+    assert {"fragment", "version", "learners", "expected", "quorum_seconds", "grace_seconds"} <= set(merged)
 
 
 def test_bpe_tokenizer_option(shakespeare):

@@ -1,7 +1,15 @@
 import pytest
 import torch
 
-from ddiloco.core import Contribution, Decline, FragmentRequest, FragmentUpdate, LearnerCore, Schedule, balanced_fragments
+from ddiloco.core import (
+    Contribution,
+    Decline,
+    FragmentRequest,
+    FragmentUpdate,
+    LearnerCore,
+    Schedule,
+    balanced_fragments,
+)
 
 
 def make(overlap=1, period=4):

@@ -5,10 +5,6 @@ from ddiloco.core import (
     AlgorithmConfig,
     Contribution,
     Decline,
-    FragmentRequest,
-    FragmentUpdate,
-    Merged,
-    Rejected,
     SynchronizerCore,
     balanced_fragments,
 )

@@ -89,13 +89,13 @@ def test_learner_down_then_rejoining_starts_from_the_current_global_model(tiny_t
     cluster = None
 
     def observe(kind, time, details):
-        if kind == "merged":
+        if kind == "merge":
             if 6.5 < time < 20.5:
                 seen["merges_while_down"] += 1
                 assert 2 not in details["learners"]
             if time > 20.5 and 2 in details["learners"]:
                 seen["contributed_after"] += 1
-        if kind == "joined" and details["learner"] == 2 and time > 1.0:
+        if kind == "join" and details["learner"] == 2 and time > 1.0:
             assert details["versions"] == [cluster.sync.versions[p] for p in range(2)]
             for name, p in details["params"].items():
                 assert torch.equal(p.detach(), cluster.sync.params[name]), name

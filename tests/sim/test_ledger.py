@@ -1,6 +1,6 @@
 import pytest
 
-from ddiloco.accounting import union_length
+from ddiloco.records.intervals import union_length
 from ddiloco.sim.ledger import WorkLedger
 
 

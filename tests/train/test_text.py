@@ -5,7 +5,13 @@ from pathlib import Path
 import pytest
 
 from ddiloco.train import text as textmod
-from ddiloco.train.text import STDLIB_CORPUS_MAX_CHARS, load_text, read_corpus, split_text, stdlib_corpus
+from ddiloco.train.text import (
+    STDLIB_CORPUS_MAX_CHARS,
+    load_text,
+    read_corpus,
+    split_text,
+    stdlib_corpus,
+)
 
 
 def test_load_file_splits_train_and_val(tmp_path: Path) -> None:

@@ -17,10 +17,10 @@ from rich.table import Table
 from typer.core import TyperCommand
 
 from ddiloco.cli import app
-from ddiloco.sim.goodput.config import REPAIR_DISTRIBUTIONS, GoodputConfig
-from ddiloco.sim.goodput.failures import sample_outages, slice_sizes
-from ddiloco.sim.goodput.result import METHODS
-from ddiloco.sim.goodput.runner import RunReport, Summary, run, seed_rngs
+from ddiloco.goodput.config import REPAIR_DISTRIBUTIONS, GoodputConfig
+from ddiloco.goodput.failures import sample_outages, slice_sizes
+from ddiloco.goodput.result import METHODS
+from ddiloco.goodput.runner import RunReport, Summary, run, seed_rngs
 
 _D = GoodputConfig()  # the single source of the defaults shown in --help
 
@@ -179,12 +179,12 @@ def goodput(
     console.print(f"sim_wall_seconds: {report.wall_seconds:.2f} "
                   f"({len(chips)} chip count(s) x {seeds} seed(s), {config.days:g} simulated days)")
     if plot is not None:
-        from ddiloco.sim.goodput.plot import plot_goodput
+        from ddiloco.goodput.plot import plot_goodput
 
         plot_goodput(report.rows, plot, title=f"Goodput, MTBI {config.mtbi_years:g} y/chip")
         console.print(f"plot written to {plot}")
     if trace_out is not None:
-        from ddiloco.sim.goodput.trace_export import learner_trace
+        from ddiloco.goodput.trace_export import learner_trace
 
         fail_rng = seed_rngs(chips[0], seed)[0]
         trace = learner_trace(sample_outages(chips[0], config, fail_rng), m_trace, config, trace_scale)

@@ -41,10 +41,11 @@ def learner(
     """Train until the synchronizer says the run is over; communication never blocks the training loop."""
     import torch
 
-    from ..net import auth, logsetup
-    from ..net.link import SynchronizerError
-    from ..net.trainer import LearnerSettings, train
+    from ..learner.link import SynchronizerError
+    from ..learner.trainer import LearnerSettings, train
+    from ..records import logsetup
     from ..train.inner import InnerConfig
+    from ..wire import auth
 
     logsetup.configure(f"learner{learner_id}", log_level)
     if threads > 0:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
-from pathlib import Path
-from typing import Callable, Iterator, TextIO
+from typing import Callable, Iterator
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 # Progress goes to stderr so that stdout stays clean for --json.
@@ -60,32 +64,3 @@ def print_summary(result: dict, title: str) -> None:
             continue
         table.add_row(key, _fmt(value))
     stderr.print(table)
-
-
-class EventLog:
-    """JSON lines, one event per line, flushed as they come so a crash loses nothing written so far.
-
-    Tensors and other non-JSON values in an event's details are left out.
-    """
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self._file: TextIO | None = None
-
-    def __enter__(self) -> "EventLog":
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("w")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._file is not None:
-            self._file.close()
-
-    def write(self, kind: str, time: float, details: dict) -> None:
-        if self._file is None:
-            return
-        record = {"event": kind, "time": round(time, 6)}
-        record.update({k: v for k, v in details.items() if isinstance(v, (int, float, str, list, type(None)))})
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()

@@ -65,11 +65,12 @@ def run(
     """Train with real processes and real sockets, inject faults, report goodput, stalls and loss."""
     from rich.live import Live
 
+    from ..chaos.injector import ChaosSettings
     from ..chaos.trace import FailureTrace
-    from ..net import auth, logsetup
-    from ..net.launch.chaos import ChaosSettings
-    from ..net.launch.config import RunConfig
-    from ..net.launch.supervisor import Supervisor
+    from ..launch.config import RunConfig
+    from ..launch.supervisor import Supervisor
+    from ..records import logsetup
+    from ..wire import auth
     from .output import print_summary, stderr
 
     logsetup.configure("run", "warning")
@@ -106,7 +107,7 @@ def run(
 
     def on_tick(sup: Supervisor) -> None:
         if live is not None:
-            from ..net.launch.live import render
+            from ..launch.live import render
 
             live.update(render(sup, latest_eval["loss"]))
 
@@ -142,7 +143,7 @@ def run(
 
 
 def _evaluate_periodically(sup, task, config, latest: dict) -> None:  # noqa: ANN001
-    from ..net.launch.evaluate import evaluate_params, fetch_params
+    from ..launch.evaluate import evaluate_params, fetch_params
 
     while not sup.stopping and not sup.interrupted.wait(config.eval_every):
         addresses = [s.address for s in sup.shards if s.address]
@@ -155,8 +156,8 @@ def _evaluate_periodically(sup, task, config, latest: dict) -> None:  # noqa: AN
 
 
 def _result(sup, task, config, wall_seconds: float) -> dict:  # noqa: ANN001
-    from ..net.launch.evaluate import evaluate_checkpoints
-    from ..net.launch.summary import summarize
+    from ..launch.evaluate import evaluate_checkpoints
+    from ..launch.summary import summarize
 
     stats = summarize(sup.shard_dirs(), sup.learner_dirs(), config.learners, time.time(), sup.start_wall)
     try:

@@ -10,11 +10,12 @@ import typer
 
 from ..chaos.trace import FailureTrace, random_trace
 from ..core.config import AlgorithmConfig
+from ..records.events import EventLog
 from ..sim.config import METHODS, SimConfig
 from ..sim.hardware import LinkModel, StepTimeModel, half_slow
 from ..train.inner import InnerConfig
 from . import app, options
-from .output import EventLog, print_summary, progress_bar
+from .output import print_summary, progress_bar
 
 
 def parse_speeds(text: Optional[str], learners: int, hetero: Optional[float]) -> tuple[float, ...]:
@@ -144,8 +145,8 @@ def sim(
         task = build_task(config)
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
         raise typer.BadParameter(str(exc)) from None
-    with EventLog(events) as log, progress_bar(f"{method} x{learners}", disabled=quiet) as update:
-        result = run_sim(config, task=task, progress=update, observer=log.write)
+    with EventLog(events, append=False) as log, progress_bar(f"{method} x{learners}", disabled=quiet) as update:
+        result = run_sim(config, task=task, progress=update, observer=log.observe)
     print_summary(result, title=f"ddiloco sim --method {method}")
     if as_json:
         print(json.dumps(result, sort_keys=True))

@@ -79,11 +79,12 @@ def synchronizer(
     import torch
     from safetensors.torch import load_file
 
-    from ..net import auth, logsetup
-    from ..net.atomic import atomic_write
-    from ..net.server import SynchronizerServer, build_service
-    from ..net.service import ServiceSettings
-    from ..net.timeouts import Timeouts
+    from ..records import logsetup
+    from ..records.atomic import atomic_write
+    from ..synchronizer.server import SynchronizerServer, build_service
+    from ..synchronizer.settings import ServiceSettings
+    from ..wire import auth
+    from ..wire.timeouts import Timeouts
 
     logsetup.configure(f"sync{shard}", log_level)
     torch.set_num_threads(max(1, threads))

@@ -3,7 +3,12 @@
 from .config import AlgorithmConfig
 from .fragments import FragmentPlan, balanced_fragments, plan_for_model
 from .learner import LearnerCore
-from .merge import merge_outer_gradients, outer_gradient, radial_directional_average, weighted_mean
+from .merge import (
+    merge_outer_gradients,
+    outer_gradient,
+    radial_directional_average,
+    weighted_mean,
+)
 from .messages import (
     AdmittedWork,
     Contribution,

@@ -13,7 +13,13 @@ import torch
 
 from .fragments import FragmentPlan
 from .merge import outer_gradient
-from .messages import Contribution, Decline, FragmentRequest, FragmentUpdate, LearnerMessage
+from .messages import (
+    Contribution,
+    Decline,
+    FragmentRequest,
+    FragmentUpdate,
+    LearnerMessage,
+)
 from .schedule import Schedule
 from .timing import Ema
 

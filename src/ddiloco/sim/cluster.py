@@ -232,7 +232,7 @@ class DecoupledCluster:
                 learner.joining[message.fragment] = message
             if len(learner.joining) == self.plan.num_fragments:
                 core.join(list(learner.joining.values()))
-                self.observe("joined", now, {"learner": m, "versions": list(core.versions), "params": core.params})
+                self.observe("join", now, {"learner": m, "versions": list(core.versions), "params": core.params})
                 if learner.state == "stopped-joining":
                     learner.state = "stopped"
                     self._send(learner, core.collect(), now)
@@ -309,11 +309,11 @@ class DecoupledCluster:
         self.queue.push(when, ("at_learner", m, learner.incarnation, message))
 
     def _account(self, merged: Merged, now: float) -> None:
-        self.observe("merged", now, {
+        self.observe("merge", now, {
             "fragment": merged.fragment,
             "version": merged.version,
             "learners": [w.learner for w in merged.admitted],
-            "asked": merged.expected,
+            "expected": merged.expected,
             "quorum_seconds": merged.quorum_time,
             "grace_seconds": merged.grace,
         })

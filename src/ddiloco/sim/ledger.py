@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..accounting import union_length
+from ..records.intervals import union_length
 
 
 @dataclass

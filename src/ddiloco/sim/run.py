@@ -32,7 +32,8 @@ def run_sim(
 ) -> dict:
     """Train `config` on the virtual clock; returns the summary of `ddiloco sim --json`.
 
-    `observer(kind, time, details)` hears the DiLoCo methods' events (down, up, joined, merged, rejected).
+    `observer(kind, time, details)` hears the DiLoCo methods' events (down, up, join, merge, rejected; see
+    `ddiloco.records.events.KINDS`).
     """
     wall_start = time.perf_counter()
     torch.manual_seed(config.seed)

@@ -4,7 +4,15 @@ Start from `make_task("gpt" | "gpt-moe" | "vision", data)`; see `tasks.Task` for
 """
 
 from .streams import Batch, BatchStream
-from .tasks import MODEL_SIZES, MODELS, LanguageModelTask, Task, VisionTask, count_parameters, make_task
+from .tasks import (
+    MODEL_SIZES,
+    MODELS,
+    LanguageModelTask,
+    Task,
+    VisionTask,
+    count_parameters,
+    make_task,
+)
 
 __all__ = [
     "Batch",

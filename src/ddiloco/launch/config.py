@@ -1,0 +1,110 @@
+"""What one `ddiloco run` is: the algorithm, model and data flags of `ddiloco sim`, the run's budget,
+the runtime's knobs and the faults to inject; and the command lines of its processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..chaos.injector import ChaosSettings
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run_dir: Path
+    method: str = "decoupled"
+    model: str = "gpt"
+    model_size: str = "default"
+    data: str | None = None
+    seq_len: int = 128
+    learners: int = 4
+    fragments: int = 24
+    sync_every: int = 24
+    overlap: int = 2
+    quorum: int = 1
+    grace: float = 0.9
+    merge: str | None = None
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    inner_lr: float = 3e-3
+    batch_size: int = 16
+    seed: int = 0
+    tokens: int | None = None
+    duration: float | None = None
+    sync_shards: int = 1
+    codec: str = "bf16"
+    heartbeat: float = 0.5
+    checkpoint_every: int = 1
+    threads: int = 1
+    eval_batches: int = 20
+    eval_every: float = 0.0
+    min_step_seconds: float = 0.0
+    token: str | None = None
+    chaos: ChaosSettings = field(default_factory=ChaosSettings)
+
+    def __post_init__(self) -> None:
+        if self.method not in ("decoupled", "diloco"):
+            raise ValueError(f"ddiloco run supports --method decoupled or diloco, got {self.method!r}")
+        if self.tokens is None and self.duration is None:
+            raise ValueError("give --tokens N or --duration S (or both): the run needs a budget")
+        if self.learners < 1 or self.sync_shards < 1:
+            raise ValueError("need at least one learner and one synchronizer shard")
+        if self.tokens is not None and self.tokens < 1 or self.duration is not None and self.duration <= 0:
+            raise ValueError("--tokens and --duration must be positive")
+
+    @property
+    def horizon(self) -> float:
+        """How far ahead faults are drawn: the duration, or a generous bound for token budgets."""
+        return self.duration if self.duration is not None else 24 * 3600.0
+
+    def sync_dir(self, shard: int) -> Path:
+        return self.run_dir / f"sync-{shard}"
+
+    def learner_dir(self, m: int) -> Path:
+        return self.run_dir / f"learner-{m}"
+
+    def _model_args(self) -> list[str]:
+        args = ["--model", self.model, "--model-size", self.model_size, "--seq-len", str(self.seq_len),
+                "--seed", str(self.seed), "--learners", str(self.learners)]
+        if self.data is not None:
+            args += ["--data", self.data]
+        return args
+
+    def synchronizer_args(self, shard: int, port: int) -> list[str]:
+        d = self.sync_dir(shard)
+        args = ["synchronizer", "--host", "127.0.0.1", "--port", str(port), "--address-file", str(d / "address"),
+                *self._model_args(), "--method", self.method, "--fragments", str(self.fragments),
+                "--sync-every", str(self.sync_every), "--overlap", str(self.overlap), "--quorum", str(self.quorum),
+                "--grace", str(self.grace), "--outer-lr", str(self.outer_lr),
+                "--outer-momentum", str(self.outer_momentum), "--shard", str(shard),
+                "--num-shards", str(self.sync_shards), "--max-learners", str(self.learners),
+                "--checkpoint-dir", str(d), "--checkpoint-every", str(self.checkpoint_every),
+                "--heartbeat", str(self.heartbeat), "--event-log", str(d / "events.jsonl"),
+                "--summary", str(d / "summary.json")]
+        if self.merge:
+            args += ["--merge", self.merge]
+        if self.tokens is not None:
+            args += ["--tokens", str(self.tokens)]
+        if self.duration is not None:
+            args += ["--duration", str(self.duration)]
+        return args
+
+    def learner_args(self, m: int, addresses: list[str]) -> list[str]:
+        args = ["learner", "--connect", ",".join(addresses), "--id", str(m), *self._model_args(),
+                "--batch-size", str(self.batch_size), "--inner-lr", str(self.inner_lr), "--codec", self.codec,
+                "--state-dir", str(self.learner_dir(m)), "--threads", str(self.threads),
+                "--checkpoint-every", str(self.sync_every)]
+        if self.min_step_seconds > 0:
+            args += ["--min-step-seconds", str(self.min_step_seconds)]
+        if self.chaos.net_delay_ms:
+            args += ["--net-delay", str(self.chaos.net_delay_ms)]
+        return args
+
+    def as_dict(self) -> dict:
+        return {
+            "method": self.method, "model": self.model, "learners": self.learners, "seed": self.seed,
+            "fragments": 1 if self.method == "diloco" else self.fragments, "sync_every": self.sync_every,
+            "overlap": 0 if self.method == "diloco" else self.overlap,
+            "quorum": self.learners if self.method == "diloco" else self.quorum, "grace": self.grace,
+            "merge": self.merge or ("mean" if self.method == "diloco" else "rda"),
+        }

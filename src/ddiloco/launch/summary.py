@@ -1,0 +1,95 @@
+"""The final numbers of a run, computed from what the processes left on disk.
+
+Sources: each synchronizer shard's event log (merges with the admitted work, joins, the stop) and
+final status, each learner process's journal (tokens and compute seconds it trained, including steps
+after its last heartbeat before a kill -9), and the checkpoints (the final global parameters).
+
+The window of the run is [first learner joined, stop decided]: every learner is allocated for all of
+it, down or not, as in the simulator's ledger (`ddiloco.sim.ledger`):
+
+    goodput     = sum over merged work of compute seconds * fragment share / (M * window)
+    utilization = compute seconds of every step trained / (M * window)
+    uptime      = share of the window covered by work that reached the global model
+    stall       = longest time inside the window without any shard merging
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..learner.journal import read_journals
+from ..records.events import read_events
+from ..records.intervals import union_length
+
+
+def read_shard_events(sync_dirs: list[Path]) -> list[dict]:
+    events = []
+    for d in sync_dirs:
+        events.extend(read_events(d / "events.jsonl"))
+    return sorted(events, key=lambda e: e.get("t", 0.0))
+
+
+def summarize(
+    sync_dirs: list[Path],
+    learner_dirs: list[Path],
+    learners: int,
+    end_wall: float,
+    fallback_start: float,
+) -> dict:
+    """Counters and ratios of a finished run (no evaluation; see `evaluate_final`)."""
+    events = read_shard_events(sync_dirs)
+    joins = [e["t"] for e in events if e.get("kind") == "join"]
+    stops = [e["t"] for e in events if e.get("kind") == "stop"]
+    start = min(joins) if joins else fallback_start
+    stop = min(stops) if stops else end_wall
+    window = max(1e-9, stop - start)
+    merges = [e for e in events if e.get("kind") == "merge"]
+    useful = tokens_merged = 0.0
+    contributions = 0
+    intervals = []
+    merge_times = [start]
+    for e in merges:
+        merge_times.append(e["t"])
+        for a in e.get("admitted", []):
+            contributions += 1
+            useful += a["seconds"] * a["share"]
+            tokens_merged += a["tokens"] * a["share"]
+            if "span_start" in a and "snapshot_wall" in a:
+                intervals.append((max(start, a["span_start"]), min(stop, a["snapshot_wall"])))
+    inside = sorted(t for t in merge_times if start <= t <= stop) + [stop]
+    stall = max(b - a for a, b in zip(inside, inside[1:])) if len(inside) > 1 else window
+    journals = [j for d in learner_dirs for j in read_journals(d, "journal-*.json")]
+    tokens_trained = sum(int(j.get("tokens", 0)) for j in journals)
+    busy = sum(float(j.get("seconds", 0.0)) for j in journals)
+    statuses = []
+    for d in sync_dirs:
+        path = d / "summary.json"
+        if path.is_file():
+            try:
+                statuses.append(json.loads(path.read_text()))
+            except json.JSONDecodeError:
+                pass
+    allocated = learners * window
+    return {
+        "tokens": tokens_trained,
+        "tokens_trained": tokens_trained,
+        "tokens_merged": tokens_merged,
+        "tokens_lost": max(0.0, tokens_trained - tokens_merged),
+        "goodput": useful / allocated,
+        "uptime": min(1.0, union_length([i for i in intervals if i[1] > i[0]]) / window),
+        "utilization": busy / allocated,
+        "sim_seconds": window,
+        "run_seconds": window,
+        "outer_steps": len(merges),
+        "contributions": contributions,
+        "rejected_contributions": sum(
+            1 for e in events if e.get("kind") == "rejected" or (e.get("kind") == "refused" and e.get("method") == "Push")
+        ),
+        "double_merged_steps": sum(int(s.get("double_merged_steps", 0)) for s in statuses),
+        "stall_seconds_max": stall,
+        "longest_gap_seconds": stall,
+        "learner_processes": len(journals),
+        "window_start": start,
+        "window_stop": stop,
+    }

@@ -1,0 +1,375 @@
+"""The learner client: Decoupled DiLoCo for any PyTorch training loop in a few lines.
+
+    client = LearnerClient(model, "127.0.0.1:7070", learner_id=0)
+    position = client.start()             # registers, loads the global parameters
+    stream.seek(position)                 # resume where this learner's counted work left off
+    for batch in stream:
+        loss = ...; loss.backward(); optimizer.step(); optimizer.zero_grad()
+        client.step(tokens=batch.tokens)  # never waits on the network (unless --overlap 0)
+        if client.stopping: break
+    client.finish()                       # sends the work it still holds, leaves
+
+All communication runs in background threads (`link`); `step` only moves already-received updates
+into the model at the step boundary and hands snapshots to those threads. The algorithm is the
+shared `LearnerCore`: this class is its driver for real time and a real network, like the simulator's
+cluster is its driver for virtual time.
+
+Recovery, in the training thread, from the events the links post:
+* "resync" after (re)registering: fragments the synchronizer holds at an *older* version than we do
+  (it restarted from an older checkpoint) are overwritten with its value when it arrives
+  (`LearnerCore.force`); fragments at the same version with a contribution in flight are retried
+  (`LearnerCore.retry`: the contribution may have died with the old connection).
+* a rejected contribution: "retry" resends the work, "reset" overwrites the fragment with the
+  global value the synchronizer sends along (the work is counted as lost), "none" waits for the
+  update that is already on its way.
+
+In a torch.distributed job, create the client on every rank with the same arguments: rank 0 talks to
+the synchronizer and broadcasts what changed (see `fanout`); `tokens` is the per-rank count.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import secrets
+import time
+from typing import Mapping, Sequence
+
+import torch
+
+from ..core import AlgorithmConfig, Contribution, Decline, LearnerCore, Schedule
+from ..wire.protocol import plan_from_json, signature
+from ..wire.routing import check_cover
+from ..wire.timeouts import Timeouts
+from .fanout import RankFanout, active_group_size
+from .journal import Journal
+from .link import LinkContext, ShardLink, SynchronizerError
+
+log = logging.getLogger(__name__)
+
+
+class LearnerClient:
+    def __init__(
+        self,
+        model: torch.nn.Module | Mapping[str, torch.Tensor],
+        addresses: str | Sequence[str],
+        learner_id: int,
+        *,
+        token: str | None = None,
+        codec: str = "bf16",
+        credentials=None,  # grpc.ChannelCredentials for TLS
+        net_delay: float = 0.0,
+        journal_dir: str | None = None,
+        timeouts: Timeouts | None = None,
+        process_group=None,
+        start_timeout: float = 120.0,
+    ) -> None:
+        from ..wire import quant
+
+        quant.get(codec)  # validate early
+        self.params = dict(model.named_parameters()) if isinstance(model, torch.nn.Module) else dict(model)
+        self.addresses = [a.strip() for a in addresses.split(",")] if isinstance(addresses, str) else list(addresses)
+        if not self.addresses or not all(self.addresses):
+            raise ValueError("give at least one synchronizer address host:port")
+        self.learner = int(learner_id)
+        self.incarnation = secrets.token_hex(6)
+        self.codec = codec
+        self.timeouts = timeouts or Timeouts()
+        self.start_timeout = start_timeout
+        self.fanout = RankFanout(process_group) if active_group_size(process_group) > 1 else None
+        self.is_leader = self.fanout is None or self.fanout.is_leader
+        self.world = self.fanout.world if self.fanout else 1
+        self.inbound: queue.Queue = queue.Queue()
+        self.ctx = LinkContext(
+            learner=self.learner, incarnation=self.incarnation, signature=signature(self.params), token=token,
+            codec=codec, inbound=self.inbound, progress=self._progress_report, credentials=credentials,
+            net_delay=net_delay,
+        )
+        self.links: list[ShardLink] = []
+        self.core: LearnerCore | None = None
+        self.names: list[list[str]] = []
+        self.owner: dict[int, int] = {}
+        self.config: AlgorithmConfig | None = None
+        self.journal = Journal(f"{journal_dir}/journal-{self.incarnation}.json") if journal_dir and self.is_leader else None
+        self._force: dict[int, int] = {}
+        self._span_start: list[float] = []
+        self._stop = False
+        self._progress = 0.0
+        self._fatal: str | None = None
+        self._last_boundary = 0.0
+        self.state = "new"
+        self.started_wall = time.time()
+        self.steps = 0
+        self.tokens = 0
+        self.compute_seconds = 0.0
+        self.position = 0
+        self.start_position = 0
+        self.counted_position = 0
+        self.rejected: list[str] = []
+
+    # --- start ----------------------------------------------------------------------------------
+    def start(self) -> int:
+        """Register with every shard, take the global parameters; returns the data position to resume at."""
+        if self.is_leader:
+            position = self._start_leader()
+        else:
+            position = 0
+        if self.fanout is not None:
+            plan = self.fanout.share_bytes(json.dumps(self.names).encode() if self.is_leader else None)
+            self.names = json.loads(plan)
+            position = int(self.fanout.share_bytes(str(position).encode() if self.is_leader else None))
+            self.fanout.share_params([self.params[n] for names in self.names for n in names])
+        self.position = self.start_position = self.counted_position = position
+        self.state = "training"
+        self._last_boundary = time.perf_counter()
+        return position
+
+    def _start_leader(self) -> int:
+        deadline = time.monotonic() + self.start_timeout
+        self.links = [ShardLink(i, a, self.ctx, self.timeouts) for i, a in enumerate(self.addresses)]
+        replies = [link.register(fresh=True, deadline=deadline) for link in self.links]
+        first = replies[0]
+        for address, reply in zip(self.addresses[1:], replies[1:]):
+            if reply["plan"] != first["plan"] or reply["algorithm"] != first["algorithm"]:
+                raise SynchronizerError(f"synchronizer {address} runs a different plan or algorithm than {self.addresses[0]}")
+        plan, shapes = plan_from_json(first["plan"])
+        self.config = AlgorithmConfig(**first["algorithm"])
+        check_cover({i: r["owned"] for i, r in enumerate(replies)}, plan.num_fragments)
+        self.owner = {p: i for i, r in enumerate(replies) for p in r["owned"]}
+        for name, shape in shapes.items():
+            if name not in self.params or tuple(self.params[name].shape) != shape:
+                raise SynchronizerError(f"model parameter {name!r} does not match the synchronizer's shape {shape}")
+        self.timeouts = self.links[0].timeouts
+        self.names = [list(n) for n in plan.names]
+        schedule = Schedule(self.config.fragments, self.config.sync_every, self.config.overlap)
+        self.core = LearnerCore(self.learner, self.params, plan, schedule)
+        for link in self.links:
+            link.start()
+        updates, requests = {}, []
+        while len(updates) < plan.num_fragments:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ConnectionError(f"timed out waiting for the global parameters ({len(updates)} of "
+                                      f"{plan.num_fragments} fragments arrived)")
+            try:
+                event = self.inbound.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                continue
+            if event[0] == "update":
+                u = event[2]
+                if u.fragment not in updates or u.version > updates[u.fragment].version:
+                    updates[u.fragment] = u
+            elif event[0] == "request":
+                requests.append(event[2])
+            elif event[0] == "fatal":
+                raise SynchronizerError(event[2])
+        self.core.join(list(updates.values()))
+        for r in requests:
+            self.core.request(r)
+        self._span_start = [time.time()] * plan.num_fragments
+        self._progress = max(float(r.get("progress", 0.0)) for r in replies)
+        if any(r.get("stopping") for r in replies):
+            self.ctx.stop_requested.set()
+        position = max(int(r["resume_position"]) for r in replies)
+        log.info("learner %d joined at versions %s, resuming at data position %d", self.learner,
+                 self.core.versions, position)
+        return position
+
+    # --- the step boundary ----------------------------------------------------------------------
+    def step(self, tokens: int, seconds: float | None = None, position: int | None = None) -> None:
+        """Call after each optimizer step. `tokens`: tokens in this rank's batch; `seconds`: the step's
+        compute time (default: time since the previous boundary); `position`: the data stream position
+        after this batch (default: one more than before)."""
+        now = time.perf_counter()
+        seconds = now - self._last_boundary if seconds is None else float(seconds)
+        tokens_here = int(tokens) * self.world
+        self.steps += 1
+        self.tokens += tokens_here
+        self.compute_seconds += seconds
+        self.position = self.position + 1 if position is None else int(position)
+        if self.is_leader:
+            changed = self._leader_step(tokens_here, seconds)
+            self._stop = self.ctx.stop_requested.is_set()
+            self._progress = max(self._progress, self.ctx.global_progress)
+        else:
+            changed = [False] * len(self.names)
+        if self.fanout is not None:
+            changed, self._stop, self._progress = self.fanout.share_step(changed, self._stop, self._progress, len(self.names))
+            tensors = [self.params[n] for p, c in enumerate(changed) if c for n in self.names[p]]
+            if tensors:
+                self.fanout.share_params(tensors)
+        if self.journal is not None:
+            self._write_journal()
+        self._last_boundary = time.perf_counter()
+
+    def _leader_step(self, tokens: int, seconds: float) -> list[bool]:
+        core = self.core
+        if self._fatal:
+            raise SynchronizerError(self._fatal)
+        before = list(core.versions)
+        self._drain()
+        self._send(core.after_step(tokens, seconds))
+        while core.must_wait() and not self.ctx.stop_requested.is_set():
+            self._drain(wait=self.timeouts.heartbeat)
+            core.apply_arrivals()
+            self._send(core.collect())
+            if self._fatal:
+                raise SynchronizerError(self._fatal)
+        changed = [core.versions[p] != before[p] for p in range(len(before))]
+        wall = time.time()
+        for p, c in enumerate(changed):
+            if c:
+                self._span_start[p] = wall
+        return changed
+
+    def _drain(self, wait: float | None = None) -> None:
+        """Handle every inbound event; with `wait`, block up to that long for the first one."""
+        first = True
+        while True:
+            try:
+                event = self.inbound.get(timeout=wait) if (first and wait) else self.inbound.get_nowait()
+            except queue.Empty:
+                return
+            first = False
+            self._handle(event)
+
+    def _handle(self, event: tuple) -> None:
+        core = self.core
+        kind = event[0]
+        if kind == "update":
+            _, _, update, force, merged = event
+            p = update.fragment
+            if force or self._force.get(p) == update.version:
+                self._force.pop(p, None)
+                core.force(update)
+            else:
+                core.receive(update)
+            counted = merged.get(str(self.learner)) if isinstance(merged, dict) else None
+            if isinstance(counted, int):
+                self.counted_position = max(self.counted_position, counted)
+        elif kind == "request":
+            core.request(event[2])
+        elif kind == "rejected":
+            _, _, p, base, reason, action = event
+            self.rejected.append(f"fragment {p}: {reason}")
+            if action == "retry":
+                core.retry(p, base)
+        elif kind == "resync":
+            _, shard, versions = event
+            for p, v in versions.items():
+                held = core.versions[p]
+                if v < held:
+                    log.warning("synchronizer shard %d holds fragment %d at version %d, older than our %d: "
+                                "taking its value", shard, p, v, held)
+                    self._force[p] = v
+                elif v == held:
+                    core.retry(p, v)
+        elif kind == "fatal":
+            self._fatal = event[2]
+
+    def _send(self, messages: list) -> None:
+        for m in messages:
+            link = self.links[self.owner[m.fragment]]
+            if isinstance(m, Contribution):
+                link.push(m, {"position": self.position, "tokens_total": self.tokens,
+                              "span_start": self._span_start[m.fragment], "snapshot_wall": time.time()})
+            elif isinstance(m, Decline):
+                link.decline(m)
+
+    # --- state ----------------------------------------------------------------------------------
+    @property
+    def stopping(self) -> bool:
+        """The synchronizer asked the run to stop (token budget or duration reached)."""
+        return self._stop
+
+    @property
+    def progress(self) -> float:
+        """The run's progress in [0, 1] as the synchronizer sees it (for learning-rate schedules)."""
+        return self._progress
+
+    def _progress_report(self) -> dict:
+        core = self.core
+        return {
+            "step": self.steps,
+            "tokens": self.tokens,
+            "position": self.position,
+            "step_time": core.step_time.get() if core else 0.0,
+            "state": self.state,
+        }
+
+    def _write_journal(self) -> None:
+        self.journal.write({
+            "learner": self.learner, "incarnation": self.incarnation, "steps": self.steps, "tokens": self.tokens,
+            "seconds": self.compute_seconds, "start_position": self.start_position, "position": self.position,
+            "started": self.started_wall, "updated": time.time(), "state": self.state,
+            "versions": list(self.core.versions) if self.core is not None else [],
+        })
+
+    def stats(self) -> dict:
+        links = [link.stats for link in self.links]
+        return {
+            "learner": self.learner,
+            "incarnation": self.incarnation,
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "compute_seconds": self.compute_seconds,
+            "start_position": self.start_position,
+            "position": self.position,
+            "counted_position": self.counted_position,
+            "versions": list(self.core.versions) if self.core else [],
+            "pushed": sum(s.pushed for s in links),
+            "accepted": sum(s.accepted for s in links),
+            "rejected": sum(s.rejected for s in links),
+            "lost_in_transit": sum(s.lost_in_transit for s in links),
+            "registrations": sum(s.registrations for s in links),
+            "rejections": list(self.rejected[-5:]),
+        }
+
+    # --- the end --------------------------------------------------------------------------------
+    def finish(self, timeout: float | None = None) -> dict:
+        """Send the work still held, wait (bounded) for it to be merged, leave. Returns stats()."""
+        self.state = "finishing"
+        if not self.is_leader or self.core is None:
+            self.state = "done"
+            return self.stats()
+        core = self.core
+        deadline = time.monotonic() + (self.timeouts.drain if timeout is None else timeout)
+        self._drain()
+        core.apply_arrivals()
+        self._send(core.flush())
+        while any(v is not None for v in core.pending) and time.monotonic() < deadline and not self._fatal:
+            self._drain(wait=0.1)
+            core.apply_arrivals()
+            self._send(core.collect() + core.flush())
+        core.apply_arrivals()
+        unmerged = sum(1 for v in core.pending if v is not None)
+        if unmerged:
+            log.warning("learner %d leaves with %d contributions not yet merged", self.learner, unmerged)
+        self.close()
+        return self.stats()
+
+    def close(self) -> None:
+        """Leave every shard and stop the background threads (no flush; see finish)."""
+        if self.state == "closed":
+            return
+        self.ctx.closing.set()
+        for link in self.links:
+            link.leave(self.tokens)
+        for link in self.links:
+            link.close()
+        if self.journal is not None:
+            self.state = "done"
+            self._write_journal()
+            self.journal.close()
+        self.state = "closed"
+
+    def __enter__(self) -> "LearnerClient":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.close()

@@ -1,0 +1,333 @@
+"""A learner's connection to one synchronizer shard, run entirely by background threads.
+
+Three threads per shard, none of which the training loop ever waits on:
+
+* subscriber: holds a session (registering again whenever it is lost) and a server stream on the
+  bulk channel; decodes updates and pull requests into the client's inbound queue;
+* pusher: encodes contributions (quantised) and pushes them on the bulk channel;
+* heartbeater: heartbeats and declines on the control channel.
+
+Any transport failure drops the session; the subscriber registers again (with backoff) and posts a
+"resync" event carrying the synchronizer's versions, from which the training thread works out what
+to resend and what to overwrite (see `client`). So a restarted synchronizer, a learner declared gone
+after a SIGSTOP, or a dropped connection all heal the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import grpc
+
+from ..core import Contribution, Decline, FragmentRequest, FragmentUpdate
+from ..wire import framing, rpc
+from ..wire.timeouts import Timeouts
+
+log = logging.getLogger(__name__)
+PERMANENT = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
+             grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
+
+
+class SynchronizerError(RuntimeError):
+    """The synchronizer refused us for a reason that retrying will not fix (auth, model mismatch...)."""
+
+
+@dataclass
+class LinkStats:
+    pushed: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    lost_in_transit: int = 0
+    registrations: int = 0
+    bytes_pushed: int = 0
+    bytes_received: int = 0
+    last_rejection: str = ""
+
+
+@dataclass
+class LinkContext:
+    """What every link of one client shares."""
+
+    learner: int
+    incarnation: str
+    signature: str
+    token: str | None
+    codec: str
+    inbound: "queue.Queue[tuple]"
+    progress: Callable[[], dict]
+    credentials: object = None
+    net_delay: float = 0.0
+    max_frame: int = 256 << 20  # what this side accepts per frame; the synchronizer's own limit protects it
+    closing: threading.Event = field(default_factory=threading.Event)
+    stop_requested: threading.Event = field(default_factory=threading.Event)
+    global_progress: float = 0.0
+
+
+class ShardLink:
+    def __init__(self, index: int, address: str, ctx: LinkContext, timeouts: Timeouts) -> None:
+        self.index = index
+        self.address = address
+        self.ctx = ctx
+        self.timeouts = timeouts
+        self.stats = LinkStats()
+        backoff = (timeouts.backoff_min, timeouts.backoff_max)
+        self.control = rpc.Stubs(rpc.open_channel(address, "control", ctx.max_frame, ctx.credentials, backoff), ctx.token)
+        self.bulk = rpc.Stubs(rpc.open_channel(address, "bulk", ctx.max_frame, ctx.credentials, backoff), ctx.token)
+        self.info: dict = {}
+        self._session: str | None = None
+        self._session_cond = threading.Condition()
+        self._pushq: queue.Queue = queue.Queue()
+        self._ctrlq: queue.Queue = queue.Queue()
+        self._stream = None
+        self._threads: list[threading.Thread] = []
+        self.chunk_bytes = framing.DEFAULT_CHUNK_BYTES
+        self._last_register_log = 0.0
+
+    # --- sessions -------------------------------------------------------------------------------
+    @property
+    def session(self) -> str | None:
+        return self._session
+
+    def _set_session(self, sid: str | None) -> None:
+        with self._session_cond:
+            self._session = sid
+            self._session_cond.notify_all()
+
+    def invalidate(self, sid: str | None) -> None:
+        with self._session_cond:
+            if sid is not None and self._session == sid:
+                self._session = None
+                self._session_cond.notify_all()
+        stream = self._stream
+        if stream is not None:
+            stream.cancel()
+
+    def _wait_session(self, timeout: float) -> str | None:
+        with self._session_cond:
+            self._session_cond.wait_for(lambda: self._session is not None or self.ctx.closing.is_set(), timeout)
+            return self._session
+
+    def register(self, fresh: bool, deadline: float | None = None) -> dict:
+        """Register (retrying with backoff until `deadline`); SynchronizerError on a permanent refusal."""
+        head = {"kind": "register", "learner": self.ctx.learner, "incarnation": self.ctx.incarnation,
+                "signature": self.ctx.signature, "fresh": fresh}
+        delay = self.timeouts.backoff_min
+        while True:
+            try:
+                reply = framing.read_message(self.control.call("Register", framing.message(head), self.timeouts.rpc))
+                break
+            except grpc.RpcError as exc:
+                if exc.code() in PERMANENT:
+                    raise SynchronizerError(f"synchronizer {self.address} refused registration: {exc.details()}") from None
+                if time.monotonic() - self._last_register_log > 5.0:
+                    self._last_register_log = time.monotonic()
+                    log.info("cannot register with %s yet (%s: %s); retrying", self.address, exc.code().name,
+                             exc.details())
+                given_up = self.ctx.closing.is_set() or (fresh and self.ctx.stop_requested.is_set())
+                if given_up or (deadline is not None and time.monotonic() + delay > deadline):
+                    raise ConnectionError(f"cannot reach synchronizer {self.address}: {exc.details()}") from None
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(2 * delay, self.timeouts.backoff_max)
+        self.info = reply
+        self.timeouts = Timeouts.from_dict(reply["timeouts"])
+        self.chunk_bytes = int(reply.get("chunk_bytes", self.chunk_bytes))
+        self.stats.registrations += 1
+        if reply.get("stopping"):
+            self.ctx.stop_requested.set()
+        if not fresh:
+            versions = {int(p): int(v) for p, v in reply["versions"].items()}
+            self.ctx.inbound.put(("resync", self.index, versions))
+        self._set_session(reply["session"])
+        return reply
+
+    # --- threads --------------------------------------------------------------------------------
+    def start(self) -> None:
+        for name, target in (("sub", self._subscriber), ("push", self._pusher), ("beat", self._heartbeater)):
+            t = threading.Thread(target=self._guard(target), name=f"ddiloco-{name}-{self.index}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _guard(self, target: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                target()
+            except Exception:  # a link thread must never die silently
+                log.exception("link %s thread crashed", self.address)
+        return run
+
+    def _subscriber(self) -> None:
+        delay = self.timeouts.backoff_min
+        while not self.ctx.closing.is_set():
+            sid = self._session
+            if sid is None:
+                try:
+                    self.register(fresh=False, deadline=time.monotonic() + self.timeouts.failure)
+                except ConnectionError:
+                    continue
+                except SynchronizerError as exc:
+                    log.error("%s", exc)
+                    self.ctx.inbound.put(("fatal", self.index, str(exc)))
+                    return
+                sid = self._session
+            try:
+                self._stream = self.bulk.subscribe(framing.message({"session": sid}), metadata=self.bulk.metadata)
+                reassembler = framing.Reassembler(1 << 40, max_open=8)
+                for frame in self._stream:
+                    self.stats.bytes_received += len(frame)
+                    msg = reassembler.feed(frame)
+                    if msg is not None:
+                        self._deliver(msg)
+                    delay = self.timeouts.backoff_min
+            except grpc.RpcError as exc:
+                if not self.ctx.closing.is_set() and exc.code() != grpc.StatusCode.CANCELLED:
+                    log.info("stream from %s broke (%s): reconnecting", self.address, exc.code().name)
+            except framing.WireError as exc:
+                log.error("bad frame from %s: %s", self.address, exc)
+            finally:
+                self._stream = None
+            self.invalidate(sid)
+            if not self.ctx.closing.is_set():
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(2 * delay, self.timeouts.backoff_max)
+
+    def _deliver(self, msg: framing.Message) -> None:
+        if self.ctx.net_delay:
+            time.sleep(self.ctx.net_delay)
+        head = msg.head
+        kind = head.get("kind")
+        if kind == "update":
+            p = int(head["fragment"])
+            shapes = self.info["plan"]["shapes"]
+            expected = {n: tuple(shapes[n]) for n in self.info["plan"]["names"][p]}
+            update = FragmentUpdate(p, int(head["version"]), msg.tensors(expected), (self.ctx.learner,))
+            self.ctx.inbound.put(("update", self.index, update, bool(head.get("force")), head.get("merged") or {}))
+        elif kind == "request":
+            request = FragmentRequest(int(head["fragment"]), int(head["version"]), (self.ctx.learner,))
+            self.ctx.inbound.put(("request", self.index, request))
+        elif kind == "stop":
+            self.ctx.stop_requested.set()
+            self.ctx.inbound.put(("stop", self.index))
+
+    def push(self, contribution: Contribution, extra: dict) -> None:
+        self._pushq.put((contribution, extra))
+
+    def decline(self, decline: Decline) -> None:
+        self._ctrlq.put(decline)
+
+    def _pusher(self) -> None:
+        while not self.ctx.closing.is_set():
+            try:
+                item = self._pushq.get(timeout=self.timeouts.heartbeat)
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            c, extra = item
+            sid = self._wait_session(self.timeouts.failure)
+            if sid is None:
+                self.stats.lost_in_transit += 1  # the resync after registering retries it
+                continue
+            head = {"kind": "contribution", "session": sid, "fragment": c.fragment, "base_version": c.base_version,
+                    "steps": c.steps, "tokens": c.tokens, "seconds": c.seconds, "step_time": c.step_time,
+                    "step": c.step, **extra}
+            frames = framing.tensor_frames(head, c.outer_gradient, self.ctx.codec, self.chunk_bytes)
+            nbytes = sum(len(f) for f in frames)
+            if self.ctx.net_delay:
+                time.sleep(self.ctx.net_delay)
+            try:
+                reply = framing.read_message(self.bulk.push(iter(frames), timeout=self.timeouts.bulk(nbytes),
+                                                         metadata=self.bulk.metadata))
+            except grpc.RpcError as exc:
+                if self.ctx.closing.is_set():
+                    return
+                self.stats.lost_in_transit += 1
+                log.info("push of fragment %d to %s failed (%s): %s", c.fragment, self.address, exc.code().name,
+                         exc.details())
+                if exc.code() in PERMANENT:
+                    self.stats.rejected += 1
+                    self.stats.last_rejection = exc.details() or exc.code().name
+                    self.ctx.inbound.put(("rejected", self.index, c.fragment, c.base_version, exc.details(), "retry"))
+                else:
+                    self.invalidate(sid)
+                continue
+            self.stats.pushed += 1
+            self.stats.bytes_pushed += nbytes
+            if reply.get("ok"):
+                self.stats.accepted += 1
+                continue
+            self.stats.rejected += 1
+            self.stats.last_rejection = reply.get("reason", "")
+            action = reply.get("action", "reset")
+            log.log(logging.INFO if action == "none" else logging.WARNING, "synchronizer %s rejected fragment %d: %s (%s)",
+                    self.address, c.fragment, reply.get("reason"), action)
+            self.ctx.inbound.put(("rejected", self.index, c.fragment, c.base_version, reply.get("reason"), action))
+            if action == "reregister":
+                self.invalidate(sid)
+
+    def _heartbeater(self) -> None:
+        next_beat = 0.0
+        while not self.ctx.closing.is_set():
+            try:
+                decline = self._ctrlq.get(timeout=max(0.0, next_beat - time.monotonic()))
+            except queue.Empty:
+                decline = None
+            sid = self._session
+            if decline is not None:
+                if sid is not None:
+                    head = {"session": sid, "fragment": decline.fragment, "version": decline.version,
+                            "reason": decline.reason}
+                    self._call("Decline", head, sid)
+                continue
+            next_beat = time.monotonic() + self.timeouts.heartbeat
+            if sid is None:
+                continue
+            reply = self._call("Heartbeat", {"session": sid, **self.ctx.progress()}, sid)
+            if reply is None:
+                continue
+            if reply.get("stopping"):
+                self.ctx.stop_requested.set()
+            if isinstance(reply.get("progress"), (int, float)):
+                self.ctx.global_progress = max(self.ctx.global_progress, float(reply["progress"]))
+
+    def _call(self, method: str, head: dict, sid: str) -> dict | None:
+        if self.ctx.net_delay:
+            time.sleep(self.ctx.net_delay)
+        try:
+            reply = framing.read_message(self.control.call(method, framing.message(head), self.timeouts.rpc))
+        except grpc.RpcError as exc:
+            if not self.ctx.closing.is_set():
+                log.debug("%s to %s failed: %s", method, self.address, exc.code().name)
+            return None
+        if not reply.get("ok") and reply.get("action") == "reregister":
+            self.invalidate(sid)
+        return reply
+
+    def leave(self, tokens: int) -> None:
+        sid = self._session
+        if sid is None:
+            return
+        try:
+            self.control.call("Leave", framing.message({"session": sid, "tokens": tokens}), self.timeouts.rpc)
+        except grpc.RpcError:
+            pass
+        self._set_session(None)
+
+    def pending_pushes(self) -> int:
+        return self._pushq.qsize()
+
+    def close(self) -> None:
+        self.ctx.closing.set()
+        self._pushq.put(None)
+        self.invalidate(self._session)
+        with self._session_cond:
+            self._session_cond.notify_all()
+        for t in self._threads:
+            t.join(timeout=2)
+        self.control._channel.close()
+        self.bulk._channel.close()

@@ -1,0 +1,131 @@
+"""`ddiloco learner`'s training loop: one of our built-in tasks trained through a `LearnerClient`.
+
+Also the reference for using the client in any loop: build the model and optimizer, `start()` the
+client, seek the data stream to the position it returns, then call `client.step` after each
+optimizer step until `client.stopping`. Under torchrun every rank runs this same loop (DDP over the
+ranks of this one learner); rank r of learner m reads data shard m * world + r.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..train.inner import InnerConfig, inner_step, lr_at, make_inner_optimizer, set_lr
+from ..train.tasks import make_task
+from .client import LearnerClient
+from .state import BackgroundSaver, load_optimizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    learner: int
+    addresses: str
+    learners: int = 1  # data shards: learner m trains on shard m of this many
+    model: str = "gpt"
+    model_size: str = "default"
+    data: str | None = None
+    seq_len: int = 128
+    seed: int = 0
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    codec: str = "bf16"
+    token: str | None = None
+    credentials: object = None
+    state_dir: str | None = None
+    net_delay: float = 0.0
+    max_steps: int | None = None
+    checkpoint_every: int = 24
+    start_timeout: float = 120.0
+    min_step_seconds: float = 0.0  # pad every step to this long: emulates a dedicated accelerator
+
+
+def params_digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _init_distributed() -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo")
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def train(settings: LearnerSettings) -> dict:
+    """Train until the synchronizer says stop (or max_steps, or SIGTERM); returns the client's stats."""
+    rank, world = _init_distributed()
+    task = make_task(settings.model, settings.data, seq_len=settings.seq_len, model_size=settings.model_size)
+    model = task.build_model(settings.seed)
+    trained = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    optimizer = make_inner_optimizer(model, settings.inner)
+    state_dir = Path(settings.state_dir) if settings.state_dir else None
+    client = LearnerClient(
+        model, settings.addresses, settings.learner, token=settings.token, codec=settings.codec,
+        credentials=settings.credentials, net_delay=settings.net_delay,
+        journal_dir=str(state_dir) if state_dir else None, start_timeout=settings.start_timeout,
+    )
+    stop = {"signal": False}
+
+    def on_signal(signum, frame):  # noqa: ANN001
+        if stop["signal"]:
+            raise KeyboardInterrupt
+        stop["signal"] = True
+        client.ctx.stop_requested.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    saver = None
+    try:
+        try:
+            position = client.start()
+        except ConnectionError:
+            if stop["signal"]:  # told to stop before it could join: nothing trained, nothing lost
+                log.info("learner %d stopped before joining", settings.learner)
+                return {**client.stats(), "rank": rank, "world": world, "params_sha": ""}
+            raise
+        inner_steps = (load_optimizer(state_dir / "inner", optimizer) if state_dir else None) or 0
+        if rank == 0 and state_dir is not None:
+            saver = BackgroundSaver(state_dir / "inner")
+        stream = task.stream(settings.learner * world + rank, settings.learners * world,
+                             settings.inner.batch_size, settings.seed)
+        stream.seek(position)
+        log.info("learner %d rank %d/%d starts at data position %d (inner step %d)", settings.learner, rank, world,
+                 position, inner_steps)
+        steps = 0
+        while not client.stopping and (settings.max_steps is None or steps < settings.max_steps):
+            started = time.perf_counter()
+            batch = stream.next()
+            set_lr(optimizer, lr_at(settings.inner, inner_steps, client.progress))
+            loss = task.loss(trained, batch)
+            inner_step(trained, optimizer, loss, settings.inner.grad_clip)
+            inner_steps += 1
+            steps += 1
+            pad = settings.min_step_seconds - (time.perf_counter() - started)
+            if pad > 0:  # the "chip" is busy for the whole step: the pad counts as compute time
+                time.sleep(pad)
+            client.step(batch.tokens, position=stream.position)
+            if saver is not None and inner_steps % settings.checkpoint_every == 0:
+                saver.submit(optimizer, inner_steps)
+        if saver is not None:
+            saver.submit(optimizer, inner_steps)
+        digest = params_digest(model)  # every rank holds the same values here (see `fanout`)
+        return {**client.finish(), "rank": rank, "world": world, "params_sha": digest}
+    finally:
+        if saver is not None:
+            saver.close()
+        client.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,1 +1,0 @@
-"""`ddiloco run`: a synchronizer and M learner processes on one machine, supervised, with chaos."""

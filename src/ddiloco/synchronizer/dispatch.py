@@ -1,0 +1,82 @@
+"""Carrying out the synchronizer core's actions: book a merge, queue updates, ask for fragments.
+
+Order matters for durability: a merge is booked (and a checkpoint requested) before its update is
+queued, and an update leaves a learner's outbox only once the commit log says its version is on
+disk (`commit`), so no learner ever holds a version that a crash could lose.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ..core import FragmentRequest, FragmentUpdate, Merged, SynchronizerCore
+from ..records.events import EventLog
+from ..wire import framing
+from .commit import CommitLog
+from .ledger import MergeLedger
+from .sessions import Session, SessionTable
+from .settings import ServiceSettings
+
+
+class ActionDispatcher:
+    """Not thread-safe: called under the service's lock (`cond`), which it notifies."""
+
+    def __init__(self, core: SynchronizerCore, settings: ServiceSettings, ledger: MergeLedger,
+                 sessions: SessionTable, events: EventLog, commit: CommitLog | None,
+                 cond: threading.Condition) -> None:
+        self.core = core
+        self.settings = settings
+        self.ledger = ledger
+        self.sessions = sessions
+        self.events = events
+        self.commit = commit
+        self.cond = cond
+        self._merges_since_checkpoint = 0
+        self._last_merged: dict[str, int | None] = {}  # learner -> data position, sent with the next update
+
+    def dispatch(self, actions: list, now: float) -> None:
+        for a in actions:
+            if isinstance(a, Merged):
+                self._merged(a)
+            elif isinstance(a, FragmentUpdate):
+                head = {"kind": "update", "fragment": a.fragment, "version": a.version, "merged": self._last_merged}
+                self._last_merged = {}
+                frames = framing.tensor_frames(head, a.tensors, self.settings.codec_down, self.settings.chunk_bytes)
+                for m in a.learners:
+                    s = self.sessions.by_learner.get(m)
+                    if s is not None:
+                        self.send_update(s, a.fragment, a.version, frames)
+            elif isinstance(a, FragmentRequest):
+                frame = framing.message({"kind": "request", "fragment": a.fragment, "version": a.version})
+                for m in a.learners:
+                    s = self.sessions.by_learner.get(m)
+                    if s is not None:
+                        s.outbox.put_control(frame)
+        self.cond.notify_all()
+
+    def _merged(self, a: Merged) -> None:
+        records = self.ledger.on_merge(a, time.time())
+        self._last_merged = {str(r["learner"]): r.get("position") for r in records}
+        self._merges_since_checkpoint += 1
+        if self.commit is not None and self._merges_since_checkpoint >= self.settings.checkpoint_every:
+            self._merges_since_checkpoint = 0
+            self.commit.request()
+        self.events.write("merge", fragment=a.fragment, version=a.version,
+                          learners=[r["learner"] for r in records], expected=a.expected,
+                          quorum_seconds=a.quorum_time, grace_seconds=a.grace, admitted=records)
+
+    def send_update(self, s: Session, fragment: int, version: float, frames: list[bytes]) -> None:
+        """Queue an update once its version is durable (see `commit`)."""
+        send = lambda: s.outbox.put_update(fragment, version, frames)  # noqa: E731
+        if self.commit is None:
+            send()
+        else:
+            self.commit.deliver(fragment, int(version), send)
+
+    def send_current(self, s: Session, fragment: int) -> None:
+        """Send the learner the fragment's current global value, to overwrite its own (a "reset")."""
+        update = self.core.current_update(fragment, (s.learner,))
+        head = {"kind": "update", "fragment": fragment, "version": update.version, "force": True}
+        frames = framing.tensor_frames(head, update.tensors, self.settings.codec_down, self.settings.chunk_bytes)
+        self.send_update(s, fragment, update.version + 0.5, frames)

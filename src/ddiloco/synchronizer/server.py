@@ -1,0 +1,98 @@
+"""Building and running one synchronizer shard: core + checkpoint store + service + gRPC server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from ..core import AlgorithmConfig, SynchronizerCore, plan_for_model
+from ..records.events import EventLog
+from ..wire import auth, rpc
+from ..wire.protocol import plan_to_json, signature
+from ..wire.routing import owned_fragments
+from .checkpoint import CheckpointStore
+from .handlers import Handlers
+from .service import SynchronizerService
+from .settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+
+def build_service(
+    params: Mapping[str, torch.Tensor],
+    algorithm: AlgorithmConfig,
+    settings: ServiceSettings,
+    plain_names: frozenset[str] = frozenset(),
+    checkpoint_dir: str | Path | None = None,
+    event_log: str | Path | None = None,
+) -> SynchronizerService:
+    """The service for shard settings.shard of settings.num_shards, restored from checkpoint_dir if it
+    holds a checkpoint. Only the owned fragments are kept; the rest of `params` can be dropped."""
+    plan = plan_for_model(params, algorithm.fragments)
+    owned = owned_fragments(settings.shard, settings.num_shards, plan.num_fragments)
+    core = SynchronizerCore(algorithm, plan, params, owned=owned, plain_names=plain_names & set(params))
+    plan_json = plan_to_json(plan, params)
+    identity = {
+        "signature": signature(params),
+        "plan": hashlib.sha256(json.dumps(plan_json["names"]).encode()).hexdigest()[:16],
+        "shard": settings.shard,
+        "num_shards": settings.num_shards,
+    }
+    store = CheckpointStore(checkpoint_dir) if checkpoint_dir is not None else None
+    return SynchronizerService(core, settings, identity, plan_json, store, EventLog(event_log))
+
+
+class SynchronizerServer:
+    """The gRPC server around a service. `start()` returns the address it listens on."""
+
+    def __init__(
+        self,
+        service: SynchronizerService,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        credentials=None,  # grpc.ServerCredentials
+    ) -> None:
+        self.service = service
+        self.host = host
+        self.port = port
+        self.token = token
+        self.credentials = credentials
+        settings = service.settings
+        interceptors = (auth.TokenInterceptor(token, lambda m, r: service.refuse_rpc(m, r)),) if token else ()
+        self.server = rpc.make_server(
+            Handlers(service).table(),
+            max_frame=settings.chunk_bytes + rpc.FRAME_MARGIN,
+            workers=settings.workers,
+            interceptors=interceptors,
+        )
+        self.address: str | None = None
+
+    def start(self) -> str:
+        target = f"{self.host}:{self.port}"
+        try:
+            if self.credentials is not None:
+                bound = self.server.add_secure_port(target, self.credentials)
+            else:
+                bound = self.server.add_insecure_port(target)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {target}: {exc}") from None
+        if not bound:
+            raise OSError(f"cannot listen on {target} (address in use?)")
+        host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
+        self.address = f"{host}:{bound}"
+        self.service.start()
+        self.server.start()
+        log.info("synchronizer shard %d/%d listening on %s", self.service.settings.shard,
+                 self.service.settings.num_shards, self.address)
+        return self.address
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Final checkpoint, then close every stream and the listening socket."""
+        self.service.close()
+        self.server.stop(grace).wait(grace + 1.0)

@@ -1,0 +1,337 @@
+"""The synchronizer service: drives `SynchronizerCore` with real time, sessions and durable state.
+
+Everything that touches the core happens under one lock, because the core is a plain state machine.
+A timer thread (`timer`) calls `poll` when a grace window ends (`next_deadline`) and declares
+learners gone when their heartbeats stop (`leave`). Actions the core returns are carried out in
+order by `dispatch`: a merge is booked and checkpointed *before* its update is queued to the
+learners, so a version a learner ever saw is never lost to a crash (with the default
+--checkpoint-every 1). Sessions live in `sessions`, the run's end in `budget`; the gRPC handlers that
+feed this class live in `handlers`.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+
+from ..core import Contribution, Decline, Merged, Rejected, SynchronizerCore
+from ..records.events import EventLog
+from ..wire import framing
+from ..wire.protocol import rejection_action
+from . import status
+from .budget import RunBudget
+from .checkpoint import CheckpointStore, Snapshot
+from .commit import CommitLog
+from .dispatch import ActionDispatcher
+from .ledger import MergeLedger, PendingWork
+from .outbox import Outbox
+from .sessions import Session, SessionTable
+from .settings import Refused, ServiceSettings
+from .timer import Timer
+
+__all__ = ["Refused", "ServiceSettings", "Session", "SynchronizerService"]
+
+log = logging.getLogger(__name__)
+
+
+class SynchronizerService:
+    def __init__(
+        self,
+        core: SynchronizerCore,
+        settings: ServiceSettings,
+        identity: dict,
+        plan_json: dict,
+        store: CheckpointStore | None = None,
+        events: EventLog | None = None,
+    ) -> None:
+        self.core = core
+        self.settings = settings
+        self.identity = identity
+        self.plan_json = plan_json
+        self.shapes = {n: tuple(s) for n, s in plan_json["shapes"].items()}
+        self.store = store
+        self.events = events or EventLog(None)
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.t0 = time.monotonic()
+        self.ledger = MergeLedger(core.plan, time.time())
+        self.sessions = SessionTable()
+        self.budget = RunBudget(settings.tokens, settings.duration, self.ledger.started_wall)
+        self.stopping = False
+        self.stop_reason = ""
+        self._stop_mono = 0.0
+        self.finished = threading.Event()
+        self.closed = False
+        self.bulk_slots = threading.BoundedSemaphore(settings.workers - settings.reserved_control_workers)
+        self.recent_rejections: deque[str] = deque(maxlen=20)
+        self._quorum_logged: set[tuple[int, int]] = set()  # rounds whose missing quorum was logged
+        self.restored_from: int | None = None
+        if store is not None and store.exists():
+            manifest = store.load(core, identity)
+            self.ledger.load_state_dict(manifest.get("ledger", {}))
+            self.restored_from = int(manifest.get("seq", 0))
+            log.info("restored checkpoint seq %s: versions %s", self.restored_from, core.versions)
+            self.events.write("restored", seq=self.restored_from, versions=core.versions)
+        elif store is not None:
+            store.save(core, identity, self.ledger.state_dict())  # the manifest exists from the start
+        self.commit = (
+            CommitLog(store, self.cond, self._snapshot, dict(core.versions), hold=settings.checkpoint_every == 1,
+                      on_written=self._written)
+            if store is not None and settings.checkpoint_every > 0 else None
+        )
+        self.dispatcher = ActionDispatcher(core, settings, self.ledger, self.sessions, self.events, self.commit,
+                                           self.cond)
+        self._timer = Timer(self.cond, self._tick, core.next_deadline, self.now, lambda: self.closed,
+                            period=settings.timeouts.heartbeat / 2)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.events.write("started", shard=self.settings.shard, num_shards=self.settings.num_shards,
+                          versions=self.core.versions)
+        self._timer.start()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def close(self) -> None:
+        """Stop the timer, write a final checkpoint, drop every session."""
+        with self.cond:
+            if self.closed:
+                return
+            self.closed = True
+            self.cond.notify_all()
+        if self.commit is not None:
+            self.commit.close()
+        with self.cond:
+            self.checkpoint()
+            for s in self.sessions:
+                self.sessions.close(s)
+        self._timer.join(timeout=5)
+        self.events.write("closed", versions=self.core.versions)
+
+    def checkpoint(self) -> None:
+        """A synchronous checkpoint (at the end and on SIGTERM); the caller holds the lock."""
+        if self.store is None:
+            return
+        snap = self._snapshot()
+        self.store.write(snap)
+        self._written(snap)
+
+    def _snapshot(self) -> Snapshot:
+        return self.store.snapshot(self.core, self.identity, self.ledger.state_dict())
+
+    def _written(self, snap: Snapshot) -> None:
+        self.events.write("checkpoint", seq=snap.seq, versions=snap.versions)
+
+    def begin_stop(self, reason: str) -> None:
+        with self.cond:
+            if self.stopping:
+                return
+            self.stopping = True
+            self.stop_reason = reason
+            self._stop_mono = time.monotonic()
+            log.info("stopping: %s", reason)
+            self.events.write("stop", reason=reason)
+            frame = framing.message({"kind": "stop", "reason": reason})
+            for s in self.sessions:
+                s.outbox.put_control(frame)
+            self.cond.notify_all()
+
+    def progress(self) -> float:
+        """The run's progress in [0, 1] (drives the learners' learning-rate schedule)."""
+        return self.budget.progress(self.ledger.tokens_reported, time.time())
+
+    # --- membership -----------------------------------------------------------------------------
+    def register(self, learner: int, incarnation: str, fresh: bool) -> dict:
+        max_learners = self.settings.max_learners
+        if learner < 0:
+            raise Refused("INVALID_ARGUMENT", f"unknown learner id {learner}: learner ids are >= 0")
+        if max_learners is not None and learner >= max_learners:
+            raise Refused("INVALID_ARGUMENT",
+                          f"unknown learner id {learner}: this synchronizer accepts ids 0..{max_learners - 1}")
+        with self.cond:
+            if self.closed:
+                raise Refused("UNAVAILABLE", "the synchronizer is shutting down")
+            now = self.now()
+            old = self.sessions.by_learner.get(learner)
+            if old is not None:
+                self.sessions.close(old)
+                if old.incarnation != incarnation and learner in self.core.live:
+                    # A restarted process: its predecessor is gone, do not wait for it.
+                    self._dispatch(self.core.leave(learner, now), now)
+            session = Session(secrets.token_hex(8), learner, incarnation, Outbox(), time.monotonic(), time.time())
+            self.sessions.add(session)
+            resume = self.ledger.resume_position(learner, self._open_positions(learner))
+            self.ledger.book(learner)
+            self._dispatch(self.core.join(learner, now), now)
+            if self.stopping:
+                session.outbox.put_control(framing.message({"kind": "stop", "reason": self.stop_reason}))
+            self.events.write("join", learner=learner, incarnation=incarnation, fresh=fresh, resume_position=resume,
+                              versions=self.core.versions)
+            log.info("learner %d registered (incarnation %s, %s), resumes at data position %d",
+                     learner, incarnation, "fresh" if fresh else "reconnect", resume)
+            return {
+                "session": session.id,
+                "shard": self.settings.shard,
+                "num_shards": self.settings.num_shards,
+                "owned": list(self.core.owned),
+                "versions": {str(p): v for p, v in self.core.versions.items()},
+                "resume_position": resume,
+                "timeouts": self.settings.timeouts.to_dict(),
+                "algorithm": self.core.config.to_dict(),
+                "plan": self.plan_json,
+                "codec_down": self.settings.codec_down,
+                "chunk_bytes": self.settings.chunk_bytes,
+                "max_message_bytes": self.settings.max_message_bytes,
+                "stopping": self.stopping,
+                "progress": self.progress(),
+            }
+
+    def _open_positions(self, learner: int) -> list[int]:
+        out = []
+        for r in self.core.open_rounds():
+            if learner in r.contributors:
+                info = self.ledger.pending.get((learner, r.fragment, r.version))
+                if info is not None:
+                    out.append(info.position)
+        return out
+
+    def session(self, session_id: object) -> Session | None:
+        with self.lock:
+            return self.sessions.get(session_id)
+
+    def heartbeat(self, session_id: object, progress: dict) -> dict:
+        with self.cond:
+            s = self.sessions.get(session_id)
+            if s is None:
+                return {"ok": False, "reason": "unknown session: the synchronizer restarted or declared this "
+                        "learner gone; register again", "action": "reregister"}
+            s.last_seen = time.monotonic()
+            s.progress = {k: progress[k] for k in ("step", "tokens", "position", "step_time", "state") if k in progress}
+            if isinstance(progress.get("tokens"), int):
+                self.ledger.report_tokens(s.learner, s.incarnation, progress["tokens"])
+            return {"ok": True, "stopping": self.stopping, "progress": self.progress()}
+
+    def decline(self, session_id: object, fragment: int, version: int, reason: str) -> dict:
+        with self.cond:
+            s = self.sessions.get(session_id)
+            if s is None:
+                return {"ok": False, "reason": "unknown session: register again", "action": "reregister"}
+            s.last_seen = time.monotonic()
+            now = self.now()
+            self._dispatch(self.core.receive(Decline(s.learner, fragment, version, reason), now), now)
+            return {"ok": True}
+
+    def leave(self, session_id: object, tokens: int | None) -> dict:
+        with self.cond:
+            s = self.sessions.get(session_id)
+            if s is None:
+                return {"ok": False, "reason": "unknown session"}
+            if tokens is not None:
+                self.ledger.report_tokens(s.learner, s.incarnation, tokens)
+            self.sessions.close(s)
+            now = self.now()
+            self.events.write("leave", learner=s.learner, incarnation=s.incarnation, reason="left")
+            log.info("learner %d left", s.learner)
+            self._dispatch(self.core.leave(s.learner, now), now)
+            return {"ok": True}
+
+    # --- contributions --------------------------------------------------------------------------
+    def contribute(self, s: Session, c: Contribution, work: PendingWork, tokens_total: int | None) -> dict:
+        with self.cond:
+            if self.sessions.get(s.id) is not s:
+                return self.reject(None, c.fragment, "unknown session: register again", c.learner)
+            s.last_seen = time.monotonic()
+            if tokens_total is not None:
+                self.ledger.report_tokens(s.learner, s.incarnation, tokens_total)
+            key = (c.learner, c.fragment, c.base_version)
+            previous = self.ledger.pending.get(key)
+            self.ledger.contributed(c.learner, c.fragment, c.base_version, work)
+            started = time.perf_counter()
+            now = self.now()
+            actions = self.core.receive(c, now)
+            mine = [a for a in actions if isinstance(a, Rejected) and a.learner == c.learner]
+            if mine:
+                if previous is None:
+                    self.ledger.forget(*key)
+                else:
+                    self.ledger.pending[key] = previous
+            self._dispatch(actions, now)
+            if any(isinstance(a, Merged) for a in actions):
+                self.core.observe_sync_time(time.perf_counter() - started)
+            if mine:
+                return self.reject(s, c.fragment, mine[0].reason, c.learner)
+            return {"ok": True}
+
+    def reject(self, s: Session | None, fragment: int | None, reason: str, learner: int | None = None) -> dict:
+        """Count, log and answer a refused contribution; "reset" sends the learner the global value."""
+        action = rejection_action(reason)
+        with self.cond:
+            who = learner if learner is not None else (s.learner if s else -1)
+            self.ledger.on_rejected(who)
+            text = f"learner {who} fragment {fragment}: {reason}"
+            self.recent_rejections.append(text)
+            # Stale work is an expected, normal outcome of the algorithm; everything else is a warning.
+            log.log(logging.INFO if action == "none" else logging.WARNING, "rejected contribution from %s (action: %s)",
+                    text, action)
+            self.events.write("rejected", learner=who, fragment=fragment, reason=reason, action=action)
+            if action == "reset" and s is not None and fragment in self.core.versions:
+                self.dispatcher.send_current(s, fragment)
+        return {"ok": False, "reason": reason, "action": action}
+
+    def refuse_rpc(self, method: str, reason: str) -> None:
+        """Book a request refused at the wire level (bad frame, size, auth)."""
+        with self.lock:
+            if method == "Push":
+                self.ledger.rejected += 1
+            self.recent_rejections.append(f"{method}: {reason}")
+        log.warning("refused %s: %s", method, reason)
+        self.events.write("refused", method=method, reason=reason)
+
+    def _dispatch(self, actions: list, now: float) -> None:
+        self.dispatcher.dispatch(actions, now)
+
+    # --- the timer's work -----------------------------------------------------------------------
+    def _tick(self) -> None:
+        now, mono = self.now(), time.monotonic()
+        failure = self.settings.timeouts.failure
+        for s in self.sessions:
+            silent = mono - s.last_seen
+            if silent > failure:
+                self.sessions.close(s)
+                reason = f"no heartbeat for {silent:.1f} s (failure timeout {failure:g} s)"
+                log.warning("learner %d declared gone: %s", s.learner, reason)
+                self.events.write("leave", learner=s.learner, incarnation=s.incarnation, reason=reason)
+                self._dispatch(self.core.leave(s.learner, now), now)
+        self._dispatch(self.core.poll(now), now)
+        open_now = {(r.fragment, r.version) for r in self.core.open_rounds()}
+        self._quorum_logged &= open_now
+        for p, version, reason in status.waiting_rounds(self.core, now, self.settings.timeouts.failure):
+            if (p, version) not in self._quorum_logged:  # once per round
+                self._quorum_logged.add((p, version))
+                log.warning(reason)
+                self.events.write("no_quorum", fragment=p, version=version, reason=reason)
+        if not self.stopping:
+            reason = self.budget.exhausted(self.ledger.tokens_reported, time.time())
+            if reason is not None:
+                self.begin_stop(reason)
+        if self.stopping and not self.finished.is_set():
+            drained = not self.sessions and not self.core.open_rounds()
+            if drained or time.monotonic() - self._stop_mono > self.settings.timeouts.drain:
+                if not drained:
+                    log.warning("drain timeout: %d learners still registered, %d rounds open",
+                                len(self.sessions), len(self.core.open_rounds()))
+                self.finished.set()
+
+    # --- reads ----------------------------------------------------------------------------------
+    def snapshot(self) -> tuple[dict[int, int], dict[int, dict]]:
+        """Versions and a copy of every owned fragment's tensors."""
+        with self.lock:
+            return dict(self.core.versions), {p: dict(self.core.current_update(p, ()).tensors) for p in self.core.owned}
+
+    def status(self) -> dict:
+        with self.lock:
+            return status.status(self)

@@ -1,0 +1,99 @@
+"""Authentication: a shared secret on every RPC, required whenever the service listens beyond
+loopback; TLS as an option.
+
+The token travels in the `x-ddiloco-token` metadata of each call and is compared in constant time by
+a server interceptor, so no handler runs for an unauthenticated call. Without TLS the token is sent in
+clear text: fine on loopback or a private network, use --tls-cert/--tls-key otherwise.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Callable
+
+import grpc
+
+TOKEN_METADATA = "x-ddiloco-token"
+TOKEN_ENV = "DDILOCO_TOKEN"
+log = logging.getLogger(__name__)
+
+
+def is_loopback(host: str) -> bool:
+    """True when `host` only ever resolves to loopback addresses."""
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        try:
+            infos = socket.getaddrinfo(host, None)
+        except OSError:
+            return False
+        return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def resolve_token(token: str | None) -> str | None:
+    """The token from the flag, else from $DDILOCO_TOKEN, else None."""
+    token = token if token is not None else os.environ.get(TOKEN_ENV)
+    return token or None
+
+
+def require_token_policy(host: str, token: str | None, allow_insecure: bool) -> None:
+    """Refuse to listen beyond loopback without a shared secret unless explicitly told to."""
+    if token is None and not is_loopback(host) and not allow_insecure:
+        raise ValueError(
+            f"listening on {host!r} (beyond loopback) needs a shared secret: pass --token or set ${TOKEN_ENV} "
+            "(or --insecure-no-auth to accept anyone, not recommended)"
+        )
+
+
+def token_matches(expected: str, given: str | None) -> bool:
+    return given is not None and hmac.compare_digest(expected.encode(), given.encode())
+
+
+class TokenInterceptor(grpc.ServerInterceptor):
+    """Aborts UNAUTHENTICATED before any handler runs when the token is missing or wrong."""
+
+    def __init__(self, token: str, on_reject: Callable[[str, str], None] | None = None) -> None:
+        self.token = token
+        self.on_reject = on_reject or (lambda method, reason: None)
+
+        def deny(request, context):  # noqa: ANN001 - grpc handler signature
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing auth token (x-ddiloco-token)")
+
+        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
+        self._deny_stream_in = grpc.stream_unary_rpc_method_handler(deny)
+        self._deny_stream_out = grpc.unary_stream_rpc_method_handler(deny)
+
+    def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001
+        given = dict(handler_call_details.invocation_metadata or ()).get(TOKEN_METADATA)
+        if token_matches(self.token, given):
+            return continuation(handler_call_details)
+        reason = "missing auth token" if given is None else "wrong auth token"
+        log.warning("rejected %s: %s", handler_call_details.method, reason)
+        self.on_reject(handler_call_details.method, reason)
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        if method == "Push":
+            return self._deny_stream_in
+        if method in ("Subscribe", "Fetch"):
+            return self._deny_stream_out
+        return self._deny_unary
+
+
+def server_credentials(cert: Path | None, key: Path | None) -> grpc.ServerCredentials | None:
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    return grpc.ssl_server_credentials([(Path(key).read_bytes(), Path(cert).read_bytes())])
+
+
+def channel_credentials(ca: Path | None) -> grpc.ChannelCredentials | None:
+    if ca is None:
+        return None
+    return grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes())

@@ -1,0 +1,102 @@
+"""Real processes over loopback: kill -9 a learner, kill -9 the synchronizer; the run goes on."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from ddiloco.records.atomic import read_json
+
+from ..support.processes import (
+    TOKENS_PER_STEP,
+    events,
+    journals,
+    start_learner,
+    start_synchronizer,
+    status,
+    stop_run,
+    wait_exit,
+)
+from ..support.runtime import wait_for
+
+
+@pytest.mark.timeout(150)
+def test_killed_learner_is_not_waited_for_rejoins_and_every_token_is_accounted(procs, tmp_path, shakespeare):
+    sync, address = start_synchronizer(procs, tmp_path, shakespeare, 3)
+    learners = {m: start_learner(procs, tmp_path, shakespeare, 3, address, m) for m in range(3)}
+    wait_for(lambda: all(status(address).get("books", {}).get(str(m), {}).get("contributions", 0) > 0
+                         for m in range(3)), 90, message="every learner to contribute")
+    os.kill(learners[1].pid, signal.SIGKILL)
+    killed_at = status(address)
+    wait_for(lambda: 1 not in status(address).get("live", [1]), 15, message="learner 1 to be declared gone")
+    # the global model keeps advancing without it
+    wait_for(lambda: status(address)["version_sum"] >= killed_at["version_sum"] + 4, 30,
+             message="merges while learner 1 is down")
+    gone = status(address)
+    assert 1 not in gone["live"] and gone["version_sum"] > killed_at["version_sum"]
+
+    learners[1] = start_learner(procs, tmp_path, shakespeare, 3, address, 1)
+    before = status(address)["books"]["1"]["contributions"]
+    wait_for(lambda: status(address)["books"]["1"]["contributions"] >= before + 2, 60,
+             message="the restarted learner to contribute again")
+    stop_run(address)
+    codes = wait_exit([*learners.values(), sync], 60)
+    assert codes == [0, 0, 0, 0], codes
+
+    joins = [e for e in events(tmp_path) if e["kind"] == "join" and e["learner"] == 1]
+    assert len({e["incarnation"] for e in joins}) == 2
+    first, second = sorted(journals(tmp_path, 1), key=lambda j: j["started"])
+    resume = [e for e in joins if e["incarnation"] == second["incarnation"]][0]["resume_position"]
+    # the new process resumed its data where its last counted contribution left it: no batch twice
+    assert second["start_position"] == resume
+    assert 0 < resume <= first["position"]
+    final = read_json(tmp_path / "sync" / "summary.json")
+    assert final["double_merged_steps"] == 0
+    trained = 0
+    for m in range(3):
+        for j in journals(tmp_path, m):  # each process's tokens match the data it read
+            assert j["tokens"] == (j["position"] - j["start_position"]) * TOKENS_PER_STEP
+            trained += j["tokens"]
+    assert final["tokens_reported"] <= trained
+    assert 0 < final["tokens_merged"] <= trained
+    for m in range(3):
+        book = final["books"][str(m)]
+        assert book["tokens_merged"] <= sum(j["tokens"] for j in journals(tmp_path, m))
+
+
+@pytest.mark.timeout(150)
+def test_killed_synchronizer_restarts_from_its_checkpoint_and_learners_never_stop(procs, tmp_path, shakespeare):
+    sync, address = start_synchronizer(procs, tmp_path, shakespeare, 2)
+    port = int(address.rsplit(":", 1)[1])
+    learners = [start_learner(procs, tmp_path, shakespeare, 2, address, m) for m in range(2)]
+    wait_for(lambda: status(address).get("merges", 0) >= 6 and all(
+        status(address).get("books", {}).get(str(m), {}).get("contributions", 0) > 0 for m in range(2)), 90,
+        message="merges with both learners")
+    os.kill(sync.pid, signal.SIGKILL)
+    sync.popen.wait(10)
+    steps_at_kill = {m: max(j["steps"] for j in journals(tmp_path, m)) for m in range(2)}
+    time.sleep(1.5)
+    held = [max(v) for m in range(2) for j in journals(tmp_path, m) for v in [j["versions"]]]
+    committed = {int(p): e["version"] for p, e in read_json(tmp_path / "sync" / "manifest.json")["fragments"].items()}
+    # learners kept training while the synchronizer was down
+    for m in range(2):
+        assert max(j["steps"] for j in journals(tmp_path, m)) > steps_at_kill[m] + 5
+        assert learners[m].alive()
+    # every version any learner ever received was durable before it was sent
+    for m in range(2):
+        for j in journals(tmp_path, m):
+            assert all(v <= committed[p] for p, v in enumerate(j["versions"]))
+
+    sync, address2 = start_synchronizer(procs, tmp_path, shakespeare, 2, port)
+    assert address2 == address
+    restored = status(address)
+    assert {int(p): v for p, v in restored["versions"].items()} == committed
+    assert restored["restored_from"] is not None
+    # both learners reconnect by themselves and the global model advances again
+    wait_for(lambda: sorted(status(address).get("live", [])) == [0, 1], 30, message="both learners to reconnect")
+    wait_for(lambda: status(address).get("version_sum", 0) >= sum(committed.values()) + 4, 60,
+             message="merges after the restart")
+    stop_run(address)
+    assert wait_exit([*learners, sync], 60) == [0, 0, 0]
+    assert held  # journals were read

@@ -1,0 +1,116 @@
+"""`ddiloco run` as a user runs it: real processes, chaos, a JSON last line, nothing left running."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ddiloco.records.events import read_events
+
+SIM_KEYS = {"method", "model", "learners", "tokens", "eval_loss", "goodput", "uptime", "utilization", "sim_seconds",
+            "outer_steps", "contributions", "rejected_contributions", "longest_gap_seconds", "fragments",
+            "wall_seconds", "seed", "tokens_merged", "sync_every", "overlap", "quorum", "grace", "merge"}
+RUN_KEYS = {"stall_seconds_max", "learner_restarts", "tokens_trained", "availability", "synchronizer_restarts"}
+
+
+def ddiloco_run(tmp_path, data, *args, timeout=150):
+    cmd = [sys.executable, "-m", "ddiloco", "run", "--model-size", "tiny", "--seq-len", "16", "--data", data,
+           "--batch-size", "4", "--heartbeat", "0.2", "--run-dir", str(tmp_path / "run"), "--json", "--quiet", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return out, tmp_path / "run"
+
+
+def assert_all_ended(run_dir):
+    pids = {e["pid"] for e in read_events(run_dir / "events.jsonl") if "pid" in e}
+    assert pids
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@pytest.mark.timeout(180)
+def test_decoupled_run_survives_learner_and_synchronizer_kills(tmp_path, shakespeare):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("learner,down_at,up_at\n1,4.0,6.0\n")
+    out, run_dir = ddiloco_run(
+        tmp_path, shakespeare, "--learners", "3", "--fragments", "4", "--sync-every", "8", "--sync-shards", "2",
+        "--duration", "14", "--chaos-trace", str(trace), "--kill-synchronizer-at", "7", "--straggle", "1",
+        "--straggle-every", "4", "--net-delay", "2",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert SIM_KEYS | RUN_KEYS <= set(result)
+    assert result["method"] == "decoupled" and result["learners"] == 3
+    assert result["learner_restarts"] >= 1 and result["synchronizer_restarts"] == 1
+    assert result["double_merged_steps"] == 0
+    assert 0 < result["tokens_merged"] <= result["tokens_trained"] == result["tokens"]
+    assert 0 < result["goodput"] <= result["utilization"] <= 1
+    assert result["outer_steps"] > 0 and result["eval_loss"] > 0
+    kinds = {e["kind"] for e in read_events(run_dir / "events.jsonl")}
+    assert {"chaos_kill_learner", "chaos_kill_synchronizer", "chaos_sigstop", "chaos_sigcont", "stop"} <= kinds
+    # both shards merged, each only its own fragments
+    for shard, owned in ((0, {0, 2}), (1, {1, 3})):
+        merged = {e["fragment"] for e in read_events(run_dir / f"sync-{shard}" / "events.jsonl")
+                  if e["kind"] == "merge"}
+        assert merged and merged <= owned
+    assert_all_ended(run_dir)
+
+
+@pytest.mark.timeout(120)
+def test_synchronous_baseline_runs_on_the_same_launcher(tmp_path, shakespeare):
+    out, run_dir = ddiloco_run(tmp_path, shakespeare, "--method", "diloco", "--learners", "2", "--sync-every", "4",
+                               "--tokens", "12000")
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (result["method"], result["fragments"], result["overlap"], result["quorum"]) == ("diloco", 1, 0, 2)
+    assert result["tokens_trained"] >= 12000 and result["outer_steps"] > 0
+    merges = [e for e in read_events(run_dir / "sync-0" / "events.jsonl") if e["kind"] == "merge"]
+    # every outer step waits for every learner alive when it opened (two, once both joined); one only
+    # goes without a learner that was declared gone meanwhile (a heartbeat lost to a loaded machine)
+    events = list(read_events(run_dir / "sync-0" / "events.jsonl"))
+    gone = sum(1 for e in events if e["kind"] == "leave" and e.get("reason") != "left")
+    assert sum(len(e["admitted"]) < e["expected"] for e in merges[:-1]) <= gone
+    assert sum(e["expected"] == 2 for e in merges) >= len(merges) - 2 - gone
+    assert_all_ended(run_dir)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--learner-mtbf", "-1"], "learner-mtbf"),
+    (["--chaos-trace", "/nonexistent/trace.csv"], "does not exist"),
+    (["--method", "ddp"], "decoupled or diloco"),
+])
+def test_bad_flags_are_clear_errors(tmp_path, shakespeare, args, message):
+    out, _ = ddiloco_run(tmp_path, shakespeare, "--tokens", "1000", *args, timeout=60)
+    assert out.returncode == 2 and message in out.stderr
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_every_process_cleanly(tmp_path, shakespeare):
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "ddiloco", "run", "--model-size", "tiny", "--seq-len", "16", "--data", shakespeare,
+           "--batch-size", "4", "--learners", "2", "--fragments", "2", "--sync-every", "4", "--duration", "600",
+           "--run-dir", str(tmp_path / "run"), "--json", "--quiet", "--heartbeat", "0.2"]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        sync_events = tmp_path / "run" / "sync-0" / "events.jsonl"
+        deadline = time.monotonic() + 60
+        while not (sync_events.is_file() and any(e["kind"] == "merge" for e in read_events(sync_events))):
+            assert time.monotonic() < deadline and launcher.poll() is None, "the run never merged"
+            time.sleep(0.2)
+        launcher.send_signal(signal.SIGINT)
+        out, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["outer_steps"] > 0 and result["wall_seconds"] < 120
+    launcher_events = list(read_events(tmp_path / "run" / "events.jsonl"))
+    assert any(e["kind"] == "stop" and e["reason"] == "interrupted" for e in launcher_events)
+    assert (tmp_path / "run" / "sync-0" / "manifest.json").is_file()
+    assert_all_ended(tmp_path / "run")

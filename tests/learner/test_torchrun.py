@@ -1,0 +1,45 @@
+"""A learner that is itself a torchrun job (2 ranks, gloo): rank 0 talks, every rank gets the update."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..support.processes import (
+    TOKENS_PER_STEP,
+    model_args,
+    start_synchronizer,
+    wait_exit,
+)
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(not TORCHRUN.exists() and shutil.which("torchrun") is None, reason="torchrun not installed")
+def test_two_rank_torchrun_learner_trains_and_syncs(procs, tmp_path, shakespeare):
+    budget = 300 * 2 * TOKENS_PER_STEP
+    sync, address = start_synchronizer(procs, tmp_path, shakespeare, 1, 0, "--tokens", str(budget))
+    d = tmp_path / "learner-0"
+    d.mkdir()
+    torchrun = str(TORCHRUN) if TORCHRUN.exists() else shutil.which("torchrun")
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "ddiloco", "learner", "--connect", address,
+           "--id", "0", *model_args(shakespeare, 1), "--batch-size", "4", "--threads", "1", "--state-dir", str(d),
+           "--json"]
+    learner = procs.start("torchrun", cmd, d / "stderr.log", d / "stdout.log")
+    assert wait_exit([learner, sync], 120) == [0, 0], (d / "stderr.log").read_text()[-3000:]
+    stats = [json.loads(line) for line in (d / "stdout.log").read_text().splitlines() if line.startswith("{")]
+    by_rank = {s["rank"]: s for s in stats}
+    assert set(by_rank) == {0, 1} and all(s["world"] == 2 for s in stats)
+    leader, other = by_rank[0], by_rank[1]
+    # one rank talked to the synchronizer ...
+    assert leader["accepted"] > 0 and leader["registrations"] == 1
+    assert other["pushed"] == 0 and other["registrations"] == 0
+    # ... and every rank applied the same updates at the same steps: identical parameters
+    assert leader["params_sha"] == other["params_sha"]
+    assert leader["steps"] == other["steps"] and leader["tokens"] == 2 * leader["steps"] * TOKENS_PER_STEP
+    assert max(leader["versions"]) > 1
+    final = json.loads((tmp_path / "sync" / "summary.json").read_text())
+    assert final["tokens_reported"] == leader["tokens"] and final["merges"] > 0

@@ -1,0 +1,118 @@
+"""The synchronizer service and learner clients in one process, over real loopback gRPC."""
+
+import pytest
+
+from ddiloco.records.events import read_events
+from ddiloco.synchronizer.checkpoint import CheckpointStore
+
+from ..support.runtime import LearnerThread, params_of, same, synchronizer, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_two_learners_train_and_sync_until_the_budget(tiny_task, tmp_path):
+    with synchronizer(tiny_task, tmp_path, tokens=2 * 40 * 64) as (service, address):
+        initial = params_of(service)
+        learners = [LearnerThread(tiny_task, address, m, step_delay=0.02) for m in range(2)]
+        for t in learners:
+            t.start()
+        for t in learners:
+            t.join(60)
+            assert not t.is_alive() and t.error is None, t.error
+        wait_for(lambda: service.finished.is_set(), 10, message="the run to drain")
+        status = service.status()
+    assert status["merges"] >= 4 and sum(status["versions"].values()) == status["merges"]
+    assert not same(initial, params_of(service)), "the global model never moved"
+    admitted = {a["learner"] for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "merge"
+                for a in e["admitted"]}
+    assert admitted == {0, 1}
+    assert status["double_merged_steps"] == 0
+    trained = sum(t.result["tokens"] for t in learners)
+    assert status["tokens_reported"] == trained
+    assert 0 < status["tokens_merged"] <= trained
+    for t in learners:  # each learner ends holding the versions it last received
+        assert t.result["versions"] and max(t.result["versions"]) >= 1
+
+
+def test_a_late_joiner_gets_the_current_global_model_and_never_drags_it_back(tiny_task, tmp_path):
+    with synchronizer(tiny_task, tmp_path) as (service, address):
+        first = LearnerThread(tiny_task, address, 0, step_delay=0.01)
+        first.start()
+        wait_for(lambda: service.status()["merges"] >= 4, 30, message="merges")
+        first.halt.set()  # freeze the global model so the comparison below is exact
+        first.join(30)
+        assert first.error is None
+        versions = dict(service.core.versions)
+        global_now = params_of(service)
+        late = LearnerThread(tiny_task, address, 1, steps=12, step_delay=0.01, seed=999)  # another init
+        late.client.start()
+        held = {n: p.detach().clone() for n, p in late.model.named_parameters()}
+        assert late.client.core.versions == [versions[p] for p in sorted(versions)]
+        assert same(held, global_now)
+        assert late.client.start_position == 0
+        late.client.close()
+        fresh = LearnerThread(tiny_task, address, 1, steps=12, step_delay=0.01, seed=999)
+        fresh.start()
+        fresh.join(30)
+        assert fresh.error is None and fresh.result["accepted"] >= 1
+        after = {int(p): v for p, v in service.status()["versions"].items()}
+    assert all(after[p] >= versions[p] for p in versions) and after != versions
+
+
+def test_checkpoint_restores_parameters_outer_state_versions_and_books(tiny_task, tmp_path):
+    with synchronizer(tiny_task, tmp_path, tokens=2 * 30 * 64) as (service, address):
+        learners = [LearnerThread(tiny_task, address, m, step_delay=0.01) for m in range(2)]
+        for t in learners:
+            t.start()
+        for t in learners:
+            t.join(60)
+        wait_for(lambda: service.finished.is_set(), 10)
+    # the server stopped: a final checkpoint was written
+    before = service.status()
+    with synchronizer(tiny_task, tmp_path) as (restored, _):
+        assert restored.restored_from is not None
+        assert restored.core.versions == service.core.versions
+        assert same(params_of(restored), params_of(service))
+        for p in service.core.owned:
+            assert same(restored.core.outer[p].buffers, service.core.outer[p].buffers)
+        after = restored.status()
+        for key in ("merges", "tokens_merged", "tokens_reported", "contributions"):
+            assert after[key] == pytest.approx(before[key])
+    store = CheckpointStore(tmp_path / "ckpt")
+    kept = sorted(p.name for p in store.frag_dir.iterdir())
+    assert all(name.endswith(".safetensors") for name in kept)
+    assert len(kept) <= 2 * len(service.core.owned)  # old versions are collected
+
+
+def test_updates_wait_until_their_version_is_durable(tiny_task, tmp_path):
+    with synchronizer(tiny_task, tmp_path, tokens=2 * 20 * 64) as (service, address):
+        learners = [LearnerThread(tiny_task, address, m, step_delay=0.01) for m in range(2)]
+        for t in learners:
+            t.start()
+        for t in learners:
+            t.join(60)
+    merges = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "merge"]
+    checkpoints = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "checkpoint"]
+    assert merges and checkpoints
+    # every version a learner ever held was in a checkpoint written before the learner could see it
+    durable = {}
+    for e in checkpoints:
+        for p, v in e["versions"].items():
+            durable[int(p)] = max(durable.get(int(p), 0), v)
+    for t in learners:
+        for p, v in enumerate(t.result["versions"]):
+            assert v <= durable[p]
+
+
+@pytest.mark.parametrize("codec", ["int8", "int4"])
+def test_quantised_outer_gradients_are_accepted_and_merged(tiny_task, tmp_path, codec):
+    with synchronizer(tiny_task, tmp_path, tokens=2 * 20 * 64) as (service, address):
+        learners = [LearnerThread(tiny_task, address, m, step_delay=0.01, codec=codec) for m in range(2)]
+        for t in learners:
+            t.start()
+        for t in learners:
+            t.join(60)
+            assert t.error is None, t.error
+    assert service.status()["merges"] > 0
+    assert all(t.result["accepted"] > 0 for t in learners)
+    assert service.status()["rejected_contributions"] == sum(t.result["rejected"] for t in learners)
