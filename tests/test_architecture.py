@@ -1,0 +1,134 @@
+"""The layout's rules, checked by walking every import in the package (docs/architecture.md).
+
+Arrows point down: cli -> launch, sim, goodput -> synchronizer, learner -> wire -> core. `core` imports
+nothing of the rest, `wire` neither side, the two sides not each other; no module imports itself
+back through others, not even inside a function or under TYPE_CHECKING; every part says what it is.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+import ddiloco
+
+PACKAGE = Path(ddiloco.__file__).parent
+
+# part -> the parts it may import (besides itself).
+ALLOWED: dict[str, set[str]] = {
+    "core": set(),
+    "records": set(),
+    "chaos": set(),
+    "train": set(),
+    "wire": {"core"},
+    "synchronizer": {"wire", "core", "records"},
+    "learner": {"wire", "core", "records", "train"},
+    "sim": {"core", "train", "chaos", "records"},
+    "goodput": {"chaos"},
+    "launch": {"synchronizer", "learner", "wire", "core", "records", "train", "chaos"},
+    "cli": {"launch", "sim", "goodput", "synchronizer", "learner", "wire", "core", "records", "train", "chaos"},
+}
+TOP_LEVEL_MODULES = {"ddiloco", "ddiloco.__main__", "ddiloco._moved"}
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path) -> set[str]:
+    """Every ddiloco module that `name` imports, anywhere in its body."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("ddiloco"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("ddiloco"):
+                continue
+            found.add(target)
+            found.update(f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in MODULES)
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {name: imports_of(name, path) for name, path in MODULES.items()}
+
+
+def part_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and module not in TOP_LEVEL_MODULES else None
+
+
+def test_every_module_belongs_to_a_known_part():
+    unknown = {m for m in MODULES if m not in TOP_LEVEL_MODULES and part_of(m) not in ALLOWED}
+    assert not unknown, f"modules outside the parts named in ALLOWED: {sorted(unknown)}"
+
+
+def test_parts_import_only_downwards():
+    wrong = []
+    for module, targets in GRAPH.items():
+        part = part_of(module)
+        if part is None:
+            continue
+        for target in targets:
+            other = part_of(target)
+            if other is None and target != "ddiloco":
+                wrong.append(f"{module} -> {target}")
+            elif other is not None and other != part and other not in ALLOWED[part]:
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, "imports against the layering:\n" + "\n".join(sorted(wrong))
+
+
+def test_core_and_wire_stay_pure_of_the_sides():
+    for module, targets in GRAPH.items():
+        if part_of(module) == "core":
+            assert all(part_of(t) == "core" for t in targets), (module, targets)
+        if part_of(module) == "wire":
+            assert not {part_of(t) for t in targets} & {"synchronizer", "learner", "launch"}, (module, targets)
+
+
+def test_no_import_cycles():
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(GRAPH[m]):
+            if state.get(t) == 1:
+                return stack[stack.index(t):] + [t]
+            if t not in state:
+                cycle = visit(t)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            cycle = visit(m)
+            assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_modules_are_small():
+    big = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not big, f"modules over {MAX_LINES} lines (split them along their seams): {big}"
+
+
+@pytest.mark.parametrize("part", sorted(ALLOWED))
+def test_every_part_says_what_it_is(part):
+    doc = importlib.import_module(f"ddiloco.{part}").__doc__
+    assert doc and len(doc.split()) >= 8, f"ddiloco/{part}/__init__.py needs a docstring saying what the part is"
