@@ -14,9 +14,11 @@ def contribution(learner, grad, steps=4, tokens=100, version=0, step_time=1.0, f
     return Contribution(learner, fragment, version, {name: torch.tensor(grad)}, steps, tokens, float(steps), step_time, steps)
 
 
-def make(quorum=2, grace=0.5, learners=3, merge="mean", momentum=0.0):
+def make(quorum=2, grace=0.5, learners=3, merge="mean", momentum=0.0, max_ratio=0.0):
+    """The hand examples move a zero fragment by unit steps: the norm bound is off unless a test sets it."""
     config = AlgorithmConfig(fragments=1, sync_every=4, overlap=2, quorum=quorum, grace=grace,
-                             outer_lr=0.7, outer_momentum=momentum, merge=merge, ema=1.0)
+                             outer_lr=0.7, outer_momentum=momentum, merge=merge, ema=1.0,
+                             max_outer_norm_ratio=max_ratio)
     plan = balanced_fragments([("w", 2)], 1)
     core = SynchronizerCore(config, plan, {"w": torch.zeros(2)})
     for m in range(learners):
@@ -191,3 +193,33 @@ def test_fragment_state_and_current_update_are_copies():
     assert not torch.equal(update.tensors["w"], core.params["w"])
     with pytest.raises(KeyError):
         core.current_update(5, (1,))
+
+
+def test_a_contribution_far_larger_than_its_fragment_is_refused():
+    core = make(quorum=1, max_ratio=10.0)  # limit: 10 x max(|Theta| = 0, 0.1 * sqrt(2)) = 1.414
+    [refused] = core.receive(contribution(0, [1.5, 0.0]), now=0.0)
+    assert kinds([refused]) == ["Rejected"] and refused.reason.startswith("outer gradient too large")
+    assert core.rounds == {} and core.versions[0] == 0
+    accepted = core.receive(contribution(1, [1.0, 0.0]), now=0.0)
+    assert "Rejected" not in kinds(accepted)
+
+
+def test_finite_contributions_that_overflow_are_not_merged():
+    core = make(quorum=2, grace=0.0)
+    huge = 3.0e38  # finite in fp32: one outer step of 0.7 * huge is finite, two overflow
+    core.receive(contribution(0, [huge, huge]), now=0.0)
+    core.receive(contribution(1, [huge, huge]), now=0.1)
+    assert core.versions[0] == 1
+    after_first = core.params["w"].clone()
+    assert torch.isfinite(after_first).all()
+    out = core.receive(contribution(0, [huge, huge], version=1), now=1.0)
+    out += core.receive(contribution(1, [huge, huge], version=1), now=1.1)
+    rejected = [a for a in out if kinds([a]) == ["Rejected"]]
+    assert sorted(a.learner for a in rejected) == [0, 1] and "Merged" not in kinds(out)
+    assert all("non-finite" in a.reason for a in rejected)
+    assert core.versions[0] == 1 and torch.equal(core.params["w"], after_first) and core.rounds == {}
+    # the fragment keeps working: the next round merges normally
+    core.receive(contribution(0, [-1.0, 0.0], version=1), now=2.0)
+    out = core.receive(contribution(1, [-1.0, 0.0], version=1), now=2.1)
+    assert "Merged" in kinds(out) and core.versions[0] == 2
+    assert torch.isfinite(core.params["w"]).all()

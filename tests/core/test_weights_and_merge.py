@@ -127,3 +127,16 @@ def test_outer_optimizer_rejects_bad_input():
         opt.step({"w": torch.zeros(2)}, {"v": torch.zeros(2)})
     with pytest.raises(ValueError):
         opt.step({"w": torch.zeros(2)}, {"w": torch.zeros(3)})
+
+
+def test_outer_step_is_all_or_nothing_when_it_would_overflow():
+    from ddiloco.core import NesterovOuterOptimizer
+
+    opt = NesterovOuterOptimizer(lr=1.0, momentum=0.9)
+    params = {"a": torch.tensor([1.0]), "b": torch.tensor([-3.0e38])}
+    opt.step(params, {"a": torch.tensor([0.5]), "b": torch.tensor([0.0])})
+    before = {k: v.clone() for k, v in params.items()}, opt.state_dict()
+    with pytest.raises(FloatingPointError, match="b"):
+        opt.step(params, {"a": torch.tensor([0.5]), "b": torch.tensor([3.0e38])})
+    assert all(torch.equal(params[k], before[0][k]) for k in params)  # "a" was not touched either
+    assert all(torch.equal(opt.state_dict()[k], before[1][k]) for k in before[1])

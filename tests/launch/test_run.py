@@ -67,12 +67,21 @@ def test_synchronous_baseline_runs_on_the_same_launcher(tmp_path, shakespeare):
     assert (result["method"], result["fragments"], result["overlap"], result["quorum"]) == ("diloco", 1, 0, 2)
     assert result["tokens_trained"] >= 12000 and result["outer_steps"] > 0
     merges = [e for e in read_events(run_dir / "sync-0" / "events.jsonl") if e["kind"] == "merge"]
-    # every outer step waits for every learner alive when it opened (two, once both joined); one only
-    # goes without a learner that was declared gone meanwhile (a heartbeat lost to a loaded machine)
+    # every outer step waits for every learner alive when it opened; one only goes without a learner
+    # that was declared gone meanwhile (a heartbeat lost to a loaded machine). How many steps the first
+    # learner takes alone before the second has started depends on the machine's speed, not on the
+    # algorithm; once both have joined, only the round already open then may expect fewer than two.
     events = list(read_events(run_dir / "sync-0" / "events.jsonl"))
     gone = sum(1 for e in events if e["kind"] == "leave" and e.get("reason") != "left")
     assert sum(len(e["admitted"]) < e["expected"] for e in merges[:-1]) <= gone
-    assert sum(e["expected"] == 2 for e in merges) >= len(merges) - 2 - gone
+    first_join: dict = {}
+    for e in events:
+        if e["kind"] == "join":
+            first_join.setdefault(e["learner"], e["t"])
+    assert len(first_join) == 2
+    after_both = [e for e in merges if e["t"] > max(first_join.values())]
+    assert after_both, "no outer step after both learners joined"
+    assert sum(e["expected"] != 2 for e in after_both) <= 1 + gone
     assert_all_ended(run_dir)
 
 

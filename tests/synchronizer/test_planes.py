@@ -21,27 +21,30 @@ def test_heartbeats_and_status_answer_while_a_large_push_is_held_open(tiny_task,
         reply = raw.register(0, signature(dict(tiny_task.build_model(0).named_parameters())))
         names = reply["plan"]["names"][0]
         shapes = reply["plan"]["shapes"]
-        frames = raw.contribution(reply["session"], 0, {n: torch.zeros(tuple(shapes[n])) for n in names})
-        frames = framing.frames(framing.unpack_frame(frames[0])[0]["head"], [b"".join(
-            framing.unpack_frame(f)[1] for f in frames)], chunk_size=256)  # many small chunks
         release = threading.Event()
         done = []
 
-        def slow_frames():
+        def slow_frames(session):
+            frames = raw.contribution(session, 0, {n: torch.zeros(tuple(shapes[n])) for n in names})
+            frames = framing.frames(framing.unpack_frame(frames[0])[0]["head"], [b"".join(
+                framing.unpack_frame(f)[1] for f in frames)], chunk_size=256)  # many small chunks
             yield frames[0]
             release.wait(20)  # the bulk stream stays open until the control calls below are through
             yield from frames[1:]
 
         refused = []
 
-        def push(client):
+        def push(client, session):
             try:
-                done.append(client.push_frames(slow_frames(), timeout=30))
+                done.append(client.push_frames(slow_frames(session), timeout=30))
             except grpc.RpcError as exc:
                 refused.append(exc.code())
 
-        bulk_clients = [RawClient(address) for _ in range(8)]  # more bulk streams than the bulk slots
-        pushers = [threading.Thread(target=push, args=(c,)) for c in bulk_clients]
+        # more bulk streams than the bulk slots, one learner each (a session may hold only two pushes)
+        bulk_clients = [RawClient(address) for _ in range(8)]
+        sessions = [c.register(m, signature(dict(tiny_task.build_model(0).named_parameters())))["session"]
+                    for m, c in enumerate(bulk_clients, start=1)]
+        pushers = [threading.Thread(target=push, args=(c, sid)) for c, sid in zip(bulk_clients, sessions)]
         for t in pushers:
             t.start()
         time.sleep(0.3)

@@ -9,32 +9,32 @@ from typing import Optional
 
 import typer
 
-from . import app
+from . import app, options
 
 
 @app.command("learner")
 def learner(
     connect: str = typer.Option("127.0.0.1:7070", help="Synchronizer address(es), comma-separated, one per shard."),
-    learner_id: int = typer.Option(..., "--id", help="This learner's id (0..M-1)."),
-    learners: int = typer.Option(4, "--learners", "-M", help="Learners M: the data is split into M shards."),
+    learner_id: int = typer.Option(..., "--id", min=0, help="This learner's id (0..M-1)."),
+    learners: int = typer.Option(4, "--learners", "-M", min=1, help="Learners M: the data is split into M shards."),
     model: str = typer.Option("gpt", help="gpt, gpt-moe or vision (must match the synchronizer)."),
     model_size: str = typer.Option("default"),
     data: Optional[str] = typer.Option(None),
-    seq_len: int = typer.Option(128),
+    seq_len: int = typer.Option(128, min=1),
     seed: int = typer.Option(0),
-    batch_size: int = typer.Option(16, help="Sequences (or images) per step and rank."),
-    inner_lr: float = typer.Option(3e-3, help="Peak inner AdamW learning rate."),
-    codec: str = typer.Option("bf16", help="Outer-gradient codec: bf16, int8, int4 or fp32."),
+    batch_size: int = typer.Option(16, min=1, help="Sequences (or images) per step and rank."),
+    inner_lr: float = typer.Option(3e-3, min=0.0, help="Peak inner AdamW learning rate."),
+    codec: options.Codec = options.CODEC,
     token: Optional[str] = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN)."),
     tls_ca: Optional[Path] = typer.Option(None, help="CA certificate to verify a TLS synchronizer."),
     state_dir: Optional[Path] = typer.Option(None, help="Folder for this learner's own state (inner optimizer, "
                                              "journal of trained tokens)."),
-    net_delay: float = typer.Option(0.0, help="Added latency per message, milliseconds (chaos testing)."),
-    max_steps: Optional[int] = typer.Option(None, help="Stop after this many steps even if the run goes on."),
-    checkpoint_every: int = typer.Option(24, help="Steps between saves of the inner optimizer state."),
-    min_step_seconds: float = typer.Option(0.0, help="Pad every step to at least this long (emulates a learner "
+    net_delay: float = typer.Option(0.0, min=0.0, help="Added latency per message, milliseconds (chaos testing)."),
+    max_steps: Optional[int] = typer.Option(None, min=1, help="Stop after this many steps even if the run goes on."),
+    checkpoint_every: int = typer.Option(24, min=1, help="Steps between saves of the inner optimizer state."),
+    min_step_seconds: float = typer.Option(0.0, min=0.0, help="Pad every step to at least this long (emulates a learner "
                                            "with its own accelerator of that speed on a shared CPU)."),
-    threads: int = typer.Option(0, help="torch threads (0: PyTorch's default)."),
+    threads: int = typer.Option(0, min=0, max=1024, help="torch threads (0: PyTorch's default)."),
     as_json: bool = typer.Option(False, "--json", help="End with one JSON line of this learner's stats."),
     log_level: str = typer.Option("info"),
 ) -> None:
@@ -47,6 +47,7 @@ def learner(
     from ..train.inner import InnerConfig
     from ..wire import auth
 
+    codec = options.Codec(codec).value
     logsetup.configure(f"learner{learner_id}", log_level)
     if threads > 0:
         torch.set_num_threads(threads)

@@ -6,13 +6,15 @@ Defaults come from `AlgorithmConfig` itself, so `ddiloco sim`, `ddiloco run` and
 
 from __future__ import annotations
 
+import enum
+
 import typer
 
 from ..core.config import AlgorithmConfig
 
 _D = AlgorithmConfig()
 
-LEARNERS = typer.Option(4, "--learners", "-M", help="Number of learners M (the paper uses 8).")
+LEARNERS = typer.Option(4, "--learners", "-M", min=1, max=4096, help="Number of learners M (the paper uses 8).")
 FRAGMENTS = typer.Option(_D.fragments, "--fragments", "-P", help="Fragments P (ignored by --method diloco).")
 SYNC_EVERY = typer.Option(_D.sync_every, "--sync-every", "-H", help="Steps H between two syncs of a fragment.")
 OVERLAP = typer.Option(_D.overlap, "--overlap", help="Steps tau a sync overlaps with compute (0 = blocking).")
@@ -23,3 +25,28 @@ GRACE = typer.Option(
 MERGE = typer.Option(None, "--merge", help="rda or mean. Default: rda; mean for --method diloco.")
 OUTER_LR = typer.Option(_D.outer_lr, "--outer-lr", help="Outer Nesterov learning rate.")
 OUTER_MOMENTUM = typer.Option(_D.outer_momentum, "--outer-momentum", help="Outer Nesterov momentum.")
+MAX_OUTER_NORM_RATIO = typer.Option(
+    _D.max_outer_norm_ratio, "--max-outer-norm-ratio", min=0.0, max=1e12,
+    help="Refuse a contribution whose outer gradient's norm exceeds this multiple of its fragment's (0: off).")
+
+class Codec(str, enum.Enum):
+    """Outer-gradient codecs (docs/runtime.md); values are the wire names."""
+
+    bf16 = "bf16"
+    int8 = "int8"
+    int4 = "int4"
+    fp32 = "fp32"
+
+
+class CodecDown(str, enum.Enum):
+    """Codecs of the global fragments sent to learners (never quantised further)."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+CODEC = typer.Option(Codec.bf16, help="Outer-gradient codec.")
+HEARTBEAT = typer.Option(0.5, min=0.01, max=3600.0,
+                         help="Heartbeat interval h in seconds; the other timeouts derive from it (docs/runtime.md).")
+TOKENS_BUDGET = dict(min=1, max=2**53)
+DURATION_BUDGET = dict(min=0.001, max=1e7)

@@ -22,7 +22,7 @@ def run(
     model: str = typer.Option("gpt", help="gpt, gpt-moe or vision."),
     model_size: str = typer.Option("default", help="default (~1M parameters) or tiny."),
     data: Optional[str] = typer.Option(None, help="Text file or folder (LMs) / torchvision root (vision)."),
-    seq_len: int = typer.Option(128),
+    seq_len: int = typer.Option(128, min=1),
     learners: int = options.LEARNERS,
     fragments: int = options.FRAGMENTS,
     sync_every: int = options.SYNC_EVERY,
@@ -32,38 +32,40 @@ def run(
     merge: Optional[str] = options.MERGE,
     outer_lr: float = options.OUTER_LR,
     outer_momentum: float = options.OUTER_MOMENTUM,
-    inner_lr: float = typer.Option(3e-3),
-    batch_size: int = typer.Option(16),
-    tokens: Optional[int] = typer.Option(None, help="Stop once the learners trained this many tokens "
+    inner_lr: float = typer.Option(3e-3, min=0.0),
+    batch_size: int = typer.Option(16, min=1),
+    tokens: Optional[int] = typer.Option(None, **options.TOKENS_BUDGET, help="Stop once the learners trained this many tokens "
                                          "(default 400000 unless --duration is given)."),
-    duration: Optional[float] = typer.Option(None, help="Stop after this many seconds."),
+    duration: Optional[float] = typer.Option(None, **options.DURATION_BUDGET, help="Stop after this many seconds."),
     seed: int = typer.Option(0),
-    sync_shards: int = typer.Option(1, help="Synchronizer shard processes (fragments spread round-robin)."),
-    codec: str = typer.Option("bf16", help="Outer-gradient codec: bf16, int8, int4 or fp32."),
-    heartbeat: float = typer.Option(0.5, help="Heartbeat interval; failure timeout = 6x, see docs/runtime.md."),
-    checkpoint_every: int = typer.Option(1, help="Synchronizer merges between checkpoints."),
-    threads: int = typer.Option(1, help="torch threads per learner process."),
-    min_step_seconds: float = typer.Option(0.0, help="Pad every learner step to at least this long: emulates "
+    sync_shards: int = typer.Option(1, min=1, help="Synchronizer shard processes (fragments spread round-robin)."),
+    codec: options.Codec = options.CODEC,
+    heartbeat: float = options.HEARTBEAT,
+    checkpoint_every: int = typer.Option(1, min=0, help="Synchronizer merges between checkpoints."),
+    threads: int = typer.Option(1, min=1, max=1024, help="torch threads per learner process."),
+    min_step_seconds: float = typer.Option(0.0, min=0.0, help="Pad every learner step to at least this long: emulates "
                                            "learners with their own accelerators on a shared CPU."),
     run_dir: Optional[Path] = typer.Option(None, help="Logs, checkpoints, event log (default runs/run-<time>)."),
-    learner_mtbf: Optional[float] = typer.Option(None, help="kill -9 each learner at exponential intervals of this "
+    learner_mtbf: Optional[float] = typer.Option(None, min=0.01, help="kill -9 each learner at exponential intervals of this "
                                                  "mean (seconds)."),
-    learner_down: float = typer.Option(15.0, help="Seconds before a killed learner is restarted."),
-    straggle: Optional[float] = typer.Option(None, help="SIGSTOP a random learner for this many seconds now and then."),
-    straggle_every: float = typer.Option(30.0, help="Mean seconds between two stragglers."),
-    kill_synchronizer_at: Optional[float] = typer.Option(None, help="kill -9 synchronizer shard 0 this many seconds "
+    learner_down: float = typer.Option(15.0, min=0.0, help="Seconds before a killed learner is restarted."),
+    straggle: Optional[float] = typer.Option(None, min=0.01, help="SIGSTOP a random learner for this many seconds now and then."),
+    straggle_every: float = typer.Option(30.0, min=0.01, help="Mean seconds between two stragglers."),
+    kill_synchronizer_at: Optional[float] = typer.Option(None, min=0.0, help="kill -9 synchronizer shard 0 this many seconds "
                                                          "in, then restart it."),
-    synchronizer_down: float = typer.Option(1.0, help="Seconds before a killed synchronizer is restarted."),
-    net_delay: float = typer.Option(0.0, help="Added latency per message, milliseconds."),
+    synchronizer_down: float = typer.Option(1.0, min=0.0, help="Seconds before a killed synchronizer is restarted."),
+    net_delay: float = typer.Option(0.0, min=0.0, help="Added latency per message, milliseconds."),
     chaos_trace: Optional[Path] = typer.Option(None, help="Replay learner outages (CSV learner,down_at,up_at)."),
-    eval_batches: int = typer.Option(20, help="Validation batches for the final evaluation."),
-    eval_every: float = typer.Option(20.0, help="Seconds between evaluations in the live view (0: none)."),
+    eval_batches: int = typer.Option(20, min=1, help="Validation batches for the final evaluation."),
+    eval_every: float = typer.Option(20.0, min=0.0, help="Seconds between evaluations in the live view (0: none)."),
     token: Optional[str] = typer.Option(None, help="Shared secret for the processes (or $DDILOCO_TOKEN)."),
     as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding the summary."),
     quiet: bool = typer.Option(False, help="No live view."),
 ) -> None:
     """Train with real processes and real sockets, inject faults, report goodput, stalls and loss."""
     from rich.live import Live
+
+    codec = options.Codec(codec).value
 
     from ..chaos.injector import ChaosSettings
     from ..chaos.trace import FailureTrace

@@ -30,12 +30,12 @@ def algorithm_for(method: str, learners: int, **knobs) -> "object":
 @app.command("synchronizer")
 def synchronizer(
     host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
-    port: int = typer.Option(7070, help="TCP port; 0 picks a free one (see --address-file)."),
+    port: int = typer.Option(7070, min=0, max=65535, help="TCP port; 0 picks a free one (see --address-file)."),
     address_file: Optional[Path] = typer.Option(None, help="Write the host:port actually bound here (atomically)."),
     model: str = typer.Option("gpt", help="gpt, gpt-moe or vision: builds the initial global parameters."),
     model_size: str = typer.Option("default", help="default or tiny."),
     data: Optional[str] = typer.Option(None, help="Text file or folder (LMs) / torchvision root (vision)."),
-    seq_len: int = typer.Option(128, help="Context length of the language models."),
+    seq_len: int = typer.Option(128, min=1, help="Context length of the language models."),
     seed: int = typer.Option(0, help="Seed of the initial parameters."),
     init: Optional[Path] = typer.Option(None, help="Initial parameters from a safetensors file instead of --model "
                                         "(any PyTorch model: save dict(model.named_parameters()))."),
@@ -51,41 +51,45 @@ def synchronizer(
     merge: Optional[str] = options.MERGE,
     outer_lr: float = options.OUTER_LR,
     outer_momentum: float = options.OUTER_MOMENTUM,
-    shard: int = typer.Option(0, help="This process's shard index."),
-    num_shards: int = typer.Option(1, help="Shards in all: fragment p lives on shard p mod num_shards."),
-    max_learners: Optional[int] = typer.Option(None, help="Accept learner ids 0..N-1 only (default: any)."),
+    max_outer_norm_ratio: float = options.MAX_OUTER_NORM_RATIO,
+    shard: int = typer.Option(0, min=0, help="This process's shard index."),
+    num_shards: int = typer.Option(1, min=1, help="Shards in all: fragment p lives on shard p mod num_shards."),
+    max_learners: Optional[int] = typer.Option(None, min=1, max=2**20, help="Accept learner ids 0..N-1 only "
+                                               "(default: --learners); bounds what the synchronizer keeps."),
     checkpoint_dir: Optional[Path] = typer.Option(None, help="Checkpoint folder; resumed from if it holds one."),
-    checkpoint_every: int = typer.Option(1, help="Merges between checkpoints (1: write-ahead, no version a learner "
+    checkpoint_every: int = typer.Option(1, min=0, help="Merges between checkpoints (1: write-ahead, no version a learner "
                                          "saw is ever lost; 0: only at the end and on SIGTERM)."),
     fresh: bool = typer.Option(False, help="Refuse to start if --checkpoint-dir already holds a checkpoint."),
-    tokens: Optional[int] = typer.Option(None, help="Stop the run once the learners trained this many tokens."),
-    duration: Optional[float] = typer.Option(None, help="Stop the run after this many seconds."),
-    heartbeat: float = typer.Option(0.5, help="Heartbeat interval h; the other timeouts derive from it."),
-    failure_timeout: Optional[float] = typer.Option(None, help="Declare a silent learner gone after this (6 h)."),
+    tokens: Optional[int] = typer.Option(None, **options.TOKENS_BUDGET, help="Stop the run once the learners trained this many tokens."),
+    duration: Optional[float] = typer.Option(None, **options.DURATION_BUDGET, help="Stop the run after this many seconds."),
+    heartbeat: float = options.HEARTBEAT,
+    failure_timeout: Optional[float] = typer.Option(None, min=0.01, help="Declare a silent learner gone after this (6 h)."),
     token: Optional[str] = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN); required beyond loopback."),
     insecure_no_auth: bool = typer.Option(False, help="Allow listening beyond loopback without a token."),
     tls_cert: Optional[Path] = typer.Option(None, help="TLS certificate (PEM)."),
     tls_key: Optional[Path] = typer.Option(None, help="TLS private key (PEM)."),
-    codec_down: str = typer.Option("fp32", help="Codec of global fragments sent to learners: fp32 or bf16."),
-    chunk_bytes: int = typer.Option(1 << 20, help="Bytes per wire chunk."),
-    max_message_bytes: int = typer.Option(1 << 30, help="Largest contribution accepted, in bytes."),
+    codec_down: options.CodecDown = typer.Option(options.CodecDown.fp32, help="Codec of global fragments sent to "
+                                                 "learners."),
+    chunk_bytes: int = typer.Option(1 << 20, min=1024, max=1 << 26, help="Bytes per wire chunk."),
+    max_message_bytes: int = typer.Option(1 << 30, min=1024, max=1 << 40, help="Largest contribution accepted, in bytes."),
     event_log: Optional[Path] = typer.Option(None, help="Append events (merges, joins, rejections) as JSON lines."),
     summary: Optional[Path] = typer.Option(None, help="Write the final status as JSON here on exit."),
     exit_when_done: bool = typer.Option(True, help="Exit once a stopped run has drained."),
-    threads: int = typer.Option(1, help="torch threads for merging."),
+    threads: int = typer.Option(1, min=1, max=1024, help="torch threads for merging."),
     log_level: str = typer.Option("info"),
 ) -> None:
     """Serve one synchronizer shard: merges learners' outer gradients, checkpoints, never waits for the dead."""
     import torch
-    from safetensors.torch import load_file
 
     from ..records import logsetup
     from ..records.atomic import atomic_write
+    from ..synchronizer.checkpoint import load_tensors
     from ..synchronizer.server import SynchronizerServer, build_service
     from ..synchronizer.settings import ServiceSettings
     from ..wire import auth
     from ..wire.timeouts import Timeouts
 
+    codec_down = options.CodecDown(codec_down).value
     logsetup.configure(f"sync{shard}", log_level)
     torch.set_num_threads(max(1, threads))
     try:
@@ -93,20 +97,17 @@ def synchronizer(
         auth.require_token_policy(host, secret, insecure_no_auth)
         algorithm = algorithm_for(method, learners, fragments=fragments, sync_every=sync_every, overlap=overlap,
                                   quorum=quorum, grace=grace, merge=merge, outer_lr=outer_lr,
-                                  outer_momentum=outer_momentum)
+                                  outer_momentum=outer_momentum, max_outer_norm_ratio=max_outer_norm_ratio)
         extra = {} if failure_timeout is None else {"failure": failure_timeout}
         settings = ServiceSettings(
-            shard=shard, num_shards=num_shards, max_learners=max_learners, codec_down=codec_down,
+            shard=shard, num_shards=num_shards, max_learners=max_learners or learners, codec_down=codec_down,
             chunk_bytes=chunk_bytes, max_message_bytes=max_message_bytes, checkpoint_every=checkpoint_every,
             tokens=tokens, duration=duration, timeouts=Timeouts.derive(heartbeat, **extra),
-            workers=max(64, 4 * (max_learners or learners) + 16),
         )
-        if codec_down not in ("fp32", "bf16"):
-            raise ValueError("--codec-down must be fp32 or bf16 (global values are not quantised further)")
         if fresh and checkpoint_dir is not None and (checkpoint_dir / "manifest.json").is_file():
             raise ValueError(f"{checkpoint_dir} already holds a checkpoint and --fresh was given")
         if init is not None:
-            params = load_file(str(init))
+            params = load_tensors(init, "--init file")
             plain = frozenset(n for n in plain_names.split(",") if n)
         else:
             from ..train.tasks import make_task

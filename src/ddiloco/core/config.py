@@ -5,6 +5,7 @@ Defaults follow ALGORITHM.md (paper defaults where known; ours, documented, wher
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -18,6 +19,9 @@ class AlgorithmConfig:
     fragments (P), sync_every (H) and overlap (tau) set the schedule; quorum (K) and grace (gamma)
     the admission policy; outer_lr/outer_momentum the outer Nesterov step; merge the averaging rule
     ("rda": radial-directional averaging except embeddings, "mean": plain weighted average everywhere).
+    max_outer_norm_ratio bounds one contribution: its outer gradient's norm may be at most this
+    multiple of the fragment's norm (floored at an RMS of 0.1 per value, so a fragment of zeros can
+    still learn), so no single learner can move the global model by orders of magnitude; 0 disables.
     quorum is capped at the number of live learners, so K >= M means "wait for every live learner".
     overlap 0 means blocking syncs: a learner waits at the boundary for the fragment it just sent
     (classic synchronous DiLoCo).
@@ -32,6 +36,7 @@ class AlgorithmConfig:
     outer_momentum: float = 0.9
     merge: MergeMode = "rda"
     ema: float = 0.2
+    max_outer_norm_ratio: float = 10.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -58,6 +63,8 @@ class AlgorithmConfig:
             problems.append(f"merge must be 'rda' or 'mean', got {self.merge!r}")
         if not 0 < self.ema <= 1:
             problems.append(f"ema must be in (0, 1], got {self.ema}")
+        if not (self.max_outer_norm_ratio >= 0 and math.isfinite(self.max_outer_norm_ratio)):
+            problems.append(f"max_outer_norm_ratio must be a finite number >= 0, got {self.max_outer_norm_ratio}")
         if problems:
             raise ValueError("invalid algorithm config: " + "; ".join(problems))
 

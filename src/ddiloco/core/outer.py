@@ -25,10 +25,17 @@ class NesterovOuterOptimizer:
 
     @torch.no_grad()
     def step(self, params: MutableMapping[str, torch.Tensor], delta: Mapping[str, torch.Tensor]) -> None:
-        """Apply the merged outer gradient `delta` to `params` in place."""
+        """Apply the merged outer gradient `delta` to `params` in place, all or nothing.
+
+        Raises FloatingPointError, with `params` and the momentum untouched, when the result would
+        hold NaN or Inf (finite inputs can still overflow): a global model must never become
+        non-finite.
+        """
         missing = set(delta) - set(params)
         if missing:
             raise KeyError(f"outer gradient for unknown tensors: {sorted(missing)}")
+        new_params: dict[str, torch.Tensor] = {}
+        new_buffers: dict[str, torch.Tensor] = {}
         for name, d in delta.items():
             p = params[name]
             d = d.to(device=p.device, dtype=torch.float32)
@@ -37,13 +44,16 @@ class NesterovOuterOptimizer:
             update = d
             if self.momentum > 0:
                 buf = self.buffers.get(name)
-                if buf is None:
-                    buf = d.clone()
-                    self.buffers[name] = buf
-                else:
-                    buf.mul_(self.momentum).add_(d)
+                buf = d.clone() if buf is None else buf * self.momentum + d
+                new_buffers[name] = buf
                 update = d + self.momentum * buf
-            p.copy_((p.float() - self.lr * update).to(p.dtype))
+            value = (p.float() - self.lr * update).to(p.dtype)
+            if not bool(torch.isfinite(value).all()) or (name in new_buffers and not bool(torch.isfinite(buf).all())):
+                raise FloatingPointError(f"{name}: the outer step would make it non-finite")
+            new_params[name] = value
+        for name, value in new_params.items():
+            params[name].copy_(value)
+        self.buffers.update(new_buffers)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {name: buf.clone() for name, buf in self.buffers.items()}

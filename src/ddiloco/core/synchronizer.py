@@ -198,6 +198,21 @@ class SynchronizerCore:
                 return f"{name}: shape {tuple(t.shape)} != {tuple(self.params[name].shape)}"
             if not bool(torch.isfinite(t).all()):
                 return f"{name}: NaN or Inf values"
+        return self._too_large(c)
+
+    def _too_large(self, c: Contribution) -> str | None:
+        """The norm bound of `AlgorithmConfig.max_outer_norm_ratio`, over the whole fragment."""
+        ratio = self.config.max_outer_norm_ratio
+        if ratio <= 0:
+            return None
+        names = self.plan.names[c.fragment]
+        grad_sq = sum(float(c.outer_gradient[n].double().square().sum()) for n in names)
+        param_sq = sum(float(self.params[n].double().square().sum()) for n in names)
+        floor_sq = 1e-2 * self.plan.sizes[c.fragment]  # an RMS of 0.1 per value
+        limit = ratio * math.sqrt(max(param_sq, floor_sq))
+        if not math.sqrt(grad_sq) <= limit:
+            return (f"outer gradient too large: norm {math.sqrt(grad_sq):.3g} exceeds {ratio:g} x the fragment's "
+                    f"norm ({limit:.3g}; max_outer_norm_ratio)")
         return None
 
     def _reject(self, learner: int, fragment: int | None, reason: str) -> list[SyncAction]:
@@ -272,7 +287,13 @@ class SynchronizerCore:
         delta = merge_outer_gradients(
             [c.outer_gradient for c in contributions], weights, self.plain_names & set(names), self.config.merge
         )
-        self.outer[p].step(self.params, delta)
+        try:
+            self.outer[p].step(self.params, delta)
+        except FloatingPointError as exc:
+            # Finite inputs that overflow together: nothing is committed, the version stays, and
+            # every contributor is reset to the global value (the round's work is counted lost).
+            reason = f"merge refused: fragment {p} would become non-finite ({exc})"
+            return [a for c in contributions for a in self._reject(c.learner, p, reason)]
         self.versions[p] += 1
         admitted = tuple(
             AdmittedWork(c.learner, c.step, c.steps, c.tokens, c.seconds, w) for c, w in zip(contributions, weights)

@@ -32,6 +32,7 @@ KINDS: dict[str, str] = {
     "restored": "a shard restored its checkpoint: seq, versions",
     "checkpoint": "a checkpoint is durable: seq, versions",
     "leave": "a learner left or was declared gone: learner, incarnation, reason",
+    "replaced": "a learner id registered again and its old session was closed: learner, incarnation, previous",
     "no_quorum": "a round waited a failure timeout without a quorum: fragment, version, reason",
     "refused": "a request refused at the wire (bad frame, size, auth): method, reason",
     "stop": "the run is stopping: reason",

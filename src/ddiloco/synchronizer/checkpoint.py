@@ -12,19 +12,25 @@ Layout of a checkpoint folder (one per synchronizer shard):
 A merge only changes one fragment, so a checkpoint writes only the fragments that changed since the
 last one (a fragment file is immutable once written) and then the manifest. Each file goes through
 write-temp, fsync, rename; the manifest rename is the commit point. A process killed at any moment
-restarts from the last committed manifest; fragment files it no longer references are deleted later.
+restarts from the last committed manifest; fragment files it no longer references are deleted later,
+and on start every fragment file the manifest does not name is removed: a process killed between a
+fragment file and the manifest leaves a file whose name the next run would otherwise take for its own
+write. Loading checks everything it reads (structure, tensors, finiteness) and says what is wrong
+(`CheckpointError`) instead of raising from deep inside.
 Saving is split in two so that the slow part runs without the service's lock: `snapshot` copies the
 new fragment versions out of the core (under the lock), `write` puts them on disk (see `commit`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from ..core import SynchronizerCore
@@ -32,6 +38,52 @@ from ..core.synchronizer import OUTER_PREFIX
 from ..records.atomic import atomic_write, atomic_write_json, read_json
 
 FORMAT = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or --init file that cannot be used; the message names the file and the problem."""
+
+
+def read_manifest(path: Path) -> dict:
+    """The manifest, checked for the structure `load` relies on."""
+    try:
+        manifest = read_json(path)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{path}: not a readable JSON manifest ({str(exc)[:200]})") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path}: the manifest must be a JSON object, got {type(manifest).__name__}")
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: unknown checkpoint format {str(manifest.get('format'))[:40]}")
+    frags = manifest.get("fragments")
+    if not isinstance(frags, dict):
+        raise CheckpointError(f"{path}: the manifest lacks its 'fragments' table")
+    for p, entry in frags.items():
+        ok = (p.isdigit() and isinstance(entry, dict) and isinstance(entry.get("version"), int)
+              and not isinstance(entry.get("version"), bool) and 0 <= entry["version"] < 2**53
+              and isinstance(entry.get("file"), str) and entry["file"].endswith(".safetensors")
+              and "/" not in entry["file"] and not entry["file"].startswith("."))
+        if not ok:
+            raise CheckpointError(f"{path}: bad entry for fragment {p[:20]!r}: {json.dumps(entry)[:120]}")
+    for key in ("grace", "rejections", "ledger", "identity"):
+        if not isinstance(manifest.get(key, {}), dict):
+            raise CheckpointError(f"{path}: {key!r} must be a JSON object")
+    if not isinstance(manifest.get("seq", 0), int):
+        raise CheckpointError(f"{path}: 'seq' must be an integer")
+    return manifest
+
+
+def load_tensors(path: Path, what: str = "checkpoint file") -> dict[str, torch.Tensor]:
+    """A safetensors file, every value finite; CheckpointError naming the file otherwise."""
+    try:
+        tensors = load_file(str(path))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: {what} is missing") from None
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: not a readable safetensors {what} ({str(exc)[:200]})") from None
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{path}: tensor {name!r} holds NaN or Inf values")
+    return tensors
 
 
 @dataclass
@@ -52,7 +104,17 @@ class CheckpointStore:
         self.frag_dir.mkdir(parents=True, exist_ok=True)
         self.keep_versions = max(1, keep_versions)
         self.seq = 0
-        self._on_disk = {p.name for p in self.frag_dir.iterdir() if not p.name.startswith(".")}
+        self._on_disk = self._remove_orphans()
+
+    def _remove_orphans(self) -> set[str]:
+        """Fragment files the committed manifest names; every other one (a killed writer's) is removed."""
+        named = set()
+        if self.exists():
+            named = {e["file"] for e in read_manifest(self.manifest_path)["fragments"].values()}
+        for path in self.frag_dir.iterdir():
+            if path.name not in named and path.is_file():
+                path.unlink(missing_ok=True)
+        return named
 
     @property
     def manifest_path(self) -> Path:
@@ -117,31 +179,32 @@ class CheckpointStore:
 
     def load(self, core: SynchronizerCore, identity: dict | None = None) -> dict:
         """Restore `core` from the last committed manifest; returns the manifest (with the ledger)."""
-        manifest = read_json(self.manifest_path)
-        if manifest.get("format") != FORMAT:
-            raise ValueError(f"{self.manifest_path}: unknown checkpoint format {manifest.get('format')}")
+        manifest = read_manifest(self.manifest_path)
         if identity is not None:
             saved = manifest.get("identity", {})
             for key, value in identity.items():
                 if key in saved and saved[key] != value:
-                    raise ValueError(
+                    raise CheckpointError(
                         f"{self.manifest_path} belongs to a different run: {key} is {saved[key]!r}, "
                         f"this synchronizer has {value!r}; use another --checkpoint-dir or --fresh"
                     )
         frags = manifest["fragments"]
         missing = [p for p in core.owned if str(p) not in frags]
         if missing:
-            raise ValueError(f"{self.manifest_path} lacks fragments {missing} of this shard")
+            raise CheckpointError(f"{self.manifest_path} lacks fragments {missing} of this shard")
         params: dict[str, torch.Tensor] = {}
         outer: dict[int, dict[str, torch.Tensor]] = {}
         versions: dict[int, int] = {}
         for p in core.owned:
             entry = frags[str(p)]
-            tensors = load_file(str(self.frag_dir / entry["file"]))
+            tensors = load_tensors(self.frag_dir / entry["file"])
             outer[p] = {n[len(OUTER_PREFIX):]: t for n, t in tensors.items() if n.startswith(OUTER_PREFIX)}
             for n in core.plan.names[p]:
                 if n not in tensors:
-                    raise ValueError(f"{entry['file']} lacks tensor {n!r}")
+                    raise CheckpointError(f"{self.frag_dir / entry['file']} lacks tensor {n!r}")
+                if tuple(tensors[n].shape) != tuple(core.params[n].shape):
+                    raise CheckpointError(f"{self.frag_dir / entry['file']}: tensor {n!r} has shape "
+                                          f"{tuple(tensors[n].shape)}, the model has {tuple(core.params[n].shape)}")
                 params[n] = tensors[n]
             versions[p] = int(entry["version"])
         core.load_state_dict({
@@ -161,9 +224,9 @@ def load_global_params(directories: Iterable[str | Path]) -> tuple[dict[str, tor
     versions: dict[int, int] = {}
     for directory in directories:
         directory = Path(directory)
-        manifest = read_json(directory / "manifest.json")
+        manifest = read_manifest(directory / "manifest.json")
         for p, entry in manifest["fragments"].items():
-            tensors = load_file(str(directory / "fragments" / entry["file"]))
+            tensors = load_tensors(directory / "fragments" / entry["file"])
             params.update({n: t for n, t in tensors.items() if not n.startswith(OUTER_PREFIX)})
             versions[int(p)] = int(entry["version"])
     return params, versions

@@ -9,8 +9,8 @@ the rejection is logged with its reason. No exception from a handler can take th
 
 from __future__ import annotations
 
+import functools
 import logging
-import math
 import time
 from typing import Callable, Iterator
 
@@ -18,29 +18,55 @@ import grpc
 
 from ..core import Contribution
 from ..wire import framing
+from . import intake
 from .ledger import PendingWork
 from .service import SynchronizerService
 from .settings import Refused
+from .streams import Stream, StreamGuard
 
 log = logging.getLogger(__name__)
+
+# What malformed client input can raise while it is taken apart; anything else is our bug.
+CLIENT_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError)
 
 
 class Handlers:
     def __init__(self, service: SynchronizerService) -> None:
         self.service = service
+        self.streams = StreamGuard(service.settings.timeouts, service.refuse_rpc)
+
+    def _bulk_deadline(self, nbytes: int) -> float:
+        """A bulk stream's total limit: the learner's own deadline for that size, plus one failure timeout."""
+        t = self.service.settings.timeouts
+        return t.bulk(nbytes) + t.failure
 
     def table(self) -> dict[str, Callable]:
         return {
-            "Register": self.register,
-            "Heartbeat": self.heartbeat,
-            "Decline": self.decline,
-            "Leave": self.leave,
-            "Status": self.status,
-            "Stop": self.stop,
-            "Push": self.push,
+            "Register": self._guarded("Register", self.register),
+            "Heartbeat": self._guarded("Heartbeat", self.heartbeat),
+            "Decline": self._guarded("Decline", self.decline),
+            "Leave": self._guarded("Leave", self.leave),
+            "Status": self._guarded("Status", self.status),
+            "Stop": self._guarded("Stop", self.stop),
+            "Push": self._guarded("Push", self.push),
             "Subscribe": self.subscribe,
             "Fetch": self.fetch,
         }
+
+    def _guarded(self, method: str, handler: Callable) -> Callable:
+        """Nothing a client sends raises out of a handler: input that slips past the checks below
+        and still breaks something is refused (INVALID_ARGUMENT), counted and logged."""
+
+        @functools.wraps(handler)
+        def run(request: object, context: grpc.ServicerContext) -> bytes:
+            try:
+                return handler(request, context)
+            except CLIENT_ERRORS as exc:
+                log.debug("%s raised on client input", method, exc_info=True)
+                self._abort(context, method, "INVALID_ARGUMENT", f"bad {method} request: {str(exc)[:200]}")
+                raise  # unreachable: abort raises
+
+        return run
 
     # --- helpers --------------------------------------------------------------------------------
     def _abort(self, context: grpc.ServicerContext, method: str, code: str, reason: str) -> None:
@@ -54,28 +80,17 @@ class Handlers:
             self._abort(context, method, "INVALID_ARGUMENT", f"bad {method} request: {exc}")
             raise  # unreachable: abort raises
 
-    @staticmethod
-    def _int(head: dict, key: str) -> int:
-        value = head.get(key)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ValueError(f"field {key!r} must be an integer, got {value!r}")
-        return value
-
-    @staticmethod
-    def _num(head: dict, key: str) -> float:
-        value = head.get(key)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise ValueError(f"field {key!r} must be a finite number, got {value!r}")
-        return float(value)
-
     # --- control plane --------------------------------------------------------------------------
     def register(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         head = self._head(request, context, "Register")
         try:
-            learner = self._int(head, "learner")
-            incarnation = str(head["incarnation"])[:64]
-            signature = head["signature"]
-        except (KeyError, ValueError) as exc:
+            learner = intake.count(head, "learner", high=intake.MAX_LEARNER_ID)
+            incarnation = intake.text(head, "incarnation", intake.MAX_ID_CHARS)
+            signature = intake.text(head, "signature", intake.MAX_ID_CHARS)
+            fresh = head.get("fresh", True)
+            if not isinstance(fresh, bool):
+                raise intake.BadField(f"field 'fresh' must be true or false, got {intake.show(fresh)}")
+        except intake.BadField as exc:
             self._abort(context, "Register", "INVALID_ARGUMENT", f"bad register request: {exc}")
         expected = self.service.identity["signature"]
         if signature != expected:
@@ -83,27 +98,35 @@ class Handlers:
                         f"model mismatch: the learner's parameters (signature {signature}) differ from the "
                         f"synchronizer's ({expected}); use the same model, size, sequence length and vocabulary")
         try:
-            reply = self.service.register(learner, incarnation, bool(head.get("fresh", True)))
+            reply = self.service.register(learner, incarnation, fresh)
         except Refused as exc:
             self._abort(context, "Register", exc.code, exc.reason)
         return framing.message(reply)
 
     def heartbeat(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         head = self._head(request, context, "Heartbeat")
-        return framing.message(self.service.heartbeat(head.get("session"), head))
+        try:
+            progress = intake.progress(head)
+        except intake.BadField as exc:
+            self._abort(context, "Heartbeat", "INVALID_ARGUMENT", f"bad heartbeat: {exc}")
+        return framing.message(self.service.heartbeat(head.get("session"), progress))
 
     def decline(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         head = self._head(request, context, "Decline")
         try:
-            fragment, version = self._int(head, "fragment"), self._int(head, "version")
-        except ValueError as exc:
+            fragment, version = intake.count(head, "fragment"), intake.count(head, "version")
+            reason = intake.reason(head)
+        except intake.BadField as exc:
             self._abort(context, "Decline", "INVALID_ARGUMENT", f"bad decline: {exc}")
-        return framing.message(self.service.decline(head.get("session"), fragment, version, str(head.get("reason", ""))[:200]))
+        return framing.message(self.service.decline(head.get("session"), fragment, version, reason))
 
     def leave(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         head = self._head(request, context, "Leave")
-        tokens = head.get("tokens")
-        return framing.message(self.service.leave(head.get("session"), tokens if isinstance(tokens, int) else None))
+        try:
+            tokens = intake.optional_count(head, "tokens")
+        except intake.BadField as exc:
+            self._abort(context, "Leave", "INVALID_ARGUMENT", f"bad leave: {exc}")
+        return framing.message(self.service.leave(head.get("session"), tokens))
 
     def status(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self._head(request, context, "Status")
@@ -111,7 +134,11 @@ class Handlers:
 
     def stop(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         head = self._head(request, context, "Stop")
-        self.service.begin_stop(str(head.get("reason", "stop requested"))[:200])
+        try:
+            reason = intake.reason(head, "stop requested")
+        except intake.BadField as exc:
+            self._abort(context, "Stop", "INVALID_ARGUMENT", f"bad stop: {exc}")
+        self.service.begin_stop(reason)
         return framing.message({"ok": True})
 
     # --- bulk plane -----------------------------------------------------------------------------
@@ -119,37 +146,50 @@ class Handlers:
         service = self.service
         if not service.bulk_slots.acquire(blocking=False):
             self._abort(context, "Push", "RESOURCE_EXHAUSTED", "too many bulk transfers at once; retry later")
+        key, stream = self.streams.open("Push", context, self._bulk_deadline(service.settings.max_message_bytes))
         try:
-            return self._push(request_iterator, context)
+            return self._push(request_iterator, context, key, stream)
         finally:
+            self.streams.close(key)
             service.bulk_slots.release()
 
-    def _push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+    def _push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext, key: int,
+              stream: Stream) -> bytes:
         service = self.service
         reassembler = framing.Reassembler(service.settings.max_message_bytes, max_open=1)
         msg = None
         try:
             for data in request_iterator:
+                stream.waiting()  # the idle clock restarts with every frame
                 if msg is not None:
                     raise framing.WireError("a push carries exactly one contribution")
+                if stream.session is None:
+                    early = self._first_frame(data, key, stream, context)
+                    if early is not None:
+                        return early
                 msg = reassembler.feed(data)
             if msg is None:
                 raise framing.WireError("the push ended before its contribution was complete")
         except framing.WireError as exc:
             code = "RESOURCE_EXHAUSTED" if "exceeds the limit" in str(exc) else "INVALID_ARGUMENT"
             self._abort(context, "Push", code, f"bad contribution: {exc}")
+        except grpc.RpcError:  # cancelled by the stream guard (idle or too long) or by the client
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, stream.cancelled or "push cancelled")
         head = msg.head
         if head.get("kind") != "contribution":
             self._abort(context, "Push", "INVALID_ARGUMENT", f"expected a contribution, got {head.get('kind')!r}")
         session = service.session(head.get("session"))
         try:
-            fragment = self._int(head, "fragment")
-            base_version = self._int(head, "base_version")
-            steps, tokens, step = self._int(head, "steps"), self._int(head, "tokens"), self._int(head, "step")
-            position = self._int(head, "position")
-            seconds, step_time = self._num(head, "seconds"), self._num(head, "step_time")
-            tokens_total = head.get("tokens_total") if isinstance(head.get("tokens_total"), int) else None
-        except ValueError as exc:
+            fragment = intake.count(head, "fragment")
+            base_version = intake.count(head, "base_version")
+            steps, tokens, step = intake.count(head, "steps"), intake.count(head, "tokens"), intake.count(head, "step")
+            position = intake.count(head, "position")
+            seconds, step_time = intake.number(head, "seconds"), intake.number(head, "step_time")
+            tokens_total = intake.optional_count(head, "tokens_total")
+            now = time.time()
+            span_start = intake.wall_time(head, "span_start", now)
+            snapshot_wall = intake.wall_time(head, "snapshot_wall", now)
+        except intake.BadField as exc:
             return framing.message(service.reject(session, None, f"malformed contribution header: {exc}"))
         if session is None:
             return framing.message(service.reject(None, fragment, "unknown session: the synchronizer restarted or "
@@ -169,10 +209,28 @@ class Handlers:
         work = PendingWork(
             position=position,
             incarnation=session.incarnation,
-            span_start=float(head.get("span_start", time.time())),
-            snapshot_wall=float(head.get("snapshot_wall", time.time())),
+            span_start=span_start,
+            snapshot_wall=snapshot_wall,
         )
         return framing.message(service.contribute(session, contribution, work, tokens_total))
+
+    def _first_frame(self, data: bytes, key: int, stream: Stream, context: grpc.ServicerContext) -> bytes | None:
+        """Look at a push's first frame: a reply to send at once (unknown session), or None to go on.
+        An unknown session is answered before the payload is read, and a known one may only have
+        `MAX_PUSHES_PER_SESSION` pushes in flight."""
+        frame, _ = framing.unpack_frame(data)
+        head = frame.get("head") if isinstance(frame.get("head"), dict) else {}
+        session = self.service.session(head.get("session"))
+        if session is None:
+            fragment = head.get("fragment") if isinstance(head.get("fragment"), int) else None
+            return framing.message(self.service.reject(None, fragment, "unknown session: the synchronizer restarted "
+                                                       "or declared this learner gone; register again"))
+        refused = self.streams.claim(key, session.id)
+        if refused is not None:
+            self._abort(context, "Push", "RESOURCE_EXHAUSTED", f"{refused}; retry later")
+        if isinstance(head.get("nbytes"), int):
+            stream.total = self._bulk_deadline(max(0, head["nbytes"]))
+        return None
 
     def subscribe(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         head = self._head(request, context, "Subscribe")
@@ -182,19 +240,31 @@ class Handlers:
             context.abort(grpc.StatusCode.NOT_FOUND, "unknown session: register again")
         if not service.bulk_slots.acquire(blocking=False):
             self._abort(context, "Subscribe", "RESOURCE_EXHAUSTED", "too many bulk streams at once; retry later")
+        key, stream = self.streams.open("Subscribe", context)
         try:
+            self.streams.claim(key, session.id)  # replaces an older Subscribe of this session
             wait = service.settings.timeouts.heartbeat
-            while context.is_active() and not session.outbox.closed:
+            while context.is_active() and not session.outbox.closed and stream.cancelled is None:
+                stream.not_waiting()
                 frame = session.outbox.get(wait)
                 if frame is not None:
+                    stream.waiting()  # until the learner takes the frame: one that never reads is cut off
                     yield frame
         finally:
+            self.streams.close(key)
             service.bulk_slots.release()
 
     def fetch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         self._head(request, context, "Fetch")
         service = self.service
         versions, tensors = service.snapshot()
-        for p, values in tensors.items():
-            head = {"kind": "fragment", "fragment": p, "version": versions[p]}
-            yield from framing.tensor_frames(head, values, "fp32", service.settings.chunk_bytes)
+        nbytes = sum(t.numel() * 4 for values in tensors.values() for t in values.values())
+        key, stream = self.streams.open("Fetch", context, self._bulk_deadline(nbytes))
+        try:
+            for p, values in tensors.items():
+                head = {"kind": "fragment", "fragment": p, "version": versions[p]}
+                for frame in framing.tensor_frames(head, values, "fp32", service.settings.chunk_bytes):
+                    stream.waiting()
+                    yield frame
+        finally:
+            self.streams.close(key)

@@ -17,9 +17,13 @@ would have counted twice for the same fragment; it must stay 0.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from ..core import FragmentPlan, Merged
+
+MAX_INCARNATIONS = 16  # token counts kept apart per learner; older incarnations are summed
+EARLIER = "*earlier"
 
 
 @dataclass
@@ -75,7 +79,12 @@ class MergeLedger:
 
     def report_tokens(self, learner: int, incarnation: str, tokens: int) -> None:
         book = self.book(learner)
-        book.tokens_reported[incarnation] = max(int(tokens), book.tokens_reported.get(incarnation, 0))
+        reported = book.tokens_reported
+        if incarnation not in reported and len(reported) >= MAX_INCARNATIONS:
+            # Bounded per learner however often it restarts: the oldest counts are folded together.
+            oldest = next(k for k in reported if k != EARLIER)
+            reported[EARLIER] = reported.get(EARLIER, 0) + reported.pop(oldest)
+        reported[incarnation] = max(int(tokens), reported.get(incarnation, 0))
 
     def on_rejected(self, learner: int) -> None:
         self.rejected += 1
@@ -140,11 +149,34 @@ class MergeLedger:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.started_wall = float(state.get("started_wall", self.started_wall))
-        self.books = {int(m): LearnerBook(**b) for m, b in state.get("books", {}).items()}
-        for key in ("merges", "contributions", "rejected", "double_merged_steps"):
-            setattr(self, key, int(state.get(key, 0)))
-        for key in ("tokens_merged", "useful_seconds", "stall_max"):
-            setattr(self, key, float(state.get(key, 0.0)))
-        self.last_merge_wall = state.get("last_merge_wall")
+        """Restore from a manifest; ValueError, naming the field, for anything out of range (a count a
+        checkpoint could not have written, or one saved before the synchronizer checked its input)."""
+        try:
+            books = {int(m): LearnerBook(**b) for m, b in state.get("books", {}).items()}
+            for m, b in books.items():
+                _check(f"books.{m}", m, b.merged_position, b.contributions, b.rejected,
+                       *b.tokens_reported.values(), *b.merged_upto.values(), floats=(b.tokens_merged, b.useful_seconds))
+            counts = {k: int(state.get(k, 0)) for k in ("merges", "contributions", "rejected", "double_merged_steps")}
+            reals = {k: float(state.get(k, 0.0)) for k in ("tokens_merged", "useful_seconds", "stall_max")}
+            _check("ledger", *counts.values(), floats=reals.values())
+            started = float(state.get("started_wall", self.started_wall))
+            last = state.get("last_merge_wall")
+            _check("ledger wall times", floats=[started] + ([float(last)] if last is not None else []))
+        except (TypeError, ValueError, OverflowError, AttributeError) as exc:
+            raise ValueError(f"the checkpoint's ledger is malformed: {str(exc)[:200]}") from None
+        self.books, self.started_wall, self.last_merge_wall = books, started, last
+        for key, value in {**counts, **reals}.items():
+            setattr(self, key, value)
         self.pending.clear()
+
+
+_MAX = 2**53
+
+
+def _check(where: str, *counts: object, floats: object = ()) -> None:
+    for c in counts:
+        if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= _MAX:
+            raise ValueError(f"{where}: count {str(c)[:40]} is not an integer in [0, 2**53]")
+    for f in floats:
+        if not isinstance(f, (int, float)) or not math.isfinite(f) or not 0 <= f <= 1e15:
+            raise ValueError(f"{where}: value {str(f)[:40]} is not a finite number in [0, 1e15]")

@@ -19,6 +19,7 @@ from collections import deque
 
 from ..core import Contribution, Decline, Merged, Rejected, SynchronizerCore
 from ..records.events import EventLog
+from ..records.ratelimit import RateLimit
 from ..wire import framing
 from ..wire.protocol import rejection_action
 from . import status
@@ -67,6 +68,8 @@ class SynchronizerService:
         self.closed = False
         self.bulk_slots = threading.BoundedSemaphore(settings.workers - settings.reserved_control_workers)
         self.recent_rejections: deque[str] = deque(maxlen=20)
+        self.refused_rpcs = 0
+        self._refusal_log = RateLimit(per_second=5.0, burst=20)
         self._quorum_logged: set[tuple[int, int]] = set()  # rounds whose missing quorum was logged
         self.restored_from: int | None = None
         if store is not None and store.exists():
@@ -149,15 +152,21 @@ class SynchronizerService:
         max_learners = self.settings.max_learners
         if learner < 0:
             raise Refused("INVALID_ARGUMENT", f"unknown learner id {learner}: learner ids are >= 0")
-        if max_learners is not None and learner >= max_learners:
+        if learner >= max_learners:
             raise Refused("INVALID_ARGUMENT",
-                          f"unknown learner id {learner}: this synchronizer accepts ids 0..{max_learners - 1}")
+                          f"unknown learner id {learner}: this synchronizer accepts ids 0..{max_learners - 1} "
+                          f"(start it with a larger --max-learners to admit more)")
         with self.cond:
             if self.closed:
                 raise Refused("UNAVAILABLE", "the synchronizer is shutting down")
             now = self.now()
             old = self.sessions.by_learner.get(learner)
             if old is not None:
+                # Trust model (docs/runtime.md): whoever holds the token may register any learner id;
+                # the newest registration wins. A takeover is never silent.
+                log.warning("learner %d registered again (incarnation %s, was %s): its old session is closed",
+                            learner, incarnation, old.incarnation)
+                self.events.write("replaced", learner=learner, incarnation=incarnation, previous=old.incarnation)
                 self.sessions.close(old)
                 if old.incarnation != incarnation and learner in self.core.live:
                     # A restarted process: its predecessor is gone, do not wait for it.
@@ -272,6 +281,8 @@ class SynchronizerService:
         with self.cond:
             who = learner if learner is not None else (s.learner if s else -1)
             self.ledger.on_rejected(who)
+            if who == -1 and self._refusal_log.allow() is None:  # no session: anyone can send these
+                return {"ok": False, "reason": reason, "action": action}
             text = f"learner {who} fragment {fragment}: {reason}"
             self.recent_rejections.append(text)
             # Stale work is an expected, normal outcome of the algorithm; everything else is a warning.
@@ -283,13 +294,21 @@ class SynchronizerService:
         return {"ok": False, "reason": reason, "action": action}
 
     def refuse_rpc(self, method: str, reason: str) -> None:
-        """Book a request refused at the wire level (bad frame, size, auth)."""
+        """Book a request refused at the wire level (bad frame, size, auth). Counted always; logged
+        rate-limited and cut short, since the caller (perhaps unauthenticated) chooses both texts."""
+        method, reason = method[:64], reason[:300]
         with self.lock:
             if method == "Push":
                 self.ledger.rejected += 1
+            self.refused_rpcs += 1
             self.recent_rejections.append(f"{method}: {reason}")
+        dropped = self._refusal_log.allow()
+        if dropped is None:
+            return
+        if dropped:
+            log.warning("%d more refused calls were not logged (rate limit)", dropped)
         log.warning("refused %s: %s", method, reason)
-        self.events.write("refused", method=method, reason=reason)
+        self.events.write("refused", method=method, reason=reason, not_logged_before=dropped)
 
     def _dispatch(self, actions: list, now: float) -> None:
         self.dispatcher.dispatch(actions, now)

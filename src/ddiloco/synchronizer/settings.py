@@ -12,7 +12,7 @@ from ..wire.timeouts import Timeouts
 class ServiceSettings:
     shard: int = 0
     num_shards: int = 1
-    max_learners: int | None = None  # learner ids must be below this; None accepts any id >= 0
+    max_learners: int = 64  # learner ids must be below this: bounds what the service keeps per learner
     codec_down: str = "fp32"  # codec of the global fragments sent to learners
     chunk_bytes: int = framing.DEFAULT_CHUNK_BYTES
     max_message_bytes: int = 1 << 30
@@ -20,16 +20,19 @@ class ServiceSettings:
     tokens: int | None = None  # stop once the learners report this many trained tokens
     duration: float | None = None  # stop this many seconds after start
     timeouts: Timeouts = field(default_factory=Timeouts)
-    workers: int = 64
+    workers: int | None = None  # gRPC threads; default 4 per admissible learner + 16 (see `streams`)
     reserved_control_workers: int = 8
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0:
             raise ValueError("checkpoint_every must be >= 0")
+        if self.workers is None:
+            # A session holds at most one Subscribe and two pushes: 3 per learner, never all the bulk slots.
+            object.__setattr__(self, "workers", 4 * self.max_learners + 16)
         if self.workers <= self.reserved_control_workers:
             raise ValueError("workers must exceed reserved_control_workers")
-        if self.max_learners is not None and self.max_learners < 1:
-            raise ValueError("max_learners must be >= 1")
+        if not 1 <= self.max_learners <= 2**20:
+            raise ValueError(f"max_learners must be in [1, {2**20}], got {self.max_learners}")
         self.timeouts.validate()
 
 

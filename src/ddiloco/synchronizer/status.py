@@ -21,6 +21,7 @@ class ServiceView(Protocol):
     settings: ServiceSettings
     sessions: SessionTable
     recent_rejections: Iterable[str]
+    refused_rpcs: int
     stopping: bool
     finished: threading.Event
     restored_from: int | None
@@ -47,6 +48,7 @@ def status(service: ServiceView) -> dict:
         "contributions": ledger.contributions,
         "rejected_contributions": ledger.rejected,
         "rejections": list(service.recent_rejections),
+        "refused_calls": service.refused_rpcs,
         "tokens_reported": ledger.tokens_reported,
         "tokens_merged": ledger.tokens_merged,
         "useful_seconds": ledger.useful_seconds,

@@ -58,8 +58,8 @@ def unpack_frame(data: bytes) -> tuple[dict, memoryview]:
         raise WireError(f"header length {length} does not fit the frame of {len(view)} bytes")
     try:
         header = json.loads(bytes(view[_PREFIX.size : _PREFIX.size + length]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WireError(f"header is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, integers over 4300 digits, deep nesting
+        raise WireError(f"header is not acceptable JSON: {str(exc)[:200]}") from None
     if not isinstance(header, dict):
         raise WireError("header must be a JSON object")
     return header, view[_PREFIX.size + length :]
@@ -184,12 +184,14 @@ class Message:
 class Reassembler:
     """Collects frames into messages; frames of different messages may interleave (a small control
     message may overtake a large update). Each message's declared size is checked against `limit`
-    before anything is buffered, and at most `max_open` messages may be incomplete at once."""
+    before anything is buffered, memory grows only as payload actually arrives (a header that
+    declares a gigabyte costs nothing until the gigabyte comes), and at most `max_open` messages may
+    be incomplete at once."""
 
     def __init__(self, limit: int, max_open: int = 4) -> None:
         self.limit = limit
         self.max_open = max_open
-        self._open: dict[object, list] = {}  # msg id -> [head, buffer, filled, next part, parts]
+        self._open: dict[object, list] = {}  # msg id -> [head, buffer, declared bytes, next part, parts]
 
     def feed(self, data: bytes) -> Message | None:
         """Add one frame; returns the message when its last frame arrives."""
@@ -209,24 +211,24 @@ class Reassembler:
                 raise WireError(f"message of {head['nbytes']} bytes exceeds the limit of {self.limit} bytes")
             if parts > 1 and len(self._open) >= self.max_open:
                 raise WireError(f"more than {self.max_open} messages in flight at once")
-            state = [head, bytearray(head["nbytes"]), 0, 0, parts]
+            state = [head, bytearray(), head["nbytes"], 0, parts]
             if parts > 1:
                 self._open[msg] = state
         else:
             state = self._open.get(msg)
             if state is None or part != state[3] or parts != state[4]:
                 raise WireError(f"frame {part}/{parts} of message {msg} arrived out of order")
-        head, buf, filled, _, _ = state
-        end = filled + len(body)
-        if end > len(buf):
-            raise WireError(f"message body is longer than its declared {len(buf)} bytes")
-        buf[filled:end] = body
-        state[2], state[3] = end, part + 1
+        head, buf, declared, _, _ = state
+        if len(buf) + len(body) > declared:
+            self._open.pop(msg, None)
+            raise WireError(f"message body is longer than its declared {declared} bytes")
+        buf += body
+        state[3] = part + 1
         if part + 1 < parts:
             return None
         self._open.pop(msg, None)
-        if end != len(buf):
-            raise WireError(f"message body has {end} bytes, declared {len(buf)}")
+        if len(buf) != declared:
+            raise WireError(f"message body has {len(buf)} bytes, declared {declared}")
         return Message(head, memoryview(buf))
 
 

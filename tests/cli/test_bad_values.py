@@ -1,0 +1,107 @@
+"""Nonsense flags and broken files end in a clear error: exit code 2, the flag or file named, no
+traceback (issue 9, defects 9 and 10)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from ddiloco.cli import _register, app
+
+_register()
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["synchronizer", "--port", "70000"], "--port"),
+    (["synchronizer", "--port", "-1"], "--port"),
+    (["synchronizer", "--chunk-bytes", "0"], "--chunk-bytes"),
+    (["synchronizer", "--max-message-bytes", "0"], "--max-message-bytes"),
+    (["synchronizer", "--tokens", "-5"], "--tokens"),
+    (["synchronizer", "--duration", "-1"], "--duration"),
+    (["synchronizer", "--heartbeat", "0"], "--heartbeat"),
+    (["synchronizer", "--max-learners", "0"], "--max-learners"),
+    (["synchronizer", "--codec-down", "int8"], "--codec-down"),
+    (["synchronizer", "--learners", "0"], "--learners"),
+    (["learner", "--id", "0", "--codec", "int3"], "--codec"),
+    (["learner", "--id", "-1"], "--id"),
+    (["learner", "--id", "0", "--batch-size", "0"], "--batch-size"),
+    (["run", "--codec", "int3"], "--codec"),
+    (["run", "--heartbeat", "0"], "--heartbeat"),
+    (["run", "--tokens", "0"], "--tokens"),
+    (["run", "--duration", "-3"], "--duration"),
+    (["run", "--sync-shards", "0"], "--sync-shards"),
+])
+def test_bad_flag_values_are_refused_up_front(args, flag):
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert flag in result.output and "Traceback" not in result.output
+
+
+@pytest.fixture()
+def init_file(tmp_path):
+    path = tmp_path / "init.safetensors"
+    save_file({"w": torch.zeros(8, 4), "b": torch.zeros(4)}, str(path))
+    return path
+
+
+class Finished:
+    def __init__(self, proc: subprocess.CompletedProcess) -> None:
+        self.exit_code, self.output = proc.returncode, proc.stdout + proc.stderr
+
+
+def start_synchronizer(init, *extra: str) -> Finished:
+    """A real `ddiloco synchronizer` process (it sets up process-wide logging and signal handlers)."""
+    args = [sys.executable, "-m", "ddiloco", "synchronizer", "--init", str(init), "--fragments", "2",
+            "--sync-every", "4", "--port", "0", "--log-level", "error", "--exit-when-done", *extra]
+    env = {**os.environ, "COLUMNS": "500"}  # error panels wrap at the terminal width
+    return Finished(subprocess.run(args, capture_output=True, text=True, timeout=120, env=env))
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "not a readable safetensors"),
+    (b"garbage" * 10, "not a readable safetensors"),
+    (None, "NaN or Inf"),
+])
+def test_broken_init_files_are_named(tmp_path, init_file, content, message):
+    if content is None:
+        save_file({"w": torch.full((8, 4), float("nan")), "b": torch.zeros(4)}, str(init_file))
+    else:
+        init_file.write_bytes(content)
+    result = start_synchronizer(init_file)
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_truncated_init_file_is_named(tmp_path, init_file):
+    init_file.write_bytes(init_file.read_bytes()[:-10])
+    result = start_synchronizer(init_file)
+    assert result.exit_code == 2 and "init.safetensors" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("manifest, message", [
+    ([1, 2], "must be a JSON object"),
+    ({"format": 1}, "'fragments'"),
+    ({"format": 1, "fragments": {"0": {"version": 0, "file": "../../etc/passwd"}}}, "bad entry"),
+    ({"format": 1, "fragments": {"0": {"version": 0, "file": "p0000-v00000000.safetensors"},
+                                 "1": {"version": 0, "file": "p0001-v00000000.safetensors"}},
+      "ledger": {"books": {"0": {"tokens_reported": {"x": -1}}}}}, "missing"),
+    ("{not json", "not a readable JSON"),
+])
+def test_broken_checkpoints_are_named(tmp_path, init_file, manifest, message):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "manifest.json").write_text(manifest if isinstance(manifest, str) else json.dumps(manifest))
+    result = start_synchronizer(init_file, "--checkpoint-dir", str(ckpt))
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
