@@ -42,6 +42,7 @@ def invoke(*args: str):
     (["run", "--tokens", "0"], "--tokens"),
     (["run", "--duration", "-3"], "--duration"),
     (["run", "--sync-shards", "0"], "--sync-shards"),
+    (["goodput", "--tau", "30"], "overlap_steps"),
 ])
 def test_bad_flag_values_are_refused_up_front(args, flag):
     result = invoke(*args)
@@ -105,3 +106,15 @@ def test_broken_checkpoints_are_named(tmp_path, init_file, manifest, message):
     result = start_synchronizer(init_file, "--checkpoint-dir", str(ckpt))
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["learner", "--id", "0", "--connect", "nonsense"], "bad synchronizer address 'nonsense'"),
+    (["learner", "--id", "0", "--connect", "127.0.0.1:99999"], "port in 1..65535"),
+    (["run", "--run-dir", "/proc/ddiloco-test", "--tokens", "100"], "--run-dir"),
+])
+def test_bad_addresses_and_folders_are_named_without_retrying(args, message):
+    env = {**os.environ, "COLUMNS": "500"}
+    proc = subprocess.run([sys.executable, "-m", "ddiloco", *args, "--model-size", "tiny"], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]

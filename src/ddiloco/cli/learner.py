@@ -46,6 +46,7 @@ def learner(
     from ..records import logsetup
     from ..train.inner import InnerConfig
     from ..wire import auth
+    from ..wire.rpc import check_address
 
     codec = options.Codec(codec).value
     logsetup.configure(f"learner{learner_id}", log_level)
@@ -59,6 +60,8 @@ def learner(
             state_dir=str(state_dir) if state_dir else None, net_delay=net_delay / 1000.0, max_steps=max_steps,
             checkpoint_every=checkpoint_every, min_step_seconds=min_step_seconds,
         )
+        for address in connect.split(","):
+            check_address(address.strip())
         if not 0 <= learner_id < learners:
             raise ValueError(f"--id must be in 0..{learners - 1} (the data has {learners} shards)")
     except (ValueError, OSError) as exc:

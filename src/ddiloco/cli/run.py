@@ -98,6 +98,10 @@ def run(
         from ..train.tasks import make_task
 
         task = make_task(model, data, seq_len=seq_len, model_size=model_size)
+        try:
+            config.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"--run-dir {config.run_dir}: cannot create it ({exc.strerror})") from None
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
         raise typer.BadParameter(str(exc)) from None
 

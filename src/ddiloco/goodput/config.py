@@ -92,6 +92,9 @@ class GoodputConfig:
             out.append(f"inner_steps (H) must be >= 1, got {self.inner_steps}")
         if self.overlap_steps < 0:
             out.append(f"overlap_steps (tau) must be >= 0, got {self.overlap_steps}")
+        elif self.overlap_steps >= self.inner_steps >= 1:
+            out.append(f"overlap_steps (tau = {self.overlap_steps}) must be below inner_steps (H = {self.inner_steps}): "
+                       "a sync cannot overlap more steps than lie between two syncs")
         if self.quorum < 1:
             out.append(f"quorum (K) must be >= 1, got {self.quorum}")
         return out

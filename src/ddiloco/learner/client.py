@@ -43,6 +43,7 @@ from ..wire.protocol import plan_from_json, signature
 from ..wire.routing import check_cover
 from ..wire.timeouts import Timeouts
 from .fanout import RankFanout, active_group_size
+from ..wire.rpc import check_address
 from .journal import Journal
 from .link import LinkContext, ShardLink, SynchronizerError
 
@@ -70,6 +71,8 @@ class LearnerClient:
         quant.get(codec)  # validate early
         self.params = dict(model.named_parameters()) if isinstance(model, torch.nn.Module) else dict(model)
         self.addresses = [a.strip() for a in addresses.split(",")] if isinstance(addresses, str) else list(addresses)
+        for address in self.addresses:
+            check_address(address)
         if not self.addresses or not all(self.addresses):
             raise ValueError("give at least one synchronizer address host:port")
         self.learner = int(learner_id)

@@ -22,6 +22,20 @@ BULK_METHODS = ("Push", "Subscribe", "Fetch")
 FRAME_MARGIN = 1 << 20  # header room on top of the chunk size
 
 
+def check_address(address: str) -> None:
+    """A synchronizer address must be host:port (or [ipv6]:port) with a port in 1..65535; checked
+    up front, without resolving anything, so that a typo fails at once instead of after retries."""
+    host, sep, port = address.rpartition(":")
+    ok = bool(sep and host and port.isdigit() and 1 <= int(port) <= 65535 and not any(c.isspace() for c in address))
+    if ok and host.startswith("["):
+        ok = host.endswith("]") and len(host) > 2
+    elif ok:
+        ok = ":" not in host and "/" not in host
+    if not ok:
+        raise ValueError(f"bad synchronizer address {address[:80]!r}: expected host:port with a port in 1..65535 "
+                         "(for example 127.0.0.1:7070)")
+
+
 def path(method: str) -> str:
     return f"/{SERVICE}/{method}"
 

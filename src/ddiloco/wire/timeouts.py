@@ -4,6 +4,8 @@
     failure     6 h                    a learner silent this long is declared gone (leave)
     rpc         2 h                    deadline of a control RPC (register, heartbeat, decline, leave)
     bulk rpc    rpc + bytes / min_bw   deadline of a push or a fetch, growing with the size
+    stream idle failure                the synchronizer cancels a bulk stream silent this long
+    stream max  bulk rpc + failure     ... or open this long (synchronizer/streams.py)
     backoff     h / 5 .. failure / 2   reconnect backoff, doubling, with jitter
     drain       4 failure              how long the end of a run waits for the last merges
 
