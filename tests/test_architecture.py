@@ -29,7 +29,9 @@ ALLOWED: dict[str, set[str]] = {
     "sim": {"core", "train", "chaos", "records"},
     "goodput": {"chaos"},
     "launch": {"synchronizer", "learner", "wire", "core", "records", "train", "chaos"},
-    "cli": {"launch", "sim", "goodput", "synchronizer", "learner", "wire", "core", "records", "train", "chaos"},
+    "report": {"records"},
+    "cli": {"launch", "sim", "goodput", "report", "synchronizer", "learner", "wire", "core", "records", "train",
+            "chaos"},
 }
 TOP_LEVEL_MODULES = {"ddiloco", "ddiloco.__main__", "ddiloco._moved"}
 MAX_LINES = 400

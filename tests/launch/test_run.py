@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from ddiloco.records.events import read_events
+from ddiloco.records.rundir import load_run
 
 SIM_KEYS = {"method", "model", "learners", "tokens", "eval_loss", "goodput", "uptime", "utilization", "sim_seconds",
             "outer_steps", "contributions", "rejected_contributions", "longest_gap_seconds", "fragments",
@@ -48,6 +49,13 @@ def test_decoupled_run_survives_learner_and_synchronizer_kills(tmp_path, shakesp
     assert 0 < result["tokens_merged"] <= result["tokens_trained"] == result["tokens"]
     assert 0 < result["goodput"] <= result["utilization"] <= 1
     assert result["outer_steps"] > 0 and result["eval_loss"] > 0
+    # the run directory keeps the whole story, in the simulator's layout (issue 13)
+    record = load_run(run_dir)
+    assert record.summary == result and record.config["settings"]["learners"] == 3
+    assert record.config["command"] == "run" and "torch" in record.config["versions"]
+    evals = [m for m in record.metrics if m["kind"] == "eval"]
+    assert evals and evals[-1]["eval_loss"] == result["eval_loss"] and evals[-1]["tokens"] == result["tokens"]
+    assert any(e["kind"] == "merge" for e in record.events)  # the shards' logs are read with the launcher's
     kinds = {e["kind"] for e in read_events(run_dir / "events.jsonl")}
     assert {"chaos_kill_learner", "chaos_kill_synchronizer", "chaos_sigstop", "chaos_sigcont", "stop"} <= kinds
     # both shards merged, each only its own fragments

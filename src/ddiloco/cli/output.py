@@ -64,3 +64,14 @@ def print_summary(result: dict, title: str) -> None:
             continue
         table.add_row(key, _fmt(value))
     stderr.print(table)
+
+
+def print_table(rows: dict[str, tuple], columns: tuple[str, ...], title: str) -> None:
+    """Runs side by side: one row per metric, one column per run (on stdout: it is the result)."""
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("")
+    for c in columns:
+        table.add_column(c, justify="right")
+    for name, values in rows.items():
+        table.add_row(name, *("-" if v is None else _fmt(v) for v in values))
+    stdout.print(table)

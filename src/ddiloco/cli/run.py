@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -57,7 +56,7 @@ def run(
     net_delay: float = typer.Option(0.0, min=0.0, help="Added latency per message, milliseconds."),
     chaos_trace: Optional[Path] = typer.Option(None, help="Replay learner outages (CSV learner,down_at,up_at)."),
     eval_batches: int = typer.Option(20, min=1, help="Validation batches for the final evaluation."),
-    eval_every: float = typer.Option(20.0, min=0.0, help="Seconds between evaluations in the live view (0: none)."),
+    eval_every: float = typer.Option(20.0, min=0.0, help="Seconds between evaluations of the global model (live view, metrics.jsonl; 0: none)."),
     token: Optional[str] = typer.Option(None, help="Shared secret for the processes (or $DDILOCO_TOKEN)."),
     as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding the summary."),
     quiet: bool = typer.Option(False, help="No live view."),
@@ -70,8 +69,10 @@ def run(
     from ..chaos.injector import ChaosSettings
     from ..chaos.trace import FailureTrace
     from ..launch.config import RunConfig
+    from ..launch.metrics import RunMetrics
     from ..launch.supervisor import Supervisor
     from ..records import logsetup
+    from ..records.rundir import RunDir
     from ..wire import auth
     from .output import print_summary, stderr
 
@@ -108,27 +109,26 @@ def run(
     import torch
 
     torch.set_num_threads(1)
-    latest_eval: dict = {"loss": None}
     live = None if quiet else Live(console=stderr, refresh_per_second=2, transient=False)
+    metrics = None
 
     def on_tick(sup: Supervisor) -> None:
         if live is not None:
             from ..launch.live import render
 
-            live.update(render(sup, latest_eval["loss"]))
+            live.update(render(sup, metrics.latest["loss"] if metrics is not None else None))
 
     sup = Supervisor(config, on_tick)
+    record = RunDir(config.run_dir)
+    record.write_config("run", config, clock_origin=sup.start_wall)
+    metrics = RunMetrics(sup, task, record.metrics(), eval_every, config.seed, config.token)
 
     def on_signal(signum, frame):  # noqa: ANN001
         sup.interrupted.set()
 
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, on_signal)
-    evaluator = None
-    if live is not None and eval_every > 0:
-        evaluator = threading.Thread(target=_evaluate_periodically, args=(sup, task, config, latest_eval),
-                                     daemon=True)
-        evaluator.start()
+    metrics.start()
     wall_start = time.perf_counter()
     if live is not None:
         live.start()
@@ -139,6 +139,10 @@ def run(
             live.stop()
             stderr.print()
     result = _result(sup, task, config, time.perf_counter() - wall_start)
+    metrics.metrics.write("eval", time.time() - sup.start_wall, result["tokens"],
+                          **{k: v for k, v in result.items() if k.startswith("eval_")})
+    metrics.metrics.close()
+    record.write_summary(result)
     print_summary(result, title=f"ddiloco run --method {method}")
     if sup.error:
         stderr.print(f"[red]error:[/red] {sup.error}")
@@ -146,19 +150,6 @@ def run(
         print(json.dumps(result, sort_keys=True), flush=True)
     if sup.error:
         sys.exit(1)
-
-
-def _evaluate_periodically(sup, task, config, latest: dict) -> None:  # noqa: ANN001
-    from ..launch.evaluate import evaluate_params, fetch_params
-
-    while not sup.stopping and not sup.interrupted.wait(config.eval_every):
-        addresses = [s.address for s in sup.shards if s.address]
-        params = fetch_params(addresses, config.token)
-        if params is not None:
-            try:
-                latest["loss"] = evaluate_params(task, config.seed, params, max_batches=4)["eval_loss"]
-            except ValueError:
-                pass
 
 
 def _result(sup, task, config, wall_seconds: float) -> dict:  # noqa: ANN001

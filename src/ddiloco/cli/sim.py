@@ -11,8 +11,10 @@ import typer
 from ..chaos.trace import FailureTrace, random_trace
 from ..core.config import AlgorithmConfig
 from ..records.events import EventLog
+from ..records.rundir import RunDir
 from ..sim.config import METHODS, SimConfig
 from ..sim.hardware import LinkModel, StepTimeModel, half_slow
+from ..sim.recorder import SimRecorder
 from ..train.inner import InnerConfig
 from . import app, options
 from .output import print_summary, progress_bar
@@ -97,6 +99,10 @@ def sim(
     events: Optional[Path] = typer.Option(
         None, help="Write the run's events (failures, joins, merges with who was admitted, rejections) as JSON lines."
     ),
+    run_dir: Optional[Path] = typer.Option(
+        None, help="Keep the whole run here: config.json, summary.json, metrics.jsonl (eval loss, training loss, "
+        "goodput over tokens and time), events.jsonl. `ddiloco report DIR` plots it."
+    ),
     as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding the summary."),
     quiet: bool = typer.Option(False, help="No progress bar."),
 ) -> None:
@@ -145,8 +151,22 @@ def sim(
         task = build_task(config)
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
         raise typer.BadParameter(str(exc)) from None
+    record = None
+    if run_dir is not None:
+        try:
+            record = RunDir(run_dir)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--run-dir") from None
+        record.write_config("sim", config, clock_origin=0.0)
+        events = events or record.events_path
+    metrics = record.metrics() if record is not None else None
     with EventLog(events, append=False) as log, progress_bar(f"{method} x{learners}", disabled=quiet) as update:
-        result = run_sim(config, task=task, progress=update, observer=log.observe)
+        progress = update if metrics is None else SimRecorder(metrics, task, config.tokens,
+                                                               eval_batches=config.eval_batches, forward=update)
+        result = run_sim(config, task=task, progress=progress, observer=log.observe)
+    if record is not None:
+        metrics.close()
+        record.write_summary(result)
     print_summary(result, title=f"ddiloco sim --method {method}")
     if as_json:
         print(json.dumps(result, sort_keys=True))

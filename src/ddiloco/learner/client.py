@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import queue
 import secrets
 import time
@@ -41,9 +42,9 @@ import torch
 from ..core import AlgorithmConfig, Contribution, Decline, LearnerCore, Schedule
 from ..wire.protocol import plan_from_json, signature
 from ..wire.routing import check_cover
+from ..wire.rpc import check_address
 from ..wire.timeouts import Timeouts
 from .fanout import RankFanout, active_group_size
-from ..wire.rpc import check_address
 from .journal import Journal
 from .link import LinkContext, ShardLink, SynchronizerError
 
@@ -106,6 +107,7 @@ class LearnerClient:
         self.steps = 0
         self.tokens = 0
         self.compute_seconds = 0.0
+        self.loss: float | None = None  # smoothed training loss, reported with heartbeats
         self.position = 0
         self.start_position = 0
         self.counted_position = 0
@@ -180,11 +182,15 @@ class LearnerClient:
         return position
 
     # --- the step boundary ----------------------------------------------------------------------
-    def step(self, tokens: int, seconds: float | None = None, position: int | None = None) -> None:
+    def step(self, tokens: int, seconds: float | None = None, position: int | None = None,
+             loss: float | None = None) -> None:
         """Call after each optimizer step. `tokens`: tokens in this rank's batch; `seconds`: the step's
         compute time (default: time since the previous boundary); `position`: the data stream position
-        after this batch (default: one more than before)."""
+        after this batch (default: one more than before); `loss`: the step's training loss, if you want
+        it in the synchronizer's status, the run's metrics and the dashboard."""
         now = time.perf_counter()
+        if loss is not None and math.isfinite(loss):
+            self.loss = loss if self.loss is None else 0.9 * self.loss + 0.1 * float(loss)
         seconds = now - self._last_boundary if seconds is None else float(seconds)
         tokens_here = int(tokens) * self.world
         self.steps += 1
@@ -299,6 +305,7 @@ class LearnerClient:
             "position": self.position,
             "step_time": core.step_time.get() if core else 0.0,
             "state": self.state,
+            "loss": self.loss,
         }
 
     def _write_journal(self) -> None:

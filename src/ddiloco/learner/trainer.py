@@ -116,7 +116,7 @@ def train(settings: LearnerSettings) -> dict:
             pad = settings.min_step_seconds - (time.perf_counter() - started)
             if pad > 0:  # the "chip" is busy for the whole step: the pad counts as compute time
                 time.sleep(pad)
-            client.step(batch.tokens, position=stream.position)
+            client.step(batch.tokens, position=stream.position, loss=float(loss.detach()))
             if saver is not None and inner_steps % settings.checkpoint_every == 0:
                 saver.submit(optimizer, inner_steps)
         if saver is not None:

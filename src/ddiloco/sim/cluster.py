@@ -197,7 +197,8 @@ class DecoupledCluster:
         assert index == learner.core.step
         self._send(learner, messages, now)
         if self.progress is not None:
-            self.progress(min(1.0, self.tokens_trained / self.config.tokens), {"loss": float(loss.detach())})
+            self.progress(min(1.0, self.tokens_trained / self.config.tokens),
+                          {"loss": float(loss.detach()), "time": now, "tokens": self.tokens_trained})
         if self.tokens_trained >= self.config.tokens:
             self._drain(now)
         elif learner.core.must_wait():

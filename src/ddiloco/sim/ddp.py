@@ -117,7 +117,7 @@ class DataParallel:
             steps += 1
             t = end
             if self.progress is not None:
-                self.progress(min(1.0, tokens / cfg.tokens), {"loss": loss})
+                self.progress(min(1.0, tokens / cfg.tokens), {"loss": loss, "time": t, "tokens": tokens})
         summary = self.ledger.summary(t)
         return {
             **summary,

@@ -11,6 +11,7 @@ from ..train.tasks import Task, make_task
 from .cluster import DecoupledCluster
 from .config import SimConfig
 from .ddp import DataParallel
+from .recorder import SimRecorder
 
 Progress = Callable[[float, dict], None]
 Observer = Callable[[str, float, dict], None]
@@ -43,7 +44,11 @@ def run_sim(
         if config.method in ("ddp", "elastic-ddp")
         else DecoupledCluster(config, task, progress, observer)
     )
+    if isinstance(progress, SimRecorder):
+        progress.driver = driver
     stats = driver.run()
+    if isinstance(progress, SimRecorder):
+        progress.finish(stats["sim_seconds"], stats["tokens_trained"])
     metrics = task.evaluate(driver.global_model(), max_batches=config.eval_batches)
     algorithm = config.effective_algorithm()
     result = {

@@ -87,6 +87,8 @@ def progress(head: dict) -> dict:
             out[key] = count(head, key)
     if head.get("step_time") is not None:
         out["step_time"] = number(head, "step_time")
+    if head.get("loss") is not None:
+        out["loss"] = number(head, "loss", high=1e6)
     if head.get("state") is not None:
         out["state"] = text(head, "state", MAX_STATE_CHARS)
     return out

@@ -219,7 +219,8 @@ class SynchronizerService:
                 return {"ok": False, "reason": "unknown session: the synchronizer restarted or declared this "
                         "learner gone; register again", "action": "reregister"}
             s.last_seen = time.monotonic()
-            s.progress = {k: progress[k] for k in ("step", "tokens", "position", "step_time", "state") if k in progress}
+            s.progress = {k: progress[k] for k in ("step", "tokens", "position", "step_time", "state", "loss")
+                          if k in progress}
             if isinstance(progress.get("tokens"), int):
                 self.ledger.report_tokens(s.learner, s.incarnation, progress["tokens"])
             return {"ok": True, "stopping": self.stopping, "progress": self.progress()}

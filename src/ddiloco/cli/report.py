@@ -1,0 +1,36 @@
+"""`ddiloco report`: plots and one HTML page from run directories (`--run-dir` of sim and run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from . import app
+
+
+@app.command("report")
+def report(
+    run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR...",
+                                          help="Run directories; several are overlaid for comparison."),
+    out: Optional[Path] = typer.Option(None, help="Where to write the PNGs and report.html (default: the first "
+                                       "run directory's report/)."),
+) -> None:
+    """Plot eval loss against tokens and time, merges, learners up and down, goodput; write report.html."""
+    from ..records.rundir import load_run
+    from ..report.page import write_page
+    from ..report.plots import write_figures
+
+    try:
+        records = [load_run(d) for d in run_dirs]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="RUN_DIR") from None
+    out = out or run_dirs[0] / "report"
+    try:
+        figures = write_figures(records, out)
+    except OSError as exc:
+        raise typer.BadParameter(f"{out}: cannot write there ({exc.strerror})", param_hint="--out") from None
+    page = write_page(records, figures, out / "report.html")
+    for path in [*figures, page]:
+        typer.echo(str(path))

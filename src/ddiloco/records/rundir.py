@@ -1,0 +1,146 @@
+"""A run directory holds a run's whole story, in one layout for `ddiloco sim` and `ddiloco run`:
+
+    config.json     every setting, resolved defaults included, the command, versions, when it started
+    summary.json    what `--json` prints at the end
+    metrics.jsonl   one JSON object per line over the run: {"t", "tokens", "kind", ...}
+                      kind "eval":  eval_loss (and eval_accuracy) of the global model
+                      kind "train": train_loss, the learners' mean training loss since the last line
+                      kind "progress": goodput, uptime, tokens_merged so far (where the driver knows them)
+    events.jsonl    the event log (`records.events`, one schema for both)
+
+Times: `t` in metrics.jsonl counts seconds from the run's start; in events.jsonl it is the event
+log's own clock, and config.json's `clock_origin` turns it into the same count
+(0 for the simulator's virtual clock, the start's wall time for the runtime). `ddiloco report`
+reads any number of these folders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TextIO
+
+from .atomic import atomic_write_json, read_json
+from .events import read_events
+
+CONFIG, SUMMARY, METRICS, EVENTS = "config.json", "summary.json", "metrics.jsonl", "events.jsonl"
+METRIC_KINDS = ("eval", "train", "progress")
+
+
+def jsonable(value: object) -> object:
+    """Settings as JSON: dataclasses as dicts, paths and enums as text, tuples as lists."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return jsonable(value.value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def versions() -> dict[str, str]:
+    import torch
+
+    from .. import __version__
+
+    return {"ddiloco": __version__, "torch": torch.__version__, "python": sys.version.split()[0],
+            "platform": platform.platform()}
+
+
+class MetricsLog:
+    """Appends metric records; flushed line by line, so a killed run keeps what it measured."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._file: TextIO | None = open(path, "a", buffering=1) if path is not None else None
+        self._lock = threading.Lock()
+
+    def write(self, kind: str, t: float, tokens: float, **values: float | int | None) -> None:
+        if kind not in METRIC_KINDS:
+            raise ValueError(f"unknown metric kind {kind!r}; one of {METRIC_KINDS}")
+        if self._file is None:
+            return
+        record = {"t": round(float(t), 6), "tokens": tokens, "kind": kind,
+                  **{k: v for k, v in values.items() if v is not None}}
+        with self._lock:
+            if self._file is not None:
+                self._file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+class RunDir:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"run directory {self.path}: cannot create it ({exc.strerror})") from None
+
+    @property
+    def events_path(self) -> Path:
+        return self.path / EVENTS
+
+    def write_config(self, command: str, settings: dict, clock_origin: float) -> None:
+        atomic_write_json(self.path / CONFIG, {
+            "command": command, "argv": sys.argv, "settings": jsonable(settings), "versions": versions(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "clock_origin": clock_origin,
+        }, durable=False)
+
+    def write_summary(self, summary: dict) -> None:
+        atomic_write_json(self.path / SUMMARY, summary, durable=False)
+
+    def metrics(self) -> MetricsLog:
+        return MetricsLog(self.path / METRICS)
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """A finished (or killed) run, read back for reports."""
+
+    path: Path
+    config: dict
+    summary: dict
+    metrics: list[dict] = dataclasses.field(default_factory=list)
+    events: list[dict] = dataclasses.field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        s = self.config.get("settings", {})
+        method = s.get("method", "?")
+        return f"{method} ({self.path.name})"
+
+    def event_time(self, event: dict) -> float:
+        """An event's time in seconds since the run's start."""
+        return float(event["t"]) - float(self.config.get("clock_origin", 0.0))
+
+
+def load_run(path: str | Path) -> RunRecord:
+    """Read a run directory; a clear error when it is not one."""
+    path = Path(path)
+    if not (path / CONFIG).is_file():
+        raise ValueError(f"{path} is not a run directory (no {CONFIG}); make one with --run-dir")
+    try:
+        config = read_json(path / CONFIG)
+        summary = read_json(path / SUMMARY) if (path / SUMMARY).is_file() else {}
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable run files ({str(exc)[:200]})") from None
+    metrics = list(read_events(path / METRICS))
+    events = list(read_events(path / EVENTS))
+    for sub in sorted(path.glob("sync-*/" + EVENTS)):  # the runtime's shards keep their own logs
+        events.extend(read_events(sub))
+    events.sort(key=lambda e: e.get("t", 0.0))
+    return RunRecord(path, config, summary, metrics, events)

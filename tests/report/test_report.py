@@ -1,0 +1,88 @@
+"""A run directory holds the whole story, and `ddiloco report` draws it (issue 13, items 1 and 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from ddiloco.cli import _register, app
+from ddiloco.records.rundir import load_run
+from ddiloco.report.timeline import learner_intervals, merges
+
+_register()
+runner = CliRunner()
+TINY = ["--model-size", "tiny", "--seq-len", "16", "--batch-size", "4", "--tokens", "6000", "--learners", "3",
+        "--fragments", "2", "--sync-every", "4", "--quiet", "--json"]
+
+
+def sim(shakespeare, *extra):
+    result = runner.invoke(app, ["sim", *TINY, "--data", shakespeare, *extra], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory, shakespeare):
+    base = tmp_path_factory.mktemp("runs")
+    trace = base / "trace.csv"
+    trace.write_text("learner,down_at,up_at\n1,5.5,12.5\n")
+    out = {}
+    for method in ("decoupled", "elastic-ddp"):
+        out[method] = sim(shakespeare, "--method", method, "--failures", str(trace), "--run-dir", str(base / method))
+    return base, out
+
+
+def test_sim_run_dir_holds_config_summary_metrics_and_events(two_runs):
+    base, results = two_runs
+    record = load_run(base / "decoupled")
+    settings = record.config["settings"]
+    assert settings["learners"] == 3 and settings["algorithm"]["fragments"] == 2 and settings["tokens"] == 6000
+    assert {"ddiloco", "torch", "python"} <= set(record.config["versions"])
+    assert record.summary == results["decoupled"]
+    evals = [m for m in record.metrics if m["kind"] == "eval"]
+    assert len(evals) >= 10 and evals[-1]["tokens"] >= 6000
+    assert [m["tokens"] for m in evals] == sorted(m["tokens"] for m in evals)
+    assert all(m["eval_loss"] > 0 for m in evals) and evals[-1]["eval_loss"] < evals[0]["eval_loss"]
+    assert any(m["kind"] == "train" for m in record.metrics) and any(m["kind"] == "progress" for m in record.metrics)
+    assert {e["kind"] for e in record.events} >= {"down", "up", "join", "merge"}
+
+
+def test_recording_does_not_change_the_run(two_runs, shakespeare, tmp_path):
+    base, results = two_runs
+    trace = base / "trace.csv"
+    plain = sim(shakespeare, "--method", "decoupled", "--failures", str(trace))
+    recorded = results["decoupled"]
+    assert plain["eval_loss"] == recorded["eval_loss"] and plain["goodput"] == recorded["goodput"]
+
+
+def test_timelines_come_from_the_events(two_runs):
+    base, _ = two_runs
+    record = load_run(base / "decoupled")
+    up = learner_intervals(record)
+    assert len(up[0]) == 1 and len(up[1]) == 2  # learner 1 was down from 5.5 to 12.5
+    assert up[1][0][1] == pytest.approx(5.5) and up[1][1][0] == pytest.approx(12.5)
+    points = merges(record)
+    assert points and all(0 <= p.fragment < 2 and 1 <= p.admitted <= 3 for p in points)
+
+
+def test_report_overlays_runs_in_pngs_and_one_html_page(two_runs, tmp_path):
+    base, _ = two_runs
+    out = tmp_path / "report"
+    result = runner.invoke(app, ["report", str(base / "decoupled"), str(base / "elastic-ddp"), "--out", str(out)],
+                           catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    pngs = sorted(out.glob("*.png"))
+    assert {p.name for p in pngs} >= {"loss_vs_tokens.png", "loss_vs_time.png", "goodput.png"}
+    assert len([p for p in pngs if p.name.startswith("timeline_")]) == 2
+    for p in pngs:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == len(pngs)
+    assert "decoupled (decoupled)" in page and "elastic-ddp (elastic-ddp)" in page
+
+
+def test_report_refuses_what_is_not_a_run_directory(tmp_path):
+    result = runner.invoke(app, ["report", str(tmp_path)], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and "not a run directory" in result.output
