@@ -118,3 +118,10 @@ def test_bad_addresses_and_folders_are_named_without_retrying(args, message):
     proc = subprocess.run([sys.executable, "-m", "ddiloco", *args, "--model-size", "tiny"], capture_output=True,
                           text=True, timeout=60, env=env)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_version():
+    from ddiloco import __version__
+
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.output.strip() == f"ddiloco {__version__}"

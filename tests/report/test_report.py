@@ -86,3 +86,17 @@ def test_report_overlays_runs_in_pngs_and_one_html_page(two_runs, tmp_path):
 def test_report_refuses_what_is_not_a_run_directory(tmp_path):
     result = runner.invoke(app, ["report", str(tmp_path)], env={"COLUMNS": "300"})
     assert result.exit_code == 2 and "not a run directory" in result.output
+
+
+def test_tensorboard_gets_the_same_metrics(shakespeare, tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is an optional extra (pip install 'ddiloco[tensorboard]')")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sim(shakespeare, "--run-dir", str(tmp_path / "run"), "--tensorboard", str(tmp_path / "tb"))
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    scalars = events.Tags()["scalars"]
+    assert {"eval/eval_loss", "train/train_loss", "progress/goodput"} <= set(scalars)
+    record = load_run(tmp_path / "run")
+    logged = [m["eval_loss"] for m in record.metrics if m["kind"] == "eval"]
+    assert [pytest.approx(e.value, rel=1e-6) for e in events.Scalars("eval/eval_loss")] == logged

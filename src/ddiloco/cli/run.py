@@ -58,6 +58,7 @@ def run(
     eval_batches: int = typer.Option(20, min=1, help="Validation batches for the final evaluation."),
     eval_every: float = typer.Option(20.0, min=0.0, help="Seconds between evaluations of the global model (live view, metrics.jsonl; 0: none)."),
     token: Optional[str] = typer.Option(None, help="Shared secret for the processes (or $DDILOCO_TOKEN)."),
+    tensorboard: Optional[Path] = typer.Option(None, help="Also write the metrics as TensorBoard events here."),
     as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding the summary."),
     quiet: bool = typer.Option(False, help="No live view."),
 ) -> None:
@@ -121,7 +122,11 @@ def run(
     sup = Supervisor(config, on_tick)
     record = RunDir(config.run_dir)
     record.write_config("run", config, clock_origin=sup.start_wall)
-    metrics = RunMetrics(sup, task, record.metrics(), eval_every, config.seed, config.token)
+    try:
+        log = record.metrics(tensorboard)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tensorboard") from None
+    metrics = RunMetrics(sup, task, log, eval_every, config.seed, config.token)
 
     def on_signal(signum, frame):  # noqa: ANN001
         sup.interrupted.set()

@@ -11,7 +11,7 @@ import typer
 from ..chaos.trace import FailureTrace, random_trace
 from ..core.config import AlgorithmConfig
 from ..records.events import EventLog
-from ..records.rundir import RunDir
+from ..records.rundir import MetricsLog, RunDir
 from ..sim.config import METHODS, SimConfig
 from ..sim.hardware import LinkModel, StepTimeModel, half_slow
 from ..sim.recorder import SimRecorder
@@ -99,6 +99,9 @@ def sim(
     events: Optional[Path] = typer.Option(
         None, help="Write the run's events (failures, joins, merges with who was admitted, rejections) as JSON lines."
     ),
+    tensorboard: Optional[Path] = typer.Option(
+        None, help="Also write the metrics (eval and training loss, goodput) as TensorBoard events here."
+    ),
     run_dir: Optional[Path] = typer.Option(
         None, help="Keep the whole run here: config.json, summary.json, metrics.jsonl (eval loss, training loss, "
         "goodput over tokens and time), events.jsonl. `ddiloco report DIR` plots it."
@@ -152,20 +155,22 @@ def sim(
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
         raise typer.BadParameter(str(exc)) from None
     record = None
-    if run_dir is not None:
-        try:
+    try:
+        if run_dir is not None:
             record = RunDir(run_dir)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--run-dir") from None
-        record.write_config("sim", config, clock_origin=0.0)
-        events = events or record.events_path
-    metrics = record.metrics() if record is not None else None
+            record.write_config("sim", config, clock_origin=0.0)
+            events = events or record.events_path
+        metrics = record.metrics(tensorboard) if record is not None else (
+            MetricsLog(None, tensorboard) if tensorboard is not None else None)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     with EventLog(events, append=False) as log, progress_bar(f"{method} x{learners}", disabled=quiet) as update:
         progress = update if metrics is None else SimRecorder(metrics, task, config.tokens,
                                                                eval_batches=config.eval_batches, forward=update)
         result = run_sim(config, task=task, progress=progress, observer=log.observe)
-    if record is not None:
+    if metrics is not None:
         metrics.close()
+    if record is not None:
         record.write_summary(result)
     print_summary(result, title=f"ddiloco sim --method {method}")
     if as_json:

@@ -58,28 +58,47 @@ def versions() -> dict[str, str]:
 
 
 class MetricsLog:
-    """Appends metric records; flushed line by line, so a killed run keeps what it measured."""
+    """Appends metric records; flushed line by line, so a killed run keeps what it measured.
 
-    def __init__(self, path: Path | None) -> None:
+    With `tensorboard`, every value also goes to a TensorBoard event file there (`<kind>/<name>`,
+    against tokens trained), through torch's SummaryWriter (`pip install tensorboard`).
+    """
+
+    def __init__(self, path: Path | None, tensorboard: Path | None = None) -> None:
+        self._writer = _summary_writer(tensorboard) if tensorboard is not None else None
         self._file: TextIO | None = open(path, "a", buffering=1) if path is not None else None
         self._lock = threading.Lock()
 
     def write(self, kind: str, t: float, tokens: float, **values: float | int | None) -> None:
         if kind not in METRIC_KINDS:
             raise ValueError(f"unknown metric kind {kind!r}; one of {METRIC_KINDS}")
-        if self._file is None:
-            return
         record = {"t": round(float(t), 6), "tokens": tokens, "kind": kind,
                   **{k: v for k, v in values.items() if v is not None}}
         with self._lock:
             if self._file is not None:
                 self._file.write(json.dumps(record) + "\n")
+            if self._writer is not None:
+                for key, value in values.items():
+                    if isinstance(value, (int, float)):
+                        self._writer.add_scalar(f"{kind}/{key}", value, global_step=int(tokens), walltime=None)
 
     def close(self) -> None:
         with self._lock:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+
+
+def _summary_writer(directory: Path):  # noqa: ANN202 - torch's SummaryWriter, imported only when asked for
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard "
+                         "(or pip install 'ddiloco[tensorboard]')") from None
+    return SummaryWriter(log_dir=str(directory))
 
 
 class RunDir:
@@ -103,8 +122,8 @@ class RunDir:
     def write_summary(self, summary: dict) -> None:
         atomic_write_json(self.path / SUMMARY, summary, durable=False)
 
-    def metrics(self) -> MetricsLog:
-        return MetricsLog(self.path / METRICS)
+    def metrics(self, tensorboard: Path | None = None) -> MetricsLog:
+        return MetricsLog(self.path / METRICS, tensorboard)
 
 
 @dataclasses.dataclass
