@@ -307,12 +307,18 @@ class Supervisor:
         rows = []
         for slot in self.learners:
             info = status.get(slot.id, {})
+            books = [s.status.get("books", {}).get(str(slot.id), {}) for s in self.shards]
+            state = slot.state
+            if state == "running" and not info:
+                state = "starting"  # the process is up but has not registered yet
+            elif state == "running" and not info.get("step"):
+                state = "joining"  # registered, loading the global model, no step yet
             rows.append({
-                "id": slot.id, "state": slot.state, "pid": slot.child.pid if slot.child else None,
+                "id": slot.id, "state": state, "pid": slot.child.pid if slot.child else None,
                 "restarts": slot.restarts, "step": info.get("step"), "tokens": info.get("tokens"),
-                "tokens_merged": sum(s.status.get("books", {}).get(str(slot.id), {}).get("tokens_merged", 0.0)
-                                     for s in self.shards),
-                "last_merge_wall": info.get("last_merge_wall"),
+                "tokens_trained": max((b.get("tokens_trained", 0) for b in books), default=0),  # all incarnations
+                "tokens_merged": sum(b.get("tokens_merged", 0.0) for b in books),
+                "loss": info.get("loss"), "last_merge_wall": info.get("last_merge_wall"),
             })
         return rows
 

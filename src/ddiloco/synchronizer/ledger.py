@@ -65,7 +65,12 @@ class MergeLedger:
         self.useful_seconds = 0.0
         self.double_merged_steps = 0
         self.last_merge_wall: float | None = None
+        self.first_join_wall: float | None = None  # stalls count from here: start-up is not a stall
         self.stall_max = 0.0
+
+    def on_join(self, wall: float) -> None:
+        if self.first_join_wall is None:
+            self.first_join_wall = wall
 
     def book(self, learner: int) -> LearnerBook:
         return self.books.setdefault(learner, LearnerBook())
@@ -95,7 +100,7 @@ class MergeLedger:
         p = merged.fragment
         share = self.plan.share(p)
         self.merges += 1
-        self.stall_max = max(self.stall_max, wall - (self.last_merge_wall or self.started_wall))
+        self.stall_max = max(self.stall_max, wall - (self.last_merge_wall or self.first_join_wall or wall))
         self.last_merge_wall = wall
         records = []
         for w in merged.admitted:
@@ -132,7 +137,9 @@ class MergeLedger:
         return sum(b.tokens_trained for b in self.books.values())
 
     def stall(self, now_wall: float) -> float:
-        return max(self.stall_max, now_wall - (self.last_merge_wall or self.started_wall))
+        """The longest time without a merge since the first learner joined (0 before anyone did)."""
+        origin = self.last_merge_wall or self.first_join_wall
+        return self.stall_max if origin is None else max(self.stall_max, now_wall - origin)
 
     def state_dict(self) -> dict:
         return {
@@ -145,6 +152,7 @@ class MergeLedger:
             "useful_seconds": self.useful_seconds,
             "double_merged_steps": self.double_merged_steps,
             "last_merge_wall": self.last_merge_wall,
+            "first_join_wall": self.first_join_wall,
             "stall_max": self.stall_max,
         }
 
@@ -161,10 +169,11 @@ class MergeLedger:
             _check("ledger", *counts.values(), floats=reals.values())
             started = float(state.get("started_wall", self.started_wall))
             last = state.get("last_merge_wall")
-            _check("ledger wall times", floats=[started] + ([float(last)] if last is not None else []))
+            joined = state.get("first_join_wall")
+            _check("ledger wall times", floats=[started] + [float(w) for w in (last, joined) if w is not None])
         except (TypeError, ValueError, OverflowError, AttributeError) as exc:
             raise ValueError(f"the checkpoint's ledger is malformed: {str(exc)[:200]}") from None
-        self.books, self.started_wall, self.last_merge_wall = books, started, last
+        self.books, self.started_wall, self.last_merge_wall, self.first_join_wall = books, started, last, joined
         for key, value in {**counts, **reals}.items():
             setattr(self, key, value)
         self.pending.clear()

@@ -175,6 +175,7 @@ class SynchronizerService:
             self.sessions.add(session)
             resume = self.ledger.resume_position(learner, self._open_positions(learner))
             self.ledger.book(learner)
+            self.ledger.on_join(time.time())
             self._dispatch(self.core.join(learner, now), now)
             if self.stopping:
                 session.outbox.put_control(framing.message({"kind": "stop", "reason": self.stop_reason}))

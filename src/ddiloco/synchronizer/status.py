@@ -54,6 +54,7 @@ def status(service: ServiceView) -> dict:
         "useful_seconds": ledger.useful_seconds,
         "double_merged_steps": ledger.double_merged_steps,
         "started_wall": ledger.started_wall,
+        "first_join_wall": ledger.first_join_wall,
         "last_merge_wall": ledger.last_merge_wall,
         "stall_seconds_max": ledger.stall(time.time()),
         "live": sorted(core.live),

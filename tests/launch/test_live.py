@@ -1,0 +1,40 @@
+"""The live view tells the truth: the summary's definitions and window, start-up states, tokens across
+restarts, training loss, time against its budget (issue 13, item 7)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from rich.console import Console
+
+from ddiloco.launch.config import RunConfig
+from ddiloco.launch.live import render
+from ddiloco.launch.supervisor import Supervisor
+
+
+def text_of(group) -> str:
+    console = Console(width=250, record=True, file=open("/dev/null", "w"))
+    console.print(group)
+    return console.export_text()
+
+
+def test_live_view_rows_and_head(tmp_path):
+    sup = Supervisor(RunConfig(run_dir=tmp_path / "run", learners=3, duration=60.0))
+    for slot in sup.learners:
+        slot.state = "running"
+    now = time.time()
+    sup.shards[0].status = {
+        "version_sum": 7, "merges": 7, "useful_seconds": 15.0, "started_wall": now - 40.0,
+        "first_join_wall": now - 10.0, "stall_seconds_max": 2.5, "tokens_reported": 5000,
+        "learners": {"1": {"step": 0, "tokens": 0}, "2": {"step": 12, "tokens": 900, "loss": 3.25}},
+        "books": {"2": {"tokens_trained": 4100, "tokens_merged": 3000.0}},
+    }
+    rows = {r["id"]: r for r in sup.learner_rows()}
+    assert [rows[m]["state"] for m in range(3)] == ["starting", "joining", "running"]
+    assert rows[2]["tokens_trained"] == 4100 and rows[2]["tokens"] == 900  # this process vs all of them
+    text = text_of(render(sup, eval_loss=2.5))
+    # goodput over the window since the first join: 15 s / (3 learners x ~10 s) = 0.50, not 15 / (3 x 40)
+    goodput = float(re.search(r"goodput (\d\.\d\d)", text).group(1))
+    assert 0.4 <= goodput <= 0.5 and "stall max 2.5s" in text and "/ 60s" in text
+    assert "3.250" in text and "4100" in text and "starting" in text and "joining" in text
