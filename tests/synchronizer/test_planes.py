@@ -9,6 +9,7 @@ import torch
 
 from ddiloco.wire import framing
 from ddiloco.wire.protocol import signature
+from ddiloco.wire.timeouts import Timeouts
 
 from ..support.runtime import RawClient, synchronizer
 
@@ -16,7 +17,9 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_heartbeats_and_status_answer_while_a_large_push_is_held_open(tiny_task, tmp_path):
-    with synchronizer(tiny_task, tmp_path, workers=10, reserved_control_workers=4) as (service, address):
+    # failure timeout 6 s: the held pushes must outlast the control calls below, not be cut off as idle
+    with synchronizer(tiny_task, tmp_path, workers=10, reserved_control_workers=4,
+                      timeouts=Timeouts.derive(1.0)) as (service, address):
         raw = RawClient(address)
         reply = raw.register(0, signature(dict(tiny_task.build_model(0).named_parameters())))
         names = reply["plan"]["names"][0]
