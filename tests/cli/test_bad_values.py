@@ -42,7 +42,7 @@ def invoke(*args: str):
     (["run", "--tokens", "0"], "--tokens"),
     (["run", "--duration", "-3"], "--duration"),
     (["run", "--sync-shards", "0"], "--sync-shards"),
-    (["goodput", "--tau", "30"], "overlap_steps"),
+    (["goodput", "--overlap", "30"], "overlap_steps"),
 ])
 def test_bad_flag_values_are_refused_up_front(args, flag):
     result = invoke(*args)

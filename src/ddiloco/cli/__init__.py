@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
+
+from .config_file import apply_aliases, split_config
 
 app = typer.Typer(
     name="ddiloco",
@@ -26,7 +30,8 @@ def _root(
     version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
                                  help="Print the version and exit."),
 ) -> None:
-    """Decoupled DiLoCo: resilient distributed pre-training."""
+    """Decoupled DiLoCo: resilient distributed pre-training. Every command also takes
+    --config FILE.toml (keys spelled like its flags; flags override the file)."""
 
 
 def _register() -> None:
@@ -35,10 +40,16 @@ def _register() -> None:
     import pkgutil
 
     for module in pkgutil.iter_modules(__path__):
-        if not module.name.startswith("_") and module.name != "output":
+        if not module.name.startswith("_") and module.name not in ("output", "options", "config_file"):
             importlib.import_module(f"{__name__}.{module.name}")
 
 
 def main() -> None:
     _register()
-    app()
+    args = apply_aliases(sys.argv[1:])
+    try:
+        args, defaults = split_config(args, app)
+    except ValueError as exc:
+        typer.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
+    app(args=args, default_map=defaults)

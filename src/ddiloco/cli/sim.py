@@ -43,7 +43,7 @@ def failure_trace(
     path: Optional[Path], mtbf: Optional[float], downtime: float, scale: float, learners: int, horizon: float, seed: int
 ) -> FailureTrace:
     if path is not None and mtbf is not None:
-        raise typer.BadParameter("give either --failures FILE or --fail-mtbf, not both")
+        raise typer.BadParameter("give either --chaos-trace FILE or --learner-mtbf, not both")
     if path is not None:
         try:
             return FailureTrace.load(path).scaled(scale).for_learners(learners)
@@ -51,7 +51,7 @@ def failure_trace(
             raise typer.BadParameter(str(exc)) from None
     if mtbf is not None:
         if mtbf <= 0 or downtime <= 0:
-            raise typer.BadParameter("--fail-mtbf and --fail-downtime must be > 0")
+            raise typer.BadParameter("--learner-mtbf and --learner-down must be > 0")
         return random_trace(learners, horizon, mtbf, downtime, seed=seed + 1)
     return FailureTrace()
 
@@ -87,17 +87,17 @@ def sim(
     jitter: float = typer.Option(0.0, help="Uniform step-time jitter, e.g. 0.1 for +-10 %."),
     straggle_prob: float = typer.Option(0.0, help="Chance that a step straggles."),
     straggle_factor: float = typer.Option(3.0, help="How much slower a straggling step is."),
-    failures: Optional[Path] = typer.Option(None, help="Failure trace CSV (learner,down_at,up_at) to replay."),
-    failures_scale: float = typer.Option(1.0, help="Multiply the trace's times by this (trace seconds to sim seconds)."),
-    fail_mtbf: Optional[float] = typer.Option(None, help="Random failures: mean simulated seconds between a learner's failures."),
-    fail_downtime: float = typer.Option(20.0, help="Random failures: mean simulated seconds a failed learner stays down."),
+    failures: Optional[Path] = typer.Option(None, "--chaos-trace", help="Failure trace CSV (learner,down_at,up_at) to replay."),
+    failures_scale: float = typer.Option(1.0, "--chaos-trace-scale", help="Multiply the trace's times by this (trace seconds to sim seconds)."),
+    fail_mtbf: Optional[float] = typer.Option(None, "--learner-mtbf", help="Random failures: mean simulated seconds between a learner's failures."),
+    fail_downtime: float = typer.Option(20.0, "--learner-down", help="Random failures: mean simulated seconds a failed learner stays down."),
     latency: float = typer.Option(0.01, help="One-way message latency, simulated seconds."),
     bandwidth: float = typer.Option(1e9, help="Link bandwidth, bytes per simulated second."),
     reconfigure_seconds: float = typer.Option(5.0, help="elastic-ddp: pause on every membership change."),
     eval_batches: int = typer.Option(20, help="Validation batches for the final evaluation."),
     threads: int = typer.Option(0, help="torch threads (0: PyTorch's default)."),
     events: Optional[Path] = typer.Option(
-        None, help="Write the run's events (failures, joins, merges with who was admitted, rejections) as JSON lines."
+        None, "--event-log", help="Write the run's events (failures, joins, merges with who was admitted, rejections) as JSON lines."
     ),
     tensorboard: Optional[Path] = typer.Option(
         None, help="Also write the metrics (eval and training loss, goodput) as TensorBoard events here."
