@@ -30,7 +30,7 @@ def two_runs(tmp_path_factory, shakespeare):
     trace.write_text("learner,down_at,up_at\n1,5.5,12.5\n")
     out = {}
     for method in ("decoupled", "elastic-ddp"):
-        out[method] = sim(shakespeare, "--method", method, "--failures", str(trace), "--run-dir", str(base / method))
+        out[method] = sim(shakespeare, "--method", method, "--chaos-trace", str(trace), "--run-dir", str(base / method))
     return base, out
 
 
@@ -52,7 +52,7 @@ def test_sim_run_dir_holds_config_summary_metrics_and_events(two_runs):
 def test_recording_does_not_change_the_run(two_runs, shakespeare, tmp_path):
     base, results = two_runs
     trace = base / "trace.csv"
-    plain = sim(shakespeare, "--method", "decoupled", "--failures", str(trace))
+    plain = sim(shakespeare, "--method", "decoupled", "--chaos-trace", str(trace))
     recorded = results["decoupled"]
     assert plain["eval_loss"] == recorded["eval_loss"] and plain["goodput"] == recorded["goodput"]
 

@@ -59,6 +59,10 @@ def run(
     eval_every: float = typer.Option(20.0, min=0.0, help="Seconds between evaluations of the global model (live view, metrics.jsonl; 0: none)."),
     token: Optional[str] = typer.Option(None, help="Shared secret for the processes (or $DDILOCO_TOKEN)."),
     tensorboard: Optional[Path] = typer.Option(None, help="Also write the metrics as TensorBoard events here."),
+    dashboard: bool = typer.Option(True, help="Serve a live web dashboard (its address is printed and kept in "
+                                   "the run directory's dashboard.url)."),
+    dashboard_host: str = typer.Option("127.0.0.1", help="Dashboard address; beyond loopback it needs --token."),
+    dashboard_port: int = typer.Option(0, min=0, max=65535, help="Dashboard port (0: a free one)."),
     as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding the summary."),
     quiet: bool = typer.Option(False, help="No live view."),
 ) -> None:
@@ -70,6 +74,8 @@ def run(
     from ..chaos.injector import ChaosSettings
     from ..chaos.trace import FailureTrace
     from ..launch.config import RunConfig
+    from ..launch.dashboard import Dashboard
+    from ..launch.livestate import snapshot
     from ..launch.metrics import RunMetrics
     from ..launch.supervisor import Supervisor
     from ..records import logsetup
@@ -127,6 +133,17 @@ def run(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--tensorboard") from None
     metrics = RunMetrics(sup, task, log, eval_every, config.seed, config.token)
+    board = None
+    if dashboard:
+        try:
+            auth.require_token_policy(dashboard_host, config.token, False)
+            board = Dashboard(lambda: {**snapshot(sup, metrics.latest["loss"]), "history": list(metrics.history)},
+                              dashboard_host, dashboard_port, config.token)
+        except (ValueError, OSError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--dashboard-host/--dashboard-port") from None
+        url = board.start()
+        (config.run_dir / "dashboard.url").write_text(url + "\n")
+        stderr.print(f"dashboard: {url}")
 
     def on_signal(signum, frame):  # noqa: ANN001
         sup.interrupted.set()
@@ -140,6 +157,8 @@ def run(
     try:
         sup.run()
     finally:
+        if board is not None:
+            board.stop()
         if live is not None:
             live.stop()
             stderr.print()

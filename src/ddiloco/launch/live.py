@@ -1,9 +1,8 @@
 """The live view of `ddiloco run` on stderr: one row per learner, and the global model's progress.
 
-Goodput "so far" is the synchronizers' merged compute seconds over the learners' allocated time
-since the first one joined, and the longest stall counts from that join too: the same definitions
-and window as the final summary. A learner process shows "starting" until it registers and
-"joining" until its first step; its trained tokens add up across restarts.
+What it shows is `livestate.snapshot`, the same state the web dashboard serves: goodput and stalls
+with the summary's definitions and window, a learner process "starting" until it registers and
+"joining" until its first step, trained tokens added up across restarts.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from .livestate import snapshot
 from .supervisor import Supervisor
 
 
@@ -22,35 +22,26 @@ def _ago(wall: float | None) -> str:
 
 
 def render(sup: Supervisor, eval_loss: float | None) -> Group:
-    statuses = [s.status for s in sup.shards if s.status]
-    version = sum(int(s.get("version_sum", 0)) for s in statuses)
-    merges = sum(int(s.get("merges", 0)) for s in statuses)
-    useful = sum(float(s.get("useful_seconds", 0.0)) for s in statuses)
-    joined = [float(s["first_join_wall"]) for s in statuses if s.get("first_join_wall")]
-    # the summary's window: from the first join on (learners' start-up is not counted against goodput)
-    window = time.time() - min(joined) if joined else 0.0
-    goodput = useful / (sup.config.learners * window) if window > 0 else 0.0
-    stall = max((float(s.get("stall_seconds_max", 0.0)) for s in statuses), default=0.0)
-    tokens = max((int(s.get("tokens_reported", 0)) for s in statuses), default=0)
-    budget = f" / {sup.config.tokens}" if sup.config.tokens else ""
-    clock = f"{sup.elapsed():.0f}s" + (f" / {sup.config.duration:g}s" if sup.config.duration else "")
+    st = snapshot(sup, eval_loss)
+    budget = f" / {st['token_budget']}" if st["token_budget"] else ""
+    clock = f"{st['elapsed']:.0f}s" + (f" / {st['duration']:g}s" if st["duration"] else "")
     head = Text(
-        f"{sup.config.method}  t={clock}  global version {version}  merges {merges}  "
-        f"tokens {tokens}{budget}  goodput {goodput:.2f}  stall max {stall:.1f}s  "
-        f"eval loss {'-' if eval_loss is None else f'{eval_loss:.3f}'}  restarts {sup.learner_restarts}"
-        + ("  [stopping]" if sup.stopping else "")
+        f"{st['method']}  t={clock}  global version {st['version']}  merges {st['merges']}  "
+        f"tokens {st['tokens']}{budget}  goodput {st['goodput']:.2f}  stall max {st['stall_seconds_max']:.1f}s  "
+        f"eval loss {'-' if eval_loss is None else f'{eval_loss:.3f}'}  restarts {st['learner_restarts']}"
+        + ("  [stopping]" if st["stopping"] else "")
     )
     table = Table(show_header=True, header_style="bold", box=None)
     for col in ("learner", "state", "pid", "restarts", "step", "tokens trained", "merged tokens", "train loss",
                 "last merge"):
         table.add_column(col, justify="right" if col not in ("state",) else "left")
-    for row in sup.learner_rows():
+    for row in st["learners"]:
         loss = row.get("loss")
         table.add_row(
             str(row["id"]), row["state"], str(row["pid"] or "-"), str(row["restarts"]),
             str(row["step"] if row["step"] is not None else "-"), str(row["tokens_trained"] or "-"),
             f"{row['tokens_merged']:.0f}", "-" if loss is None else f"{loss:.3f}", _ago(row["last_merge_wall"]),
         )
-    shards = Text("  ".join(f"shard {s.index}: {s.state} pid {s.child.pid if s.child else '-'} restarts {s.restarts}"
-                            for s in sup.shards))
+    shards = Text("  ".join(f"shard {s['index']}: {s['state']} pid {s['pid'] or '-'} restarts {s['restarts']}"
+                            for s in st["shards"]))
     return Group(head, table, shards)

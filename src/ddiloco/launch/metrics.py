@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 from ..records.rundir import MetricsLog
@@ -24,6 +25,7 @@ class RunMetrics:
         self.sup, self.task, self.metrics, self.every = sup, task, metrics, every
         self.seed, self.token, self.eval_batches = seed, token, eval_batches
         self.latest: dict = {"loss": None}
+        self.history: deque[dict] = deque(maxlen=5000)  # eval and train points, for the dashboard's curves
         self._thread = threading.Thread(target=self._loop, name="ddiloco-run-metrics", daemon=True)
 
     def start(self) -> None:
@@ -41,7 +43,7 @@ class RunMetrics:
         losses = [info["loss"] for st in statuses[:1] for info in st.get("learners", {}).values()
                   if isinstance(info.get("loss"), (int, float))]
         if losses:
-            self.metrics.write("train", t, tokens, train_loss=sum(losses) / len(losses))
+            self._write("train", t, tokens, train_loss=sum(losses) / len(losses))
         if statuses:
             useful = sum(st.get("useful_seconds", 0.0) for st in statuses)
             elapsed = max(1e-9, time.time() - min(st.get("started_wall", time.time()) for st in statuses))
@@ -55,4 +57,8 @@ class RunMetrics:
             except ValueError:
                 return
             self.latest["loss"] = values["eval_loss"]
-            self.metrics.write("eval", t, tokens, **values)
+            self._write("eval", t, tokens, **values)
+
+    def _write(self, kind: str, t: float, tokens: int, **values: float) -> None:
+        self.metrics.write(kind, t, tokens, **values)
+        self.history.append({"kind": kind, "t": t, "tokens": tokens, **values})
