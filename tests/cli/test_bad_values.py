@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -20,7 +21,7 @@ runner = CliRunner()
 
 
 def invoke(*args: str):
-    return runner.invoke(app, list(args), catch_exceptions=False)
+    return runner.invoke(app, list(args), catch_exceptions=False, env={"COLUMNS": "300"})
 
 
 @pytest.mark.parametrize("args, flag", [
@@ -42,12 +43,24 @@ def invoke(*args: str):
     (["run", "--tokens", "0"], "--tokens"),
     (["run", "--duration", "-3"], "--duration"),
     (["run", "--sync-shards", "0"], "--sync-shards"),
-    (["goodput", "--overlap", "30"], "overlap_steps"),
+    (["goodput", "--overlap", "30"], "--overlap"),
+    (["goodput", "--mtbi-years", "-1"], "--mtbi-years"),
+    (["goodput", "--chips", "0"], "--chips"),
+    (["sim", "--seq-len", "0"], "--seq-len"),
+    (["sim", "--sync-every", "0"], "--sync-every"),
+    (["sim", "--grace", "2"], "grace"),
+    (["sim", "--outer-momentum", "1.5"], "--outer-momentum"),
+    (["sim", "--learners", "0"], "--learners"),
+    (["sim", "--model", "foo"], "foo"),
+    (["demo", "--tokens", "5"], "--tokens"),
+    (["demo", "--learners", "1"], "--learners"),
+    (["report", "/nonexistent-run"], "not a run directory"),
 ])
 def test_bad_flag_values_are_refused_up_front(args, flag):
     result = invoke(*args)
     assert result.exit_code == 2, result.output
     assert flag in result.output and "Traceback" not in result.output
+    assert not re.search(r"\b[a-z]+_[a-z_]+ must", result.output), "the error names a Python variable"
 
 
 @pytest.fixture()

@@ -131,3 +131,23 @@ def test_ctrl_c_stops_every_process_cleanly(tmp_path, shakespeare):
     assert any(e["kind"] == "stop" and e["reason"] == "interrupted" for e in launcher_events)
     assert (tmp_path / "run" / "sync-0" / "manifest.json").is_file()
     assert_all_ended(tmp_path / "run")
+
+
+@pytest.mark.timeout(180)
+def test_learners_that_keep_crashing_end_the_run_with_the_reason(tmp_path, shakespeare):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    # every learner process dies at start-up with exit code 1 (as a broken environment would make it)
+    (hook / "sitecustomize.py").write_text('import sys\nif sys.argv[1:2] == ["learner"]:\n'
+                                           '    sys.stderr.write("simulated start-up crash\\n")\n'
+                                           '    raise SystemExit(1)\n')
+    env = {**os.environ, "PYTHONPATH": str(hook)}
+    cmd = [sys.executable, "-m", "ddiloco", "run", "--model-size", "tiny", "--seq-len", "16", "--data", shakespeare,
+           "--batch-size", "4", "--learners", "2", "--heartbeat", "0.2", "--tokens", "100000", "--learner-down",
+           "0.2", "--run-dir", str(tmp_path / "run"), "--json", "--quiet", "--no-dashboard"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env={**env, "COLUMNS": "300"})
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "keeps crashing" in out.stderr and "exit code 1" in out.stderr and "stderr.log" in out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["learner_restarts"] >= 2
+    assert_all_ended(tmp_path / "run")

@@ -77,7 +77,7 @@ def demo(
     from ..sim.recorder import SimRecorder
     from ..sim.run import build_task, run_sim
     from ..train.inner import InnerConfig
-    from .output import print_table, progress_bar
+    from .output import print_table, progress_bar, user_error
 
     out = out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     batch, seq_len = 8, 64
@@ -93,7 +93,7 @@ def demo(
         task = build_task(base)
         dirs = {m: RunDir(out / m) for m in METHODS}
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
-        raise typer.BadParameter(str(exc)) from None
+        raise user_error(exc) from None
     results = {}
     for method in METHODS:
         config = dataclasses.replace(base, method=method)

@@ -17,6 +17,7 @@ from rich.table import Table
 from typer.core import TyperCommand
 
 from ddiloco.cli import app
+from ddiloco.cli.output import user_error
 from ddiloco.goodput.config import REPAIR_DISTRIBUTIONS, GoodputConfig
 from ddiloco.goodput.failures import sample_outages, slice_sizes
 from ddiloco.goodput.result import METHODS
@@ -152,7 +153,7 @@ def goodput(
             outer_sync_s=outer_sync_seconds, days=days,
         )
     except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        raise user_error(exc) from None
     _check(seeds >= 1, f"--seeds must be >= 1, got {seeds}", "--seeds")
     _check(trace_scale > 0, f"--trace-scale must be > 0, got {trace_scale}", "--trace-scale")
     methods = list(dict.fromkeys(methods))

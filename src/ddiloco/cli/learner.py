@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from . import app, options
+from .output import user_error
 
 
 @app.command("learner")
@@ -65,7 +66,7 @@ def learner(
         if not 0 <= learner_id < learners:
             raise ValueError(f"--id must be in 0..{learners - 1} (the data has {learners} shards)")
     except (ValueError, OSError) as exc:
-        raise typer.BadParameter(str(exc)) from None
+        raise user_error(exc) from None
     try:
         stats = train(settings)
     except (SynchronizerError, ConnectionError) as exc:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from typing import Callable, Iterator
 
+import click
+import typer
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -75,3 +78,34 @@ def print_table(rows: dict[str, tuple], columns: tuple[str, ...], title: str) ->
     for name, values in rows.items():
         table.add_row(name, *("-" if v is None else _fmt(v) for v in values))
     stdout.print(table)
+
+
+# Config fields whose flag is not their name with dashes (goodput's knobs are in seconds, its H is -H).
+FIELD_FLAGS = {"overlap_steps": "--overlap", "inner_steps": "--sync-every", "step_s": "--step-time",
+               "reconfig_s": "--reconfigure-seconds", "detect_s": "--detect-seconds", "scaleup_s": "--scaleup-seconds",
+               "restart_s": "--restart-seconds", "checkpoint_s": "--checkpoint-seconds", "rejoin_s": "--rejoin-seconds",
+               "outer_sync_s": "--outer-sync-seconds", "step_cv": "--step-cv", "repair_dist": "--repair-dist"}
+
+
+def _current_context():  # noqa: ANN202 - a click Context
+    """The running command's context: recent typer versions carry their own copy of click."""
+    try:
+        from typer._click.globals import get_current_context
+    except ImportError:
+        get_current_context = click.get_current_context
+    return get_current_context(silent=True)
+
+
+def user_error(exc: Exception) -> typer.BadParameter:
+    """A bad value's error in the command line's own words: `seq_len` becomes `--seq-len`."""
+    message = str(exc)
+    context = _current_context()
+    names = dict(FIELD_FLAGS)
+    if context is not None:
+        for param in context.command.params:
+            flags = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+            if flags and param.name and "_" in param.name:  # one-word names are English words too
+                names.setdefault(param.name, flags[0])
+    for name in sorted(names, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", names[name], message)
+    return typer.BadParameter(message)

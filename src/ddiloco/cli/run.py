@@ -81,7 +81,7 @@ def run(
     from ..records import logsetup
     from ..records.rundir import RunDir
     from ..wire import auth
-    from .output import print_summary, stderr
+    from .output import print_summary, stderr, user_error
 
     logsetup.configure("run", "warning")
     try:
@@ -111,7 +111,7 @@ def run(
         except OSError as exc:
             raise ValueError(f"--run-dir {config.run_dir}: cannot create it ({exc.strerror})") from None
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
-        raise typer.BadParameter(str(exc)) from None
+        raise user_error(exc) from None
 
     import torch
 

@@ -17,7 +17,7 @@ from ..sim.hardware import LinkModel, StepTimeModel, half_slow
 from ..sim.recorder import SimRecorder
 from ..train.inner import InnerConfig
 from . import app, options
-from .output import print_summary, progress_bar
+from .output import print_summary, progress_bar, user_error
 
 
 def parse_speeds(text: Optional[str], learners: int, hetero: Optional[float]) -> tuple[float, ...]:
@@ -48,7 +48,7 @@ def failure_trace(
         try:
             return FailureTrace.load(path).scaled(scale).for_learners(learners)
         except (OSError, ValueError) as exc:
-            raise typer.BadParameter(str(exc)) from None
+            raise user_error(exc) from None
     if mtbf is not None:
         if mtbf <= 0 or downtime <= 0:
             raise typer.BadParameter("--learner-mtbf and --learner-down must be > 0")
@@ -153,7 +153,7 @@ def sim(
         )
         task = build_task(config)
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
-        raise typer.BadParameter(str(exc)) from None
+        raise user_error(exc) from None
     record = None
     try:
         if run_dir is not None:
@@ -163,7 +163,7 @@ def sim(
         metrics = record.metrics(tensorboard) if record is not None else (
             MetricsLog(None, tensorboard) if tensorboard is not None else None)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        raise user_error(exc) from None
     with EventLog(events, append=False) as log, progress_bar(f"{method} x{learners}", disabled=quiet) as update:
         progress = update if metrics is None else SimRecorder(metrics, task, config.tokens,
                                                                eval_batches=config.eval_batches, forward=update)

@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from . import app, options
+from .output import user_error
 
 
 def algorithm_for(method: str, learners: int, **knobs) -> "object":
@@ -121,7 +122,7 @@ def synchronizer(
         server = SynchronizerServer(service, host, port, secret, credentials)
         address = server.start()
     except (ValueError, OSError, FileNotFoundError) as exc:
-        raise typer.BadParameter(str(exc)) from None
+        raise user_error(exc) from None
     if address_file is not None:
         atomic_write(address_file, address.encode())
     print(f"synchronizer shard {shard}/{num_shards} listening on {address}", flush=True)

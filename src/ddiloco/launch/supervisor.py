@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 TICK = 0.1
 STATUS_EVERY = 0.5
 
+MAX_CRASHES = 3  # a learner that crashes this many times in a row, each within CRASH_WINDOW of starting,
+CRASH_WINDOW = 60.0  # ends the run with an error instead of being restarted forever
 
 @dataclass
 class LearnerSlot:
@@ -43,6 +45,7 @@ class LearnerSlot:
     restart_at: float | None = None
     held_until_trace: bool = False
     started_at: float = 0.0
+    crashes: int = 0  # exits with an error in a row, each soon after its start
 
 
 @dataclass
@@ -179,6 +182,11 @@ class Supervisor:
                     slot.state = "failed"
                     self.error = (f"learner {slot.id} failed (exit code 2); see "
                                   f"{self.config.learner_dir(slot.id) / 'stderr.log'}")
+                elif self._crash_loop(slot, code, now):
+                    slot.state = "failed"
+                    self.error = (f"learner {slot.id} keeps crashing: exit code {code}, {slot.crashes} times in a "
+                                  f"row within {CRASH_WINDOW:g} s of starting; see "
+                                  f"{self.config.learner_dir(slot.id) / 'stderr.log'}")
                 else:
                     slot.state = "down"
                     slot.restart_at = None if slot.held_until_trace else now + self.config.chaos.learner_down
@@ -186,6 +194,16 @@ class Supervisor:
                 slot.restarts += 1
                 self.learner_restarts += 1
                 self._start_learner(slot)
+
+    @staticmethod
+    def _crash_loop(slot: LearnerSlot, code: int | None, now: float) -> bool:
+        """A learner that exits with an error soon after each start is broken, not unlucky: a kill
+        (negative code) or a crash after a while of training starts the count anew."""
+        if code is not None and code > 0 and now - slot.started_at < CRASH_WINDOW:
+            slot.crashes += 1
+        else:
+            slot.crashes = 0
+        return slot.crashes >= MAX_CRASHES
 
     def _check_shards(self) -> None:
         now = self.elapsed()
