@@ -138,3 +138,16 @@ def test_version():
 
     result = invoke("--version")
     assert result.exit_code == 0 and result.output.strip() == f"ddiloco {__version__}"
+
+
+def test_choices_match_what_the_code_accepts():
+    from ddiloco.cli import options
+    from ddiloco.sim.config import METHODS
+    from ddiloco.train.tasks import MODEL_SIZES, MODELS
+
+    assert {m.value for m in options.Model} == set(MODELS)
+    assert {m.value for m in options.ModelSize} == set(MODEL_SIZES)
+    assert {m.value for m in options.SimMethod} == set(METHODS)
+    assert {m.value for m in options.RuntimeMethod} <= set(METHODS)
+    result = invoke("sim", "--model", "gtp")
+    assert result.exit_code == 2 and "gpt-moe" in result.output  # the choices are listed

@@ -1,6 +1,7 @@
 """`ddiloco sim` as a user runs it: a real process, a JSON last line, clear errors."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -11,7 +12,9 @@ REQUIRED = {"method", "learners", "tokens", "eval_loss", "goodput", "uptime", "s
 
 
 def ddiloco(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "ddiloco", *args], capture_output=True, text=True, timeout=timeout)
+    env = {**os.environ, "COLUMNS": "300"}  # error panels wrap at the terminal width
+    return subprocess.run([sys.executable, "-m", "ddiloco", *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
 
 
 @pytest.mark.parametrize("method", ["decoupled", "elastic-ddp", "diloco"])
@@ -67,7 +70,7 @@ def test_vision_reports_accuracy():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--method", "magic"], "unknown method"),
+        (["--method", "magic"], "'magic' is not one of 'decoupled', 'diloco', 'ddp', 'elastic-ddp'"),
         (["--fragments", "30", "--sync-every", "24"], "fragments"),
         (["--speeds", "1,2"], "--speeds gives 2"),
         (["--data", "/nonexistent/text"], "/nonexistent/text"),

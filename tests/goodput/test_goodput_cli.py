@@ -15,7 +15,7 @@ QUICK = ["--days", "0.25", "--seeds", "2"]
 
 
 def invoke(*args: str):
-    return CliRunner().invoke(app, ["goodput", *args], catch_exceptions=False)
+    return CliRunner().invoke(app, ["goodput", *args], catch_exceptions=False, env={"COLUMNS": "300"})
 
 
 def test_space_separated_lists_and_json_last_line():
@@ -61,8 +61,8 @@ def test_plot_and_trace_files(tmp_path):
         (["--methods", "magic"], "unknown method"),
         (["--quorum", "3", "--learners", "2"], "quorum"),
         (["--chips", "512", "--learners", "4"], "need at least one slice"),
-        (["--mtbi-years", "-1"], "mtbi_years must be > 0"),
-        (["--repair-dist", "weibull"], "repair_dist"),
+        (["--mtbi-years", "-1"], "--mtbi-years must be > 0"),  # the flag, not the Python field
+        (["--repair-dist", "weibull"], "--repair-dist"),
         (["--seeds", "0"], "--seeds"),
         (["--trace-out", "x.csv", "--trace-scale", "0"], "--trace-scale"),
     ],

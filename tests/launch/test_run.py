@@ -19,7 +19,7 @@ RUN_KEYS = {"stall_seconds_max", "learner_restarts", "tokens_trained", "availabi
 def ddiloco_run(tmp_path, data, *args, timeout=150):
     cmd = [sys.executable, "-m", "ddiloco", "run", "--model-size", "tiny", "--seq-len", "16", "--data", data,
            "--batch-size", "4", "--heartbeat", "0.2", "--run-dir", str(tmp_path / "run"), "--json", "--quiet", *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "300"})
     return out, tmp_path / "run"
 
 
@@ -96,7 +96,7 @@ def test_synchronous_baseline_runs_on_the_same_launcher(tmp_path, shakespeare):
 @pytest.mark.parametrize("args, message", [
     (["--learner-mtbf", "-1"], "learner-mtbf"),
     (["--chaos-trace", "/nonexistent/trace.csv"], "does not exist"),
-    (["--method", "ddp"], "decoupled or diloco"),
+    (["--method", "ddp"], "'ddp' is not one of 'decoupled', 'diloco'"),
 ])
 def test_bad_flags_are_clear_errors(tmp_path, shakespeare, args, message):
     out, _ = ddiloco_run(tmp_path, shakespeare, "--tokens", "1000", *args, timeout=60)

@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from . import app
+from . import app, options
 
 METHODS = ("decoupled", "elastic-ddp")
 
@@ -61,7 +61,8 @@ def demo(
     learners: int = typer.Option(4, "--learners", "-M", min=2, max=64, help="Learners M."),
     fail_mtbf: float = typer.Option(30.0, min=1.0, help="Mean simulated seconds between a learner's failures."),
     fail_downtime: float = typer.Option(8.0, min=0.1, help="Mean simulated seconds a failed learner stays down."),
-    model_size: str = typer.Option("default", help="default (~1M parameters) or tiny (seconds, for a check)."),
+    model_size: options.ModelSize = typer.Option("default", help="default (~1M parameters) or tiny (seconds, "
+                                                 "for a check)."),
     seed: int = typer.Option(0, help="Seed of the model, the data order and the failures."),
     as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding both summaries."),
     quiet: bool = typer.Option(False, help="No progress bars."),
@@ -79,6 +80,7 @@ def demo(
     from ..train.inner import InnerConfig
     from .output import print_table, progress_bar, user_error
 
+    (model_size,) = options.plain(model_size)
     out = out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     batch, seq_len = 8, 64
     horizon = 8.0 * tokens / (learners * batch * seq_len)  # far beyond either run's end at one step a second

@@ -18,8 +18,8 @@ def learner(
     connect: str = typer.Option("127.0.0.1:7070", help="Synchronizer address(es), comma-separated, one per shard."),
     learner_id: int = typer.Option(..., "--id", min=0, help="This learner's id (0..M-1)."),
     learners: int = typer.Option(4, "--learners", "-M", min=1, help="Learners M: the data is split into M shards."),
-    model: str = typer.Option("gpt", help="gpt, gpt-moe or vision (must match the synchronizer)."),
-    model_size: str = typer.Option("default"),
+    model: options.Model = typer.Option("gpt", help="Must match the synchronizer's."),
+    model_size: options.ModelSize = typer.Option("default", help="Must match the synchronizer's."),
     data: Optional[str] = typer.Option(None),
     seq_len: int = typer.Option(128, min=1),
     seed: int = typer.Option(0),
@@ -50,6 +50,7 @@ def learner(
     from ..wire.rpc import check_address
 
     codec = options.Codec(codec).value
+    model, model_size = options.plain(model, model_size)
     logsetup.configure(f"learner{learner_id}", log_level)
     if threads > 0:
         torch.set_num_threads(threads)

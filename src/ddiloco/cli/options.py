@@ -22,7 +22,7 @@ QUORUM = typer.Option(_D.quorum, "--quorum", "-K", help="Minimum quorum K (cappe
 GRACE = typer.Option(
     _D.grace, "--grace", help="Grace factor gamma in [0, 1); 0 disables the grace window (docs/algorithm.md: why 0.9)."
 )
-MERGE = typer.Option(None, "--merge", help="rda or mean. Default: rda; mean for --method diloco.")
+MERGE = typer.Option(None, "--merge", help="Default: rda; mean for --method diloco.")
 OUTER_LR = typer.Option(_D.outer_lr, "--outer-lr", help="Outer Nesterov learning rate.")
 OUTER_MOMENTUM = typer.Option(_D.outer_momentum, "--outer-momentum", help="Outer Nesterov momentum.")
 MAX_OUTER_NORM_RATIO = typer.Option(
@@ -46,6 +46,24 @@ class CodecDown(str, enum.Enum):
 
 
 CODEC = typer.Option(Codec.bf16, help="Outer-gradient codec.")
+
+
+def _choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
+    """A str enum whose members are the values, so that --help lists them and typos end in exit code 2."""
+    return enum.Enum(name, {v: v for v in values}, type=str)
+
+
+Model = _choices("Model", ("gpt", "gpt-moe", "vision"))  # train.tasks.MODELS (a test keeps them equal)
+ModelSize = _choices("ModelSize", ("default", "tiny"))  # train.tasks.MODEL_SIZES
+Tokenizer = _choices("Tokenizer", ("byte", "bpe"))
+Merge = _choices("Merge", ("rda", "mean"))
+SimMethod = _choices("SimMethod", ("decoupled", "diloco", "ddp", "elastic-ddp"))  # sim.config.METHODS
+RuntimeMethod = _choices("RuntimeMethod", ("decoupled", "diloco"))
+
+
+def plain(*values: object) -> tuple:
+    """Enum choices as the plain strings the rest of the code takes."""
+    return tuple(v.value if isinstance(v, enum.Enum) else v for v in values)
 HEARTBEAT = typer.Option(0.5, min=0.01, max=3600.0,
                          help="Heartbeat interval h in seconds; the other timeouts derive from it (docs/runtime.md).")
 TOKENS_BUDGET = dict(min=1, max=2**53)

@@ -16,10 +16,11 @@ from . import app, options
 
 @app.command("run")
 def run(
-    method: str = typer.Option("decoupled", help="decoupled, or diloco (synchronous baseline: every learner "
+    method: options.RuntimeMethod = typer.Option("decoupled", help="decoupled, or diloco (synchronous baseline: "
+                                                 "every learner "
                                "waits at every outer step)."),
-    model: str = typer.Option("gpt", help="gpt, gpt-moe or vision."),
-    model_size: str = typer.Option("default", help="default (~1M parameters) or tiny."),
+    model: options.Model = typer.Option("gpt", help="The model to train."),
+    model_size: options.ModelSize = typer.Option("default", help="default (~1M parameters) or tiny."),
     data: Optional[str] = typer.Option(None, help="Text file or folder (LMs) / torchvision root (vision)."),
     seq_len: int = typer.Option(128, min=1),
     learners: int = options.LEARNERS,
@@ -28,7 +29,7 @@ def run(
     overlap: int = options.OVERLAP,
     quorum: int = options.QUORUM,
     grace: float = options.GRACE,
-    merge: Optional[str] = options.MERGE,
+    merge: Optional[options.Merge] = options.MERGE,
     outer_lr: float = options.OUTER_LR,
     outer_momentum: float = options.OUTER_MOMENTUM,
     inner_lr: float = typer.Option(3e-3, min=0.0),
@@ -70,6 +71,7 @@ def run(
     from rich.live import Live
 
     codec = options.Codec(codec).value
+    method, model, model_size, merge = options.plain(method, model, model_size, merge)
 
     from ..chaos.injector import ChaosSettings
     from ..chaos.trace import FailureTrace

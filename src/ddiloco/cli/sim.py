@@ -12,7 +12,7 @@ from ..chaos.trace import FailureTrace, random_trace
 from ..core.config import AlgorithmConfig
 from ..records.events import EventLog
 from ..records.rundir import MetricsLog, RunDir
-from ..sim.config import METHODS, SimConfig
+from ..sim.config import SimConfig
 from ..sim.hardware import LinkModel, StepTimeModel, half_slow
 from ..sim.recorder import SimRecorder
 from ..train.inner import InnerConfig
@@ -58,15 +58,17 @@ def failure_trace(
 
 @app.command("sim")
 def sim(
-    method: str = typer.Option("decoupled", help=f"One of: {', '.join(METHODS)}."),
-    model: str = typer.Option("gpt", help="gpt (dense transformer LM), gpt-moe (mixture of experts) or vision."),
-    model_size: str = typer.Option("default", help="default (~1M parameters) or tiny (for quick checks)."),
+    method: options.SimMethod = typer.Option("decoupled", help="Decoupled DiLoCo or one of its baselines."),
+    model: options.Model = typer.Option("gpt", help="gpt (dense transformer LM), gpt-moe (mixture of experts) or "
+                                        "vision."),
+    model_size: options.ModelSize = typer.Option("default", help="default (~1M parameters) or tiny (quick checks)."),
     data: Optional[str] = typer.Option(
         None, help="Text file or folder (LMs) or torchvision root (vision). Default: the Python standard "
         "library's own source (LMs) or scikit-learn's digits (vision); nothing is downloaded."
     ),
     seq_len: int = typer.Option(128, help="Context length of the language models."),
-    tokenizer: str = typer.Option("byte", help="byte (256 symbols) or bpe (trained here on the training text)."),
+    tokenizer: options.Tokenizer = typer.Option("byte", help="byte (256 symbols) or bpe (trained here on the "
+                                                "training text)."),
     bpe_vocab: int = typer.Option(1024, help="Vocabulary size of the BPE tokenizer."),
     learners: int = options.LEARNERS,
     fragments: int = options.FRAGMENTS,
@@ -74,7 +76,7 @@ def sim(
     overlap: int = options.OVERLAP,
     quorum: int = options.QUORUM,
     grace: float = options.GRACE,
-    merge: Optional[str] = options.MERGE,
+    merge: Optional[options.Merge] = options.MERGE,
     outer_lr: float = options.OUTER_LR,
     outer_momentum: float = options.OUTER_MOMENTUM,
     inner_lr: float = typer.Option(3e-3, help="Inner AdamW learning rate (peak; cosine decay over the run)."),
@@ -110,6 +112,7 @@ def sim(
     quiet: bool = typer.Option(False, help="No progress bar."),
 ) -> None:
     """Train one configuration on the virtual clock: real models and data, simulated time and faults."""
+    method, model, model_size, tokenizer, merge = options.plain(method, model, model_size, tokenizer, merge)
     import torch
 
     from ..sim.run import build_task, run_sim

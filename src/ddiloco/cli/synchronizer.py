@@ -33,8 +33,8 @@ def synchronizer(
     host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(7070, min=0, max=65535, help="TCP port; 0 picks a free one (see --address-file)."),
     address_file: Optional[Path] = typer.Option(None, help="Write the host:port actually bound here (atomically)."),
-    model: str = typer.Option("gpt", help="gpt, gpt-moe or vision: builds the initial global parameters."),
-    model_size: str = typer.Option("default", help="default or tiny."),
+    model: options.Model = typer.Option("gpt", help="Builds the initial global parameters (unless --init)."),
+    model_size: options.ModelSize = typer.Option("default", help="default or tiny."),
     data: Optional[str] = typer.Option(None, help="Text file or folder (LMs) / torchvision root (vision)."),
     seq_len: int = typer.Option(128, min=1, help="Context length of the language models."),
     seed: int = typer.Option(0, help="Seed of the initial parameters."),
@@ -42,14 +42,15 @@ def synchronizer(
                                         "(any PyTorch model: save dict(model.named_parameters()))."),
     plain_names: str = typer.Option("", help="With --init: comma-separated tensors merged by plain averaging "
                                     "(embeddings)."),
-    method: str = typer.Option("decoupled", help="decoupled, or diloco (synchronous baseline: P=1, tau=0, K=M)."),
+    method: options.RuntimeMethod = typer.Option("decoupled", help="decoupled, or diloco (synchronous baseline: "
+                                                 "P=1, tau=0, K=M)."),
     learners: int = options.LEARNERS,
     fragments: int = options.FRAGMENTS,
     sync_every: int = options.SYNC_EVERY,
     overlap: int = options.OVERLAP,
     quorum: int = options.QUORUM,
     grace: float = options.GRACE,
-    merge: Optional[str] = options.MERGE,
+    merge: Optional[options.Merge] = options.MERGE,
     outer_lr: float = options.OUTER_LR,
     outer_momentum: float = options.OUTER_MOMENTUM,
     max_outer_norm_ratio: float = options.MAX_OUTER_NORM_RATIO,
@@ -91,6 +92,7 @@ def synchronizer(
     from ..wire.timeouts import Timeouts
 
     codec_down = options.CodecDown(codec_down).value
+    method, model, model_size, merge = options.plain(method, model, model_size, merge)
     logsetup.configure(f"sync{shard}", log_level)
     torch.set_num_threads(max(1, threads))
     try:
