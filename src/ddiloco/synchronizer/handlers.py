@@ -103,30 +103,19 @@ class Handlers:
             self._abort(context, "Register", exc.code, exc.reason)
         return framing.message(reply)
 
+    # Out-of-range fields raise intake.BadField; `_guarded` answers INVALID_ARGUMENT naming the field.
     def heartbeat(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         head = self._head(request, context, "Heartbeat")
-        try:
-            progress = intake.progress(head)
-        except intake.BadField as exc:
-            self._abort(context, "Heartbeat", "INVALID_ARGUMENT", f"bad heartbeat: {exc}")
-        return framing.message(self.service.heartbeat(head.get("session"), progress))
+        return framing.message(self.service.heartbeat(head.get("session"), intake.progress(head)))
 
     def decline(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         head = self._head(request, context, "Decline")
-        try:
-            fragment, version = intake.count(head, "fragment"), intake.count(head, "version")
-            reason = intake.reason(head)
-        except intake.BadField as exc:
-            self._abort(context, "Decline", "INVALID_ARGUMENT", f"bad decline: {exc}")
-        return framing.message(self.service.decline(head.get("session"), fragment, version, reason))
+        fragment, version = intake.count(head, "fragment"), intake.count(head, "version")
+        return framing.message(self.service.decline(head.get("session"), fragment, version, intake.reason(head)))
 
     def leave(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         head = self._head(request, context, "Leave")
-        try:
-            tokens = intake.optional_count(head, "tokens")
-        except intake.BadField as exc:
-            self._abort(context, "Leave", "INVALID_ARGUMENT", f"bad leave: {exc}")
-        return framing.message(self.service.leave(head.get("session"), tokens))
+        return framing.message(self.service.leave(head.get("session"), intake.optional_count(head, "tokens")))
 
     def status(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self._head(request, context, "Status")
@@ -134,11 +123,7 @@ class Handlers:
 
     def stop(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         head = self._head(request, context, "Stop")
-        try:
-            reason = intake.reason(head, "stop requested")
-        except intake.BadField as exc:
-            self._abort(context, "Stop", "INVALID_ARGUMENT", f"bad stop: {exc}")
-        self.service.begin_stop(reason)
+        self.service.begin_stop(intake.reason(head, "stop requested"))
         return framing.message({"ok": True})
 
     # --- bulk plane -----------------------------------------------------------------------------
