@@ -100,3 +100,32 @@ def test_tensorboard_gets_the_same_metrics(shakespeare, tmp_path):
     record = load_run(tmp_path / "run")
     logged = [m["eval_loss"] for m in record.metrics if m["kind"] == "eval"]
     assert [pytest.approx(e.value, rel=1e-6) for e in events.Scalars("eval/eval_loss")] == logged
+
+
+def test_wandb_offline_gets_the_same_metrics(shakespeare, tmp_path):
+    pytest.importorskip("wandb", reason="wandb is an optional extra (pip install 'ddiloco[wandb]')")
+    from ..support.wandb_file import history
+
+    sim(shakespeare, "--run-dir", str(tmp_path / "run"), "--wandb")
+    files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1, "one offline wandb run inside the run directory"
+    rows = history(files[0])
+    logged = [m["eval_loss"] for m in load_run(tmp_path / "run").metrics if m["kind"] == "eval"]
+    assert [r["eval/eval_loss"] for r in rows if "eval/eval_loss" in r] == pytest.approx(logged, rel=1e-9)
+    assert any("train/train_loss" in r for r in rows) and any("progress/goodput" in r for r in rows)
+    assert all("tokens" in r for r in rows)
+
+
+def test_missing_metric_library_is_a_usage_error_naming_the_flag(shakespeare, tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_wandb(name, *args, **kwargs):
+        if name == "wandb" or name.startswith("wandb."):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    result = runner.invoke(app, ["sim", *TINY, "--data", shakespeare, "--wandb"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and "--wandb" in result.output and "pip install" in result.output

@@ -20,6 +20,7 @@ ALIASES: dict[str, dict[str, str]] = {
                 "--step-seconds": "--step-time"},
     "sim": {"--fail-mtbf": "--learner-mtbf", "--fail-downtime": "--learner-down", "--failures": "--chaos-trace",
             "--failures-scale": "--chaos-trace-scale", "--events": "--event-log"},
+    "learner": {"--checkpoint-every": "--save-state-every"},  # the others' --checkpoint-every counts merges
 }
 
 

@@ -20,9 +20,9 @@ def learner(
     learners: int = typer.Option(4, "--learners", "-M", min=1, help="Learners M: the data is split into M shards."),
     model: options.Model = typer.Option("gpt", help="Must match the synchronizer's."),
     model_size: options.ModelSize = typer.Option("default", help="Must match the synchronizer's."),
-    data: Optional[str] = typer.Option(None),
-    seq_len: int = typer.Option(128, min=1),
-    seed: int = typer.Option(0),
+    data: Optional[str] = options.DATA,
+    seq_len: int = options.SEQ_LEN,
+    seed: int = typer.Option(0, help="Seed of the data order (the model comes from the synchronizer)."),
     batch_size: int = typer.Option(16, min=1, help="Sequences (or images) per step and rank."),
     inner_lr: float = typer.Option(3e-3, min=0.0, help="Peak inner AdamW learning rate."),
     codec: options.Codec = options.CODEC,
@@ -32,15 +32,17 @@ def learner(
                                              "journal of trained tokens)."),
     net_delay: float = typer.Option(0.0, min=0.0, help="Added latency per message, milliseconds (chaos testing)."),
     max_steps: Optional[int] = typer.Option(None, min=1, help="Stop after this many steps even if the run goes on."),
-    checkpoint_every: int = typer.Option(24, min=1, help="Steps between saves of the inner optimizer state."),
+    save_state_every: int = typer.Option(24, min=1, help="Steps between saves of the inner optimizer state to "
+                                          "--state-dir."),
     min_step_seconds: float = typer.Option(0.0, min=0.0, help="Pad every step to at least this long (emulates a learner "
                                            "with its own accelerator of that speed on a shared CPU)."),
-    threads: int = typer.Option(0, min=0, max=1024, help="torch threads (0: PyTorch's default)."),
+    connect_timeout: float = typer.Option(120.0, min=0.1, max=1e6, help="Give up (exit code 2) when no synchronizer "
+                                          "answers within this many seconds at start."),
+    threads: int = options.THREADS,
     as_json: bool = typer.Option(False, "--json", help="End with one JSON line of this learner's stats."),
-    log_level: str = typer.Option("info"),
+    log_level: options.LogLevel = options.LOG_LEVEL,
 ) -> None:
     """Train until the synchronizer says the run is over; communication never blocks the training loop."""
-    import torch
 
     from ..learner.link import SynchronizerError
     from ..learner.trainer import LearnerSettings, train
@@ -51,16 +53,15 @@ def learner(
 
     codec = options.Codec(codec).value
     model, model_size = options.plain(model, model_size)
-    logsetup.configure(f"learner{learner_id}", log_level)
-    if threads > 0:
-        torch.set_num_threads(threads)
+    logsetup.configure(f"learner{learner_id}", options.plain(log_level)[0])
+    options.set_threads(threads)
     try:
         settings = LearnerSettings(
             learner=learner_id, addresses=connect, learners=learners, model=model, model_size=model_size, data=data,
             seq_len=seq_len, seed=seed, inner=InnerConfig(lr=inner_lr, batch_size=batch_size), codec=codec,
             token=auth.resolve_token(token), credentials=auth.channel_credentials(tls_ca),
             state_dir=str(state_dir) if state_dir else None, net_delay=net_delay / 1000.0, max_steps=max_steps,
-            checkpoint_every=checkpoint_every, min_step_seconds=min_step_seconds,
+            checkpoint_every=save_state_every, min_step_seconds=min_step_seconds, start_timeout=connect_timeout,
         )
         for address in connect.split(","):
             check_address(address.strip())

@@ -68,3 +68,43 @@ HEARTBEAT = typer.Option(0.5, min=0.01, max=3600.0,
                          help="Heartbeat interval h in seconds; the other timeouts derive from it (docs/runtime.md).")
 TOKENS_BUDGET = dict(min=1, max=2**53)
 DURATION_BUDGET = dict(min=0.001, max=1e7)
+
+
+class WandbMode(str, enum.Enum):
+    offline = "offline"
+    online = "online"
+
+
+TENSORBOARD = typer.Option(None, "--tensorboard", help="Also write the metrics (eval and training loss, goodput) as "
+                           "TensorBoard events in this folder (pip install tensorboard).")
+WANDB = typer.Option(False, "--wandb", help="Also log the metrics to Weights & Biases (pip install wandb), in the run "
+                     "directory's wandb/ folder.")
+WANDB_MODE = typer.Option(WandbMode.offline, "--wandb-mode", help="offline needs no network or account (upload later "
+                          "with `wandb sync`).")
+WANDB_PROJECT = typer.Option("ddiloco", "--wandb-project", help="wandb project name.")
+DASHBOARD_HOST = typer.Option("127.0.0.1", "--dashboard-host", help="Dashboard address; beyond loopback it needs "
+                              "--token (sent as X-Ddiloco-Token or ?token=).")
+DASHBOARD_PORT = typer.Option(0, "--dashboard-port", min=0, max=65535, help="Dashboard port (0: a free one).")
+
+THREADS = typer.Option(0, "--threads", min=0, max=1024, help="torch threads per process (0: automatic: PyTorch's "
+                       "default for one process; `ddiloco run` shares the cores among its processes).")
+LogLevel = _choices("LogLevel", ("debug", "info", "warning", "error"))
+LOG_LEVEL = typer.Option("info", "--log-level", help="Log records at this level and above go to stderr.")
+
+
+def set_threads(threads: int) -> None:
+    """--threads N: N torch threads; 0 leaves PyTorch's default."""
+    if threads > 0:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def shared_threads(threads: int, processes: int) -> int:
+    """--threads for each of `processes` processes on this machine: N as given, 0 shares the cores."""
+    import os
+
+    return threads if threads > 0 else max(1, (os.cpu_count() or 1) // max(1, processes))
+DATA = typer.Option(None, "--data", help="Text file or folder (LMs) or torchvision root (vision). Default: the "
+                    "Python standard library's own source (LMs) or scikit-learn's digits (vision); nothing is downloaded.")
+SEQ_LEN = typer.Option(128, "--seq-len", min=1, max=1 << 20, help="Context length of the language models.")

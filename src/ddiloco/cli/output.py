@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
+from pathlib import Path
 from typing import Callable, Iterator
 
 import click
@@ -109,3 +110,22 @@ def user_error(exc: Exception) -> typer.BadParameter:
     for name in sorted(names, key=len, reverse=True):
         message = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", names[name], message)
     return typer.BadParameter(message)
+
+
+def metric_sinks(tensorboard: Path | None, wandb: bool, wandb_mode: object, wandb_project: str, where: Path,
+                 name: str, config: dict) -> list:
+    """The sinks the flags ask for (TensorBoard, wandb), or exit code 2 naming the flag."""
+    from ..records.sinks import TensorBoardSink, WandbSink
+
+    sinks: list = []
+    try:
+        if tensorboard is not None:
+            sinks.append(TensorBoardSink(tensorboard))
+        if wandb:
+            mode = getattr(wandb_mode, "value", wandb_mode)
+            sinks.append(WandbSink(where, str(mode), wandb_project, name, config))
+    except ValueError as exc:
+        for sink in sinks:
+            sink.close()
+        raise typer.BadParameter(str(exc), param_hint="--wandb" if "wandb" in str(exc) else "--tensorboard") from None
+    return sinks

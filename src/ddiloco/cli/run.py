@@ -21,8 +21,8 @@ def run(
                                "waits at every outer step)."),
     model: options.Model = typer.Option("gpt", help="The model to train."),
     model_size: options.ModelSize = typer.Option("default", help="default (~1M parameters) or tiny."),
-    data: Optional[str] = typer.Option(None, help="Text file or folder (LMs) / torchvision root (vision)."),
-    seq_len: int = typer.Option(128, min=1),
+    data: Optional[str] = options.DATA,
+    seq_len: int = options.SEQ_LEN,
     learners: int = options.LEARNERS,
     fragments: int = options.FRAGMENTS,
     sync_every: int = options.SYNC_EVERY,
@@ -32,17 +32,17 @@ def run(
     merge: Optional[options.Merge] = options.MERGE,
     outer_lr: float = options.OUTER_LR,
     outer_momentum: float = options.OUTER_MOMENTUM,
-    inner_lr: float = typer.Option(3e-3, min=0.0),
-    batch_size: int = typer.Option(16, min=1),
+    inner_lr: float = typer.Option(3e-3, min=0.0, help="Peak inner AdamW learning rate."),
+    batch_size: int = typer.Option(16, min=1, help="Sequences (or images) per learner step."),
     tokens: Optional[int] = typer.Option(None, **options.TOKENS_BUDGET, help="Stop once the learners trained this many tokens "
                                          "(default 400000 unless --duration is given)."),
     duration: Optional[float] = typer.Option(None, **options.DURATION_BUDGET, help="Stop after this many seconds."),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Seed of the model, the data order and the chaos schedule."),
     sync_shards: int = typer.Option(1, min=1, help="Synchronizer shard processes (fragments spread round-robin)."),
     codec: options.Codec = options.CODEC,
     heartbeat: float = options.HEARTBEAT,
     checkpoint_every: int = typer.Option(1, min=0, help="Synchronizer merges between checkpoints."),
-    threads: int = typer.Option(1, min=1, max=1024, help="torch threads per learner process."),
+    threads: int = options.THREADS,
     min_step_seconds: float = typer.Option(0.0, min=0.0, help="Pad every learner step to at least this long: emulates "
                                            "learners with their own accelerators on a shared CPU."),
     run_dir: Optional[Path] = typer.Option(None, help="Logs, checkpoints, event log (default runs/run-<time>)."),
@@ -59,11 +59,14 @@ def run(
     eval_batches: int = typer.Option(20, min=1, help="Validation batches for the final evaluation."),
     eval_every: float = typer.Option(20.0, min=0.0, help="Seconds between evaluations of the global model (live view, metrics.jsonl; 0: none)."),
     token: Optional[str] = typer.Option(None, help="Shared secret for the processes (or $DDILOCO_TOKEN)."),
-    tensorboard: Optional[Path] = typer.Option(None, help="Also write the metrics as TensorBoard events here."),
+    tensorboard: Optional[Path] = options.TENSORBOARD,
+    wandb: bool = options.WANDB,
+    wandb_mode: options.WandbMode = options.WANDB_MODE,
+    wandb_project: str = options.WANDB_PROJECT,
     dashboard: bool = typer.Option(True, help="Serve a live web dashboard (its address is printed and kept in "
                                    "the run directory's dashboard.url)."),
-    dashboard_host: str = typer.Option("127.0.0.1", help="Dashboard address; beyond loopback it needs --token."),
-    dashboard_port: int = typer.Option(0, min=0, max=65535, help="Dashboard port (0: a free one)."),
+    dashboard_host: str = options.DASHBOARD_HOST,
+    dashboard_port: int = options.DASHBOARD_PORT,
     as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding the summary."),
     quiet: bool = typer.Option(False, help="No live view."),
 ) -> None:
@@ -81,9 +84,9 @@ def run(
     from ..launch.metrics import RunMetrics
     from ..launch.supervisor import Supervisor
     from ..records import logsetup
-    from ..records.rundir import RunDir
+    from ..records.rundir import RunDir, jsonable
     from ..wire import auth
-    from .output import print_summary, stderr, user_error
+    from .output import metric_sinks, print_summary, stderr, user_error
 
     logsetup.configure("run", "warning")
     try:
@@ -102,7 +105,7 @@ def run(
             outer_lr=outer_lr, outer_momentum=outer_momentum, inner_lr=inner_lr, batch_size=batch_size, seed=seed,
             tokens=tokens if tokens is not None or duration is not None else 400_000, duration=duration,
             sync_shards=sync_shards, codec=codec, heartbeat=heartbeat, checkpoint_every=checkpoint_every,
-            threads=threads, min_step_seconds=min_step_seconds, eval_batches=eval_batches, eval_every=eval_every, token=auth.resolve_token(token),
+            threads=options.shared_threads(threads, learners + sync_shards), min_step_seconds=min_step_seconds, eval_batches=eval_batches, eval_every=eval_every, token=auth.resolve_token(token),
             chaos=chaos,
         )
         from ..train.tasks import make_task
@@ -130,10 +133,8 @@ def run(
     sup = Supervisor(config, on_tick)
     record = RunDir(config.run_dir)
     record.write_config("run", config, clock_origin=sup.start_wall)
-    try:
-        log = record.metrics(tensorboard)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--tensorboard") from None
+    log = record.metrics(metric_sinks(tensorboard, wandb, wandb_mode, wandb_project, config.run_dir,
+                                      config.run_dir.name, jsonable(config)))
     metrics = RunMetrics(sup, task, log, eval_every, config.seed, config.token)
     board = None
     if dashboard:

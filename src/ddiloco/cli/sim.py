@@ -11,13 +11,13 @@ import typer
 from ..chaos.trace import FailureTrace, random_trace
 from ..core.config import AlgorithmConfig
 from ..records.events import EventLog
-from ..records.rundir import MetricsLog, RunDir
+from ..records.rundir import MetricsLog, RunDir, jsonable
 from ..sim.config import SimConfig
 from ..sim.hardware import LinkModel, StepTimeModel, half_slow
 from ..sim.recorder import SimRecorder
 from ..train.inner import InnerConfig
 from . import app, options
-from .output import print_summary, progress_bar, user_error
+from .output import metric_sinks, print_summary, progress_bar, user_error
 
 
 def parse_speeds(text: Optional[str], learners: int, hetero: Optional[float]) -> tuple[float, ...]:
@@ -62,11 +62,8 @@ def sim(
     model: options.Model = typer.Option("gpt", help="gpt (dense transformer LM), gpt-moe (mixture of experts) or "
                                         "vision."),
     model_size: options.ModelSize = typer.Option("default", help="default (~1M parameters) or tiny (quick checks)."),
-    data: Optional[str] = typer.Option(
-        None, help="Text file or folder (LMs) or torchvision root (vision). Default: the Python standard "
-        "library's own source (LMs) or scikit-learn's digits (vision); nothing is downloaded."
-    ),
-    seq_len: int = typer.Option(128, help="Context length of the language models."),
+    data: Optional[str] = options.DATA,
+    seq_len: int = options.SEQ_LEN,
     tokenizer: options.Tokenizer = typer.Option("byte", help="byte (256 symbols) or bpe (trained here on the "
                                                 "training text)."),
     bpe_vocab: int = typer.Option(1024, help="Vocabulary size of the BPE tokenizer."),
@@ -92,18 +89,19 @@ def sim(
     failures: Optional[Path] = typer.Option(None, "--chaos-trace", help="Failure trace CSV (learner,down_at,up_at) to replay."),
     failures_scale: float = typer.Option(1.0, "--chaos-trace-scale", help="Multiply the trace's times by this (trace seconds to sim seconds)."),
     fail_mtbf: Optional[float] = typer.Option(None, "--learner-mtbf", help="Random failures: mean simulated seconds between a learner's failures."),
-    fail_downtime: float = typer.Option(20.0, "--learner-down", help="Random failures: mean simulated seconds a failed learner stays down."),
+    fail_downtime: float = typer.Option(15.0, "--learner-down", help="Random failures: mean simulated seconds a failed learner stays down."),
     latency: float = typer.Option(0.01, help="One-way message latency, simulated seconds."),
     bandwidth: float = typer.Option(1e9, help="Link bandwidth, bytes per simulated second."),
     reconfigure_seconds: float = typer.Option(5.0, help="elastic-ddp: pause on every membership change."),
     eval_batches: int = typer.Option(20, help="Validation batches for the final evaluation."),
-    threads: int = typer.Option(0, help="torch threads (0: PyTorch's default)."),
+    threads: int = options.THREADS,
     events: Optional[Path] = typer.Option(
         None, "--event-log", help="Write the run's events (failures, joins, merges with who was admitted, rejections) as JSON lines."
     ),
-    tensorboard: Optional[Path] = typer.Option(
-        None, help="Also write the metrics (eval and training loss, goodput) as TensorBoard events here."
-    ),
+    tensorboard: Optional[Path] = options.TENSORBOARD,
+    wandb: bool = options.WANDB,
+    wandb_mode: options.WandbMode = options.WANDB_MODE,
+    wandb_project: str = options.WANDB_PROJECT,
     run_dir: Optional[Path] = typer.Option(
         None, help="Keep the whole run here: config.json, summary.json, metrics.jsonl (eval loss, training loss, "
         "goodput over tokens and time), events.jsonl. `ddiloco report DIR` plots it."
@@ -113,12 +111,10 @@ def sim(
 ) -> None:
     """Train one configuration on the virtual clock: real models and data, simulated time and faults."""
     method, model, model_size, tokenizer, merge = options.plain(method, model, model_size, tokenizer, merge)
-    import torch
 
     from ..sim.run import build_task, run_sim
 
-    if threads > 0:
-        torch.set_num_threads(threads)
+    options.set_threads(threads)
     if method == "diloco":  # synchronous DiLoCo: one fragment, blocking syncs, everyone waits (P, tau, K ignored)
         fragments, overlap, quorum = 1, 0, learners
     try:
@@ -163,10 +159,11 @@ def sim(
             record = RunDir(run_dir)
             record.write_config("sim", config, clock_origin=0.0)
             events = events or record.events_path
-        metrics = record.metrics(tensorboard) if record is not None else (
-            MetricsLog(None, tensorboard) if tensorboard is not None else None)
     except ValueError as exc:
         raise user_error(exc) from None
+    sinks = metric_sinks(tensorboard, wandb, wandb_mode, wandb_project, run_dir or Path.cwd(),
+                         run_dir.name if run_dir else None, jsonable(config))
+    metrics = record.metrics(sinks) if record is not None else (MetricsLog(None, sinks) if sinks else None)
     with EventLog(events, append=False) as log, progress_bar(f"{method} x{learners}", disabled=quiet) as update:
         progress = update if metrics is None else SimRecorder(metrics, task, config.tokens,
                                                                eval_batches=config.eval_batches, forward=update)

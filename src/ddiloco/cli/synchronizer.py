@@ -35,8 +35,8 @@ def synchronizer(
     address_file: Optional[Path] = typer.Option(None, help="Write the host:port actually bound here (atomically)."),
     model: options.Model = typer.Option("gpt", help="Builds the initial global parameters (unless --init)."),
     model_size: options.ModelSize = typer.Option("default", help="default or tiny."),
-    data: Optional[str] = typer.Option(None, help="Text file or folder (LMs) / torchvision root (vision)."),
-    seq_len: int = typer.Option(128, min=1, help="Context length of the language models."),
+    data: Optional[str] = options.DATA,
+    seq_len: int = options.SEQ_LEN,
     seed: int = typer.Option(0, help="Seed of the initial parameters."),
     init: Optional[Path] = typer.Option(None, help="Initial parameters from a safetensors file instead of --model "
                                         "(any PyTorch model: save dict(model.named_parameters()))."),
@@ -77,11 +77,14 @@ def synchronizer(
     event_log: Optional[Path] = typer.Option(None, help="Append events (merges, joins, rejections) as JSON lines."),
     summary: Optional[Path] = typer.Option(None, help="Write the final status as JSON here on exit."),
     exit_when_done: bool = typer.Option(True, help="Exit once a stopped run has drained."),
-    threads: int = typer.Option(1, min=1, max=1024, help="torch threads for merging."),
-    log_level: str = typer.Option("info"),
+    dashboard: bool = typer.Option(False, help="Serve the live web dashboard of this shard (its address is "
+                                   "printed; the learners' sessions, versions, merges, goodput, training loss)."),
+    dashboard_host: str = options.DASHBOARD_HOST,
+    dashboard_port: int = options.DASHBOARD_PORT,
+    threads: int = options.THREADS,
+    log_level: options.LogLevel = options.LOG_LEVEL,
 ) -> None:
     """Serve one synchronizer shard: merges learners' outer gradients, checkpoints, never waits for the dead."""
-    import torch
 
     from ..records import logsetup
     from ..records.atomic import atomic_write
@@ -93,8 +96,8 @@ def synchronizer(
 
     codec_down = options.CodecDown(codec_down).value
     method, model, model_size, merge = options.plain(method, model, model_size, merge)
-    logsetup.configure(f"sync{shard}", log_level)
-    torch.set_num_threads(max(1, threads))
+    logsetup.configure(f"sync{shard}", options.plain(log_level)[0])
+    options.set_threads(threads)
     try:
         secret = auth.resolve_token(token)
         auth.require_token_policy(host, secret, insecure_no_auth)
@@ -125,9 +128,23 @@ def synchronizer(
         address = server.start()
     except (ValueError, OSError, FileNotFoundError) as exc:
         raise user_error(exc) from None
+    board = None
+    if dashboard:
+        from ..launch.dashboard import Dashboard
+        from ..launch.shardstate import ShardState
+
+        try:
+            auth.require_token_policy(dashboard_host, secret, False)
+            board = Dashboard(ShardState(service.status, method, learners, duration, tokens),
+                              dashboard_host, dashboard_port, secret)
+        except (ValueError, OSError) as exc:
+            server.stop()
+            raise typer.BadParameter(str(exc), param_hint="--dashboard-host/--dashboard-port") from None
     if address_file is not None:
         atomic_write(address_file, address.encode())
     print(f"synchronizer shard {shard}/{num_shards} listening on {address}", flush=True)
+    if board is not None:
+        print(f"dashboard: {board.start()}", flush=True)
 
     stop = threading.Event()
 
@@ -140,6 +157,8 @@ def synchronizer(
         if exit_when_done and service.finished.is_set():
             break
         stop.wait(0.2)
+    if board is not None:
+        board.stop()
     server.stop()
     status = service.status()
     if summary is not None:

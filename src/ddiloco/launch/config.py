@@ -78,7 +78,7 @@ class RunConfig:
                 "--grace", str(self.grace), "--outer-lr", str(self.outer_lr),
                 "--outer-momentum", str(self.outer_momentum), "--shard", str(shard),
                 "--num-shards", str(self.sync_shards), "--max-learners", str(self.learners),
-                "--checkpoint-dir", str(d), "--checkpoint-every", str(self.checkpoint_every),
+                "--checkpoint-dir", str(d), "--checkpoint-every", str(self.checkpoint_every), "--threads", str(self.threads),
                 "--heartbeat", str(self.heartbeat), "--event-log", str(d / "events.jsonl"),
                 "--summary", str(d / "summary.json")]
         if self.merge:
@@ -93,7 +93,7 @@ class RunConfig:
         args = ["learner", "--connect", ",".join(addresses), "--id", str(m), *self._model_args(),
                 "--batch-size", str(self.batch_size), "--inner-lr", str(self.inner_lr), "--codec", self.codec,
                 "--state-dir", str(self.learner_dir(m)), "--threads", str(self.threads),
-                "--checkpoint-every", str(self.sync_every)]
+                "--save-state-every", str(self.sync_every)]
         if self.min_step_seconds > 0:
             args += ["--min-step-seconds", str(self.min_step_seconds)]
         if self.chaos.net_delay_ms:

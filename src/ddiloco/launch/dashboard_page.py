@@ -11,11 +11,11 @@ body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; }
 td, th { border-bottom: 1px solid #ddd; padding: 0.25em 0.8em; text-align: right; }
 td.state { text-align: left; }
-.running { color: #1a7f37; } .down, .failed { color: #cf222e; } .starting, .joining { color: #9a6700; }
+.running { color: #1a7f37; } .down, .failed, .gone { color: #cf222e; } .starting, .joining { color: #9a6700; }
 svg { border: 1px solid #ddd; background: #fafafa; }
 #error { color: #cf222e; }
 </style></head><body>
-<h1>ddiloco run: <span id="method">-</span></h1>
+<h1>ddiloco: <span id="method">-</span></h1>
 <div class="stats">
 <span>time <b id="clock">-</b></span>
 <span>global version <b id="version">-</b></span>
@@ -70,9 +70,9 @@ async function refresh() {
     document.getElementById("stall").textContent = fmt(s.stall_seconds_max, 1) + " s";
     document.getElementById("eval-loss").textContent = fmt(s.eval_loss, 3);
     document.getElementById("learner-count").textContent = s.learners.filter(l => l.state === "running").length;
-    document.getElementById("restarts").textContent = s.learner_restarts;
+    document.getElementById("restarts").textContent = s.learner_restarts ?? "-";
     document.querySelector("#learners tbody").innerHTML = s.learners.map(l =>
-      `<tr><td>${l.id}</td><td class="state ${l.state}">${l.state}</td><td>${l.pid ?? "-"}</td><td>${l.restarts}</td>` +
+      `<tr><td>${l.id}</td><td class="state ${l.state}">${l.state}</td><td>${l.pid ?? "-"}</td><td>${l.restarts ?? "-"}</td>` +
       `<td>${l.step ?? "-"}</td><td>${l.tokens_trained || "-"}</td><td>${fmt(l.tokens_merged, 0)}</td>` +
       `<td>${fmt(l.loss, 3)}</td></tr>`).join("");
     draw(s.history || []);

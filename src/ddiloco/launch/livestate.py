@@ -14,11 +14,16 @@ if TYPE_CHECKING:  # handed in; nothing of the supervisor is imported at run tim
     from .supervisor import Supervisor
 
 
+def goodput_so_far(statuses: list[dict], learners: int, now: float) -> float:
+    """Merged compute seconds over the learners' time since the first join, across shards."""
+    joined = [float(s["first_join_wall"]) for s in statuses if s.get("first_join_wall")]
+    window = now - min(joined) if joined else 0.0
+    useful = sum(float(s.get("useful_seconds", 0.0)) for s in statuses)
+    return useful / (learners * window) if window > 0 else 0.0
+
+
 def snapshot(sup: "Supervisor", eval_loss: float | None) -> dict:
     statuses = [s.status for s in sup.shards if s.status]
-    joined = [float(s["first_join_wall"]) for s in statuses if s.get("first_join_wall")]
-    window = time.time() - min(joined) if joined else 0.0
-    useful = sum(float(s.get("useful_seconds", 0.0)) for s in statuses)
     return {
         "method": sup.config.method,
         "elapsed": sup.elapsed(),
@@ -27,7 +32,7 @@ def snapshot(sup: "Supervisor", eval_loss: float | None) -> dict:
         "token_budget": sup.config.tokens,
         "version": sum(int(s.get("version_sum", 0)) for s in statuses),
         "merges": sum(int(s.get("merges", 0)) for s in statuses),
-        "goodput": useful / (sup.config.learners * window) if window > 0 else 0.0,
+        "goodput": goodput_so_far(statuses, sup.config.learners, time.time()),
         "stall_seconds_max": max((float(s.get("stall_seconds_max", 0.0)) for s in statuses), default=0.0),
         "eval_loss": eval_loss,
         "learner_restarts": sup.learner_restarts,

@@ -125,13 +125,16 @@ class ShardLink:
             except grpc.RpcError as exc:
                 if exc.code() in PERMANENT:
                     raise SynchronizerError(f"synchronizer {self.address} refused registration: {exc.details()}") from None
-                if time.monotonic() - self._last_register_log > 5.0:
-                    self._last_register_log = time.monotonic()
-                    log.info("cannot register with %s yet (%s: %s); retrying", self.address, exc.code().name,
-                             exc.details())
+                now = time.monotonic()
+                if now - self._last_register_log > 5.0:
+                    self._last_register_log = now
+                    left = "" if deadline is None else f" for {max(0.0, deadline - now):.0f} s more"
+                    log.warning("synchronizer %s does not answer yet (%s: %s); retrying%s", self.address,
+                                exc.code().name, exc.details(), left)
                 given_up = self.ctx.closing.is_set() or (fresh and self.ctx.stop_requested.is_set())
-                if given_up or (deadline is not None and time.monotonic() + delay > deadline):
-                    raise ConnectionError(f"cannot reach synchronizer {self.address}: {exc.details()}") from None
+                if given_up or (deadline is not None and now + delay > deadline):
+                    raise ConnectionError(f"no answer from synchronizer {self.address} ({exc.code().name}: "
+                                          f"{exc.details()}); is it running, and is the address right?") from None
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(2 * delay, self.timeouts.backoff_max)
         self.info = reply

@@ -24,21 +24,30 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Sequence, TextIO
 
 from .atomic import atomic_write_json, read_json
 from .events import read_events
+from .sinks import Sink
 
 CONFIG, SUMMARY, METRICS, EVENTS = "config.json", "summary.json", "metrics.jsonl", "events.jsonl"
 METRIC_KINDS = ("eval", "train", "progress")
 
 
+SECRET_KEYS = frozenset({"token", "secret", "password"})
+
+
+def _field(key: str, value: object) -> object:
+    return "<redacted>" if key in SECRET_KEYS and value is not None else jsonable(value)
+
+
 def jsonable(value: object) -> object:
-    """Settings as JSON: dataclasses as dicts, paths and enums as text, tuples as lists."""
+    """Settings as JSON: dataclasses as dicts, paths and enums as text, tuples as lists, and secrets
+    (the auth token) never written out."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: _field(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {str(k): _field(str(k), v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [jsonable(v) for v in value]
     if isinstance(value, enum.Enum):
@@ -60,12 +69,11 @@ def versions() -> dict[str, str]:
 class MetricsLog:
     """Appends metric records; flushed line by line, so a killed run keeps what it measured.
 
-    With `tensorboard`, every value also goes to a TensorBoard event file there (`<kind>/<name>`,
-    against tokens trained), through torch's SummaryWriter (`pip install tensorboard`).
+    Every numeric value also goes to each sink (`records.sinks`: TensorBoard, wandb).
     """
 
-    def __init__(self, path: Path | None, tensorboard: Path | None = None) -> None:
-        self._writer = _summary_writer(tensorboard) if tensorboard is not None else None
+    def __init__(self, path: Path | None, sinks: Sequence[Sink] = ()) -> None:
+        self._sinks = list(sinks)
         self._file: TextIO | None = open(path, "a", buffering=1) if path is not None else None
         self._lock = threading.Lock()
 
@@ -74,31 +82,21 @@ class MetricsLog:
             raise ValueError(f"unknown metric kind {kind!r}; one of {METRIC_KINDS}")
         record = {"t": round(float(t), 6), "tokens": tokens, "kind": kind,
                   **{k: v for k, v in values.items() if v is not None}}
+        numbers = {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         with self._lock:
             if self._file is not None:
                 self._file.write(json.dumps(record) + "\n")
-            if self._writer is not None:
-                for key, value in values.items():
-                    if isinstance(value, (int, float)):
-                        self._writer.add_scalar(f"{kind}/{key}", value, global_step=int(tokens), walltime=None)
+            for sink in self._sinks:
+                sink.write(kind, tokens, numbers)
 
     def close(self) -> None:
         with self._lock:
             if self._file is not None:
                 self._file.close()
                 self._file = None
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
-
-
-def _summary_writer(directory: Path):  # noqa: ANN202 - torch's SummaryWriter, imported only when asked for
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard "
-                         "(or pip install 'ddiloco[tensorboard]')") from None
-    return SummaryWriter(log_dir=str(directory))
+            for sink in self._sinks:
+                sink.close()
+            self._sinks = []
 
 
 class RunDir:
@@ -122,8 +120,8 @@ class RunDir:
     def write_summary(self, summary: dict) -> None:
         atomic_write_json(self.path / SUMMARY, summary, durable=False)
 
-    def metrics(self, tensorboard: Path | None = None) -> MetricsLog:
-        return MetricsLog(self.path / METRICS, tensorboard)
+    def metrics(self, sinks: Sequence[Sink] = ()) -> MetricsLog:
+        return MetricsLog(self.path / METRICS, sinks)
 
 
 @dataclasses.dataclass
