@@ -1,7 +1,9 @@
 """Each method's accounting on tiny cases worked out by hand (numbers in the comments).
 
-Defaults used unless a test says otherwise: detect 5 s, reconfigure 5 s, scale-up 3 s, rejoin 4 s,
+Constants unless a test says otherwise: detect 5 s, reconfigure 5 s, scale-up 3 s, rejoin 4 s,
 step 2 s, ddp restart 25 s and checkpoint every 10 s. Horizon 1000 s, slices of 100 chips.
+Failures strike running chips only: a group's k-th failure lands the windows of its earlier
+failures later than drawn (`timeline.failure_clock_shift`), and the repair moves with it.
 """
 
 from __future__ import annotations
@@ -16,9 +18,16 @@ from ddiloco.goodput.diloco import simulate_diloco
 from ddiloco.goodput.elastic import simulate_elastic_ddp
 from ddiloco.goodput.failures import SliceOutages
 from ddiloco.goodput.progress import Cumulative
-from ddiloco.goodput.timeline import Events, Segments, running_segments
+from ddiloco.goodput.timeline import (
+    Events,
+    Segments,
+    failure_clock_shift,
+    running_segments,
+)
 
-CFG = GoodputConfig(slice_chips=100)
+CFG = GoodputConfig(slice_chips=100, reconfig_s=5.0, restart_s=25.0, checkpoint_s=10.0, rejoin_s=4.0,
+                    repair_mean_hours=1.0)
+KEEP = 1.0 - CFG.repair_share  # ddp's goodput counts its hot spares: N / (1 - share under repair) chips
 H = 1000.0
 
 
@@ -44,6 +53,14 @@ def test_windows_merge_when_they_overlap_and_groups_stay_apart():
     assert list(zip(g0.start, g0.end)) == [(0.0, 10.0), (17.0, 30.0), (35.0, 200.0)]
     # Group 1's long window does not leak into group 0.
     assert list(zip(g1.start, g1.end)) == [(0.0, 10.0), (110.0, 200.0)]
+
+
+def test_failure_clock_stops_during_each_groups_own_failure_pauses():
+    # Group 0 fails at 10, 12, 50 with 5-s windows; group 1 at 11 with a 100-s window (given unsorted).
+    shift = failure_clock_shift(np.array([50.0, 11.0, 12.0, 10.0]), np.array([0, 1, 0, 0]),
+                                np.array([5.0, 100.0, 5.0, 5.0]))
+    assert shift.tolist() == [10.0, 0.0, 5.0, 0.0]  # group 1's window never moves group 0
+    assert failure_clock_shift(np.zeros(0), np.zeros(0, np.int64), np.zeros(0)).size == 0
 
 
 def test_cumulative_work_and_its_inverse():
@@ -73,23 +90,24 @@ def test_elastic_one_failure():
     assert r.uptime == pytest.approx((101 + 289 + 597) / 1000)
 
 
-def test_elastic_two_overlapping_failures():
-    # Slice 0 down [101,400), slice 1 down [105,300).
-    # [0,101) 300 chips, 1 s lost -> 30 000; pause [101,115) (105 + 10 extends 111 to 115)
-    # [115,300) 100 chips -> 18 500; pause [300,303); [303,400) 200 chips -> 19 400
+def test_elastic_failure_drawn_inside_a_pause_strikes_after_it():
+    # Slice 0 down [101,400); slice 1 drawn down [105,300), inside the pause [101,111): its failure
+    # moves 10 s later, to 115, and its repair with it, to [115,310).
+    # [0,101) 300 chips, 1 s lost -> 30 000; pause [101,111); [111,115) 200 chips -> 800
+    # pause [115,125); [125,310) 100 chips -> 18 500; pause [310,313); [313,400) 200 -> 17 400
     # pause [400,403); [403,1000) 300 chips -> 179 100
     r = simulate_elastic_ddp(outages([(0, 101, 400), (1, 105, 300)]), CFG)
-    assert r.goodput == pytest.approx((30_000 + 18_500 + 19_400 + 179_100) / 300_000)
-    assert r.uptime == pytest.approx((101 + 185 + 97 + 597) / 1000)
+    assert r.goodput == pytest.approx((30_000 + 800 + 18_500 + 17_400 + 179_100) / 300_000)
+    assert r.uptime == pytest.approx((101 + 4 + 185 + 87 + 597) / 1000)
 
 
-def test_elastic_failure_during_a_pause():
-    # Slice 0 down [101,400); slice 1 fails at 401, during the scale-up pause [400,403).
-    # The pause runs on to 401 + 10 = 411 and nothing more is lost (no step was in flight).
-    # [0,101) -> 30 000; [111,400) 200 chips -> 57 800; [411,1000) 200 chips -> 117 800
+def test_elastic_later_failure_is_moved_by_the_earlier_pauses_only():
+    # Slice 0 down [101,400); slice 1 drawn to fail at 401: after one 10-s failure pause, at 411.
+    # [0,101) -> 30 000; [111,400) 200 chips -> 57 800; scale-up pause [400,403);
+    # [403,411) 300 chips, 8 s (a step boundary, nothing lost) -> 2 400; [421,1000) 200 -> 115 800
     r = simulate_elastic_ddp(outages([(0, 101, 400), (1, 401, 2000)]), CFG)
-    assert r.goodput == pytest.approx((30_000 + 57_800 + 117_800) / 300_000)
-    assert r.uptime == pytest.approx((101 + 289 + 589) / 1000)
+    assert r.goodput == pytest.approx((30_000 + 57_800 + 2_400 + 115_800) / 300_000)
+    assert r.uptime == pytest.approx((101 + 289 + 8 + 579) / 1000)
 
 
 def test_elastic_return_during_a_failure_pause_is_folded_in():
@@ -120,21 +138,22 @@ def test_elastic_all_slices_down_does_no_work():
 def test_ddp_one_failure_loses_work_since_checkpoint():
     # Failure at 437: [0,437) keeps 430 s (checkpoints every 10 s); down [437,467); [467,1000) 533 s.
     r = simulate_ddp([437.0], 300, H, CFG)
-    assert r.goodput == pytest.approx((430 + 533) / 1000)
+    assert r.goodput == pytest.approx((430 + 533) / 1000 * KEEP)
     assert r.uptime == pytest.approx((437 + 533) / 1000)
 
 
-def test_ddp_failure_during_restart_starts_it_over():
-    # Failures at 101 and 120: down until 120 + 30 = 150. Then 437: [150,437) keeps 280 s.
-    # [0,101) keeps 100; [467,1000) 533 s (cut by the horizon, counts in full).
+def test_ddp_failure_never_lands_inside_a_restart():
+    # Drawn at 101, 120, 437; on the running clock 101, 120 + 30 = 150, 437 + 60 = 497.
+    # [0,101) keeps 100; [131,150) keeps 10; [180,497) keeps 310; [527,1000) 473 (cut by the horizon).
     r = simulate_ddp([120.0, 101.0, 437.0], 300, H, CFG)
-    assert r.goodput == pytest.approx((100 + 280 + 533) / 1000)
-    assert r.uptime == pytest.approx((101 + 287 + 533) / 1000)
+    assert r.goodput == pytest.approx((100 + 10 + 310 + 473) / 1000 * KEEP)
+    assert r.uptime == pytest.approx((101 + 19 + 317 + 473) / 1000)
 
 
 def test_ddp_without_failures_and_failures_outside_the_window():
-    assert simulate_ddp([], 300, H, CFG).goodput == 1.0
-    assert simulate_ddp([-5.0, 1000.0, 2000.0], 300, H, CFG).goodput == 1.0
+    assert simulate_ddp([], 300, H, CFG).goodput == pytest.approx(KEEP)
+    assert simulate_ddp([-5.0, 1000.0, 2000.0], 300, H, CFG).goodput == pytest.approx(KEEP)
+    assert 0.98 < KEEP < 0.995  # 100-chip slices failing every 3 650 h, 1 h repairs: 2.7 % held
 
 
 # ---------------------------------------------------------------- Decoupled DiLoCo
@@ -170,13 +189,14 @@ def test_decoupled_two_overlapping_failures_in_two_learners():
     assert r.uptime == pytest.approx(1 - 10 / 1000)
 
 
-def test_decoupled_failure_during_a_learners_pause():
-    # 6 slices, M = 2: learner 0 = slices 0,1,2. Slice 0 down [101,400); slice 1 fails at 110, inside
-    # learner 0's pause [101,115), which now runs to 110 + 14 = 124; slice 1 is back at 300.
-    # Learner 0: [0,101) 300 chips, 1 s lost -> 30 000; [124,300) 100 -> 17 600;
-    #            [303,400) 200 -> 19 400; [403,1000) 300 -> 179 100.  Learner 1: 300 000.
+def test_decoupled_failure_drawn_inside_a_learners_pause():
+    # 6 slices, M = 2: learner 0 = slices 0,1,2. Slice 0 down [101,400); slice 1 drawn down [110,300),
+    # inside learner 0's pause [101,115): it strikes 14 s later, down [124,314).
+    # Learner 0: [0,101) 300 chips, 1 s lost -> 30 000; [115,124) 200 chips, 1 s lost -> 1 600;
+    #            [138,314) 100 -> 17 600; [317,400) 200 -> 16 600; [403,1000) 300 -> 179 100.
+    # Learner 1: 300 000.
     r = simulate_decoupled(outages([(0, 101, 400), (1, 110, 300)], slices=6), 2, CFG)
-    assert r.goodput == pytest.approx((30_000 + 17_600 + 19_400 + 179_100 + 300_000) / 600_000)
+    assert r.goodput == pytest.approx((30_000 + 1_600 + 17_600 + 16_600 + 179_100 + 300_000) / 600_000)
     assert r.uptime == 1.0
 
 
@@ -198,7 +218,7 @@ def test_diloco_outer_step_waits_for_the_paused_learner():
     # Outer steps: [0,10) [10,20) [20,44.5) [44.5,54.5) [54.5,67.5) then 67.5, 77.5, 87.5, 97.5.
     # Learner 1 idles [30,44.5) and [64.5,67.5): 82.5 s * 200 chips = 16 500 chip-s.
     # Nobody trains in [30,39.5).
-    cfg = GoodputConfig(slice_chips=100, step_s=1.0, inner_steps=10, step_cv=0.0)
+    cfg = CFG.with_(step_s=1.0, inner_steps=10, step_cv=0.0)
     out = SliceOutages.from_lists([(0, 25.5, 60)], [100] * 4, 100.0)
     r = simulate_diloco(out, 2, cfg)
     assert r.goodput == pytest.approx((14_450 + 16_500) / (400 * 100))

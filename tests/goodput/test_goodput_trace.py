@@ -11,7 +11,7 @@ from ddiloco.goodput.decoupled import simulate_decoupled
 from ddiloco.goodput.failures import SliceOutages, sample_outages
 from ddiloco.goodput.trace_export import learner_trace
 
-CFG = GoodputConfig(slice_chips=100)
+CFG = GoodputConfig(slice_chips=100, reconfig_s=5.0, rejoin_s=4.0)  # pauses of 5 + 5 + 4 s
 
 
 def test_trace_holds_each_learners_pauses():

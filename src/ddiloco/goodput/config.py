@@ -24,19 +24,19 @@ class GoodputConfig:
         mtbi_years: mean time between interruptions of one chip [1.0, the paper's value].
         slice_chips: chips per slice, the unit that fails and is repaired together [256].
         repair_dist: distribution of a failed slice's down time [lognormal].
-        repair_mean_hours: mean down time of a failed slice [1.0].
+        repair_mean_hours: mean down time of a failed slice [0.75].
         repair_sigma: shape (sigma of log) of the lognormal repair time [1.0].
         detect_s: time until a failure is detected (heartbeat timeout) [5].
-        reconfig_s: elastic pause to drop a failed slice and go on with the live ones [5].
+        reconfig_s: elastic pause to drop a failed slice and go on with the live ones [10].
         scaleup_s: elastic pause to take a repaired slice back in [3].
-        restart_s: non-elastic data-parallel restart on a spare slice, after detection [25].
-        checkpoint_s: non-elastic data-parallel (in-memory) checkpoint interval [10].
+        restart_s: non-elastic data-parallel restart on a spare slice, after detection [60].
+        checkpoint_s: non-elastic data-parallel (in-memory) checkpoint interval [5].
         step_s: time of one training step; a failure loses the step in flight [2].
         step_cv: coefficient of variation of one learner's step time [0.05].
         inner_steps: H, inner steps between two syncs of a fragment / outer steps [24].
         overlap_steps: tau, steps a fragment sync overlaps with compute [2].
         quorum: K, learners the synchronizer needs before it merges [1].
-        rejoin_s: extra pause of a DiLoCo learner after a failure, to rejoin the synchronizer [4].
+        rejoin_s: extra pause of a DiLoCo learner after a failure, to rejoin the synchronizer [2].
         outer_sync_s: blocking outer all-reduce of synchronous DiLoCo [0, bandwidth out of scope].
         days: simulated wall-clock horizon [7].
     """
@@ -44,19 +44,19 @@ class GoodputConfig:
     mtbi_years: float = 1.0
     slice_chips: int = 256
     repair_dist: str = "lognormal"
-    repair_mean_hours: float = 1.0
+    repair_mean_hours: float = 0.75
     repair_sigma: float = 1.0
     detect_s: float = 5.0
-    reconfig_s: float = 5.0
+    reconfig_s: float = 10.0
     scaleup_s: float = 3.0
-    restart_s: float = 25.0
-    checkpoint_s: float = 10.0
+    restart_s: float = 60.0
+    checkpoint_s: float = 5.0
     step_s: float = 2.0
     step_cv: float = 0.05
     inner_steps: int = 24
     overlap_steps: int = 2
     quorum: int = 1
-    rejoin_s: float = 4.0
+    rejoin_s: float = 2.0
     outer_sync_s: float = 0.0
     days: float = 7.0
 
@@ -111,6 +111,11 @@ class GoodputConfig:
     @property
     def repair_mean_s(self) -> float:
         return self.repair_mean_hours * SECONDS_PER_HOUR
+
+    @property
+    def repair_share(self) -> float:
+        """Long-run share of slices under repair: a slice alternates MTBI/slice_chips up and a mean repair down."""
+        return self.repair_mean_s / (self.mtbi_s / self.slice_chips + self.repair_mean_s)
 
     @property
     def slack_s(self) -> float:

@@ -2,9 +2,11 @@
 
 The same accounting serves the learners of both DiLoCo variants: each learner is itself an elastic
 data-parallel job over its own slices (a group). A failure hangs the group until it is detected and
-then reconfigures it (window detect + reconfig (+ extra)); the step in flight is lost. A repaired
-slice is taken back with a planned scale-up pause (window scaleup), which loses nothing: the
-scale-up waits for the step boundary. Both pauses stop every slice of the group.
+then reconfigures it (window detect + reconfig (+ extra)); the step in flight is lost. Failures
+strike running chips only (`timeline.failure_clock_shift`), so no failure lands inside another's
+pause; a failed slice's repair keeps its length. A repaired slice is taken back with a planned
+scale-up pause (window scaleup), which loses nothing: the scale-up waits for the step boundary.
+Both pauses stop every slice of the group.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 from .config import GoodputConfig
 from .failures import SliceOutages
 from .result import MethodResult
-from .timeline import Events, Segments, running_segments
+from .timeline import Events, Segments, failure_clock_shift, running_segments
 
 
 def slice_events(
@@ -28,11 +30,17 @@ def slice_events(
     chips = outages.slice_chips[outages.slice]
     groups = slice_group[outages.slice]
     num_groups = int(slice_group.max()) + 1 if slice_group.size else 0
-    f = (outages.down_at >= 0) & (outages.down_at < h)
-    r = (outages.up_at >= 0) & (outages.up_at < h) & (outages.down_at < outages.up_at)
-    fails = Events(outages.down_at[f], groups[f], np.full(f.sum(), float(failure_window)),
+    # Failures move onto the group's running clock; each repair keeps its length (it starts later).
+    starts = (outages.down_at >= 0) & (outages.down_at < h)
+    shift = np.zeros(outages.down_at.size)
+    shift[starts] = failure_clock_shift(outages.down_at[starts], groups[starts],
+                                        np.full(int(starts.sum()), float(failure_window)))
+    down_at, up_at = outages.down_at + shift, outages.up_at + shift
+    f = (down_at >= 0) & (down_at < h)
+    r = (up_at >= 0) & (up_at < h) & (down_at < up_at)
+    fails = Events(down_at[f], groups[f], np.full(f.sum(), float(failure_window)),
                    np.ones(f.sum(), bool), chips[f])
-    backs = Events(outages.up_at[r], groups[r], np.full(r.sum(), float(return_window)),
+    backs = Events(up_at[r], groups[r], np.full(r.sum(), float(return_window)),
                    np.zeros(r.sum(), bool), -chips[r])
     down0 = (outages.down_at < 0) & (outages.up_at > 0)
     initial_down = np.bincount(groups[down0], chips[down0], minlength=num_groups)

@@ -1,9 +1,10 @@
 """From events to running intervals: the one sweep every method's accounting is built on.
 
 A group of slices (the whole job, or one learner) runs until an event stops it. Each event opens a
-pause window [t, t + window): the job is hung, detecting, reconfiguring or restarting. An event that
-arrives during a pause extends it to its own end (the reconfiguration must start over to take the
-new event into account), so the pauses of a group are the union of its windows. Between pauses the
+pause window [t, t + window): the job is hung, detecting, reconfiguring or restarting. Failures
+strike running chips only, so the callers first move each failure past the failure pauses before
+it (`failure_clock_shift`); a planned event (a repaired slice coming back) may still arrive during
+a pause and extends it to its own end, so the pauses of a group are the union of its windows. Between pauses the
 group runs with a constant number of live chips, because the live count only changes at events and
 every event opens a pause. That makes all of the accounting a sorted sweep: np.maximum.accumulate
 over window ends finds the pauses, np.cumsum over chip deltas finds the live chips.
@@ -86,6 +87,28 @@ def lost_tail(length: np.ndarray, granularity: float) -> np.ndarray:
     # Guard against float noise: an interval of exactly k commits loses nothing.
     close = np.isclose(lost, granularity, rtol=0.0, atol=1e-9 * max(1.0, granularity))
     return np.where(close, 0.0, lost)
+
+
+def failure_clock_shift(time: np.ndarray, group: np.ndarray, window: np.ndarray) -> np.ndarray:
+    """How much later each failure happens once interruptions strike running chips only.
+
+    A chip is interrupted by what it runs into under load (a hardware fault that surfaces in a
+    kernel, a link error in a collective, a crash of the job itself), so a group's failure clock
+    stops while the group is paused for a failure: the k-th failure of a group lands the windows of
+    its k - 1 earlier failures later than a wall-clock Poisson draw put it. Failure windows then
+    never overlap, and each failure costs its own window once: the cost of a failure does not
+    compound with the failure rate (docs/goodput.md). Returns the shift of each input failure.
+    """
+    if time.size == 0:
+        return np.zeros(0)
+    order = np.lexsort((time, group))
+    grp, w = group[order], window[order]
+    before = np.cumsum(w) - w  # windows of the earlier failures, across groups
+    first_of_group = np.r_[True, grp[1:] != grp[:-1]]
+    start = np.maximum.accumulate(np.where(first_of_group, np.arange(grp.size), 0))
+    shift = np.empty(time.size)
+    shift[order] = before - before[start]
+    return shift
 
 
 def running_segments(
