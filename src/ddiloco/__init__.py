@@ -2,7 +2,7 @@
 
 The names users import live here (`from ddiloco import LearnerClient`); they load on first use so
 that `import ddiloco` stays cheap. The parts of the system, top down (docs/architecture.md):
-cli -> launch, sim, goodput -> synchronizer, learner -> wire -> core; records, train and chaos serve
+cli -> api, launch, sim, goodput -> synchronizer, learner -> wire -> core; records, train and chaos serve
 any of them.
 """
 
@@ -28,17 +28,36 @@ _PUBLIC = {
     "make_task": "ddiloco.train.tasks",
     "EventLog": "ddiloco.records.events",
     "read_events": "ddiloco.records.events",
+    "Synchronizer": "ddiloco.api.synchronizer",
+    "ResumableSampler": "ddiloco.api.data",
+    "ResumableIterable": "ddiloco.api.data",
+    "export_global": "ddiloco.api.export",
+    "load_global": "ddiloco.api.export",
+    "fetch_global": "ddiloco.api.export",
+    "stop_run": "ddiloco.api.control",
+    "save_initial": "ddiloco.api.model",
+    "embedding_names": "ddiloco.api.model",
+    "load_optimizer": "ddiloco.learner.state",
+    "BackgroundSaver": "ddiloco.learner.state",
 }
 
 __all__ = [
-    "AlgorithmConfig", "EventLog", "LearnerClient", "ServiceSettings", "SynchronizerError",
-    "SynchronizerServer", "Timeouts", "__version__", "build_service", "make_task", "read_events",
+    "AlgorithmConfig", "BackgroundSaver", "EventLog", "LearnerClient", "load_optimizer", "ResumableIterable", "ResumableSampler", "ServiceSettings",
+    "Synchronizer", "SynchronizerError", "SynchronizerServer", "Timeouts", "__version__", "build_service",
+    "embedding_names", "export_global", "fetch_global", "load_global", "make_task", "read_events", "save_initial",
+    "stop_run",
 ]
 
 if TYPE_CHECKING:
+    from .api.control import stop_run
+    from .api.data import ResumableIterable, ResumableSampler
+    from .api.export import export_global, fetch_global, load_global
+    from .api.model import embedding_names, save_initial
+    from .api.synchronizer import Synchronizer
     from .core.config import AlgorithmConfig
     from .learner.client import LearnerClient
     from .learner.link import SynchronizerError
+    from .learner.state import BackgroundSaver, load_optimizer
     from .records.events import EventLog, read_events
     from .synchronizer.server import SynchronizerServer, build_service
     from .synchronizer.settings import ServiceSettings

@@ -31,6 +31,7 @@ PER_COMMAND = {
     "--tokens",  # the simulator and the demo need a budget; the runtime may run by --duration instead
     "--learners",  # `ddiloco goodput` takes a list of M to compare
     "--step-time",  # goodput: the paper's cluster step; sim: one virtual-clock step
+    "--reconfigure-seconds",  # 5 steps in both: goodput's steps are 2 s, the simulator's 1 s
 }
 
 

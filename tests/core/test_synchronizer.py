@@ -51,6 +51,19 @@ def test_quorum_then_grace_then_token_weighted_merge_by_hand():
     assert torch.allclose(update.tensors["w"], torch.tensor([0.7 / 3, 2.8 / 3]))
     assert update.version == 1 and update.learners == (0, 1, 2)
     assert core.versions[0] == 1 and core.rounds == {}
+    # |delta| = sqrt(1/9 + 16/9) = sqrt(17)/3; contributions' norms 1 and 2, weighted 1:2 -> 5/3
+    assert merged.merged_norm == pytest.approx(17 ** 0.5 / 3)
+    assert merged.contribution_norm == pytest.approx(5 / 3)
+
+
+def test_rda_keeps_the_norm_that_a_plain_mean_of_orthogonal_updates_loses():
+    norms = {}
+    for merge in ("mean", "rda"):
+        core = make(quorum=2, grace=0.0, learners=2, merge=merge)
+        core.receive(contribution(0, [3.0, 0.0]), now=0.0)
+        merged = core.receive(contribution(1, [0.0, 3.0]), now=0.1)[0]
+        norms[merge] = merged.merged_norm / merged.contribution_norm
+    assert norms["mean"] == pytest.approx(2 ** -0.5) and norms["rda"] == pytest.approx(1.0)
 
 
 def test_merge_closes_early_when_everyone_asked_has_answered():

@@ -1,11 +1,14 @@
 """Decoupled DiLoCo on the virtual clock: quorum and grace under heterogeneity, failures, accounting."""
 
+from dataclasses import replace
+
 import pytest
 
 from ddiloco.chaos.trace import random_trace
 from ddiloco.core import AlgorithmConfig
 from ddiloco.sim.cluster import DecoupledCluster
 from ddiloco.sim.hardware import StepTimeModel, half_slow
+from ddiloco.sim.run import run_sim
 
 from .helpers import sim_config
 
@@ -51,3 +54,21 @@ def test_goodput_accounting_is_consistent(tiny_task):
     assert 0 < stats["goodput"] <= stats["utilization"] <= 1
     assert 0 < stats["tokens_merged"] <= stats["tokens_trained"]
     assert stats["goodput"] == pytest.approx(stats["tokens_merged"] / stats["tokens_trained"] * stats["utilization"], rel=0.15)
+
+
+def test_outer_gradients_go_through_the_wire_codec(tiny_task):
+    runs = {c: run_sim(sim_config(codec=c), task=tiny_task) for c in (None, "fp32", "int4")}
+    assert runs["fp32"]["eval_loss"] == runs[None]["eval_loss"]  # fp32 is lossless
+    assert runs["int4"]["eval_loss"] != runs[None]["eval_loss"]  # int4 is not, and the values say so
+    # Bytes per fragment on the link: fp32 4 per parameter; int4 half a byte plus a 4-byte scale per 64.
+    assert runs["int4"]["peak_step_bytes"] < runs["fp32"]["peak_step_bytes"] / 6
+    with pytest.raises(ValueError, match="int3"):
+        sim_config(codec="int3")
+
+
+def test_plain_averaging_shrinks_the_merged_outer_gradient_rda_does_not(tiny_task):
+    algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=0, quorum=4, grace=0.0)
+    ratio = {merge: run_sim(sim_config(learners=4, algorithm=replace(algorithm, merge=merge)),
+                            task=tiny_task)["outer_norm_ratio"] for merge in ("mean", "rda")}
+    assert ratio["rda"] == pytest.approx(1.0, abs=0.02)  # RDA keeps the contributions' mean norm
+    assert ratio["mean"] < 0.9 * ratio["rda"]

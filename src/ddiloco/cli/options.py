@@ -15,7 +15,8 @@ from ..core.config import AlgorithmConfig
 _D = AlgorithmConfig()
 
 LEARNERS = typer.Option(4, "--learners", "-M", min=1, max=4096, help="Number of learners M (the paper uses 8).")
-FRAGMENTS = typer.Option(_D.fragments, "--fragments", "-P", help="Fragments P (ignored by --method diloco).")
+FRAGMENTS = typer.Option(None, "--fragments", "-P", min=1, help=f"Fragments P (default {_D.fragments}, or the number of "
+                         "parameter tensors or H if fewer; ignored by --method diloco).")
 SYNC_EVERY = typer.Option(_D.sync_every, "--sync-every", "-H", help="Steps H between two syncs of a fragment.")
 OVERLAP = typer.Option(_D.overlap, "--overlap", help="Steps tau a sync overlaps with compute (0 = blocking).")
 QUORUM = typer.Option(_D.quorum, "--quorum", "-K", help="Minimum quorum K (capped at the live learners).")
@@ -59,6 +60,7 @@ Tokenizer = _choices("Tokenizer", ("byte", "bpe"))
 Merge = _choices("Merge", ("rda", "mean"))
 SimMethod = _choices("SimMethod", ("decoupled", "diloco", "ddp", "elastic-ddp"))  # sim.config.METHODS
 RuntimeMethod = _choices("RuntimeMethod", ("decoupled", "diloco"))
+BudgetCounts = _choices("BudgetCounts", ("trained", "merged"))  # synchronizer.settings.BUDGET_COUNTS
 
 
 def plain(*values: object) -> tuple:

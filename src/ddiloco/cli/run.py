@@ -24,7 +24,7 @@ def run(
     data: Optional[str] = options.DATA,
     seq_len: int = options.SEQ_LEN,
     learners: int = options.LEARNERS,
-    fragments: int = options.FRAGMENTS,
+    fragments: Optional[int] = options.FRAGMENTS,
     sync_every: int = options.SYNC_EVERY,
     overlap: int = options.OVERLAP,
     quorum: int = options.QUORUM,
@@ -98,6 +98,11 @@ def run(
         )
         if trace is not None and any(o.learner >= learners for o in trace.outages):
             raise ValueError(f"{chaos_trace} names learners beyond 0..{learners - 1}")
+        from ..api.model import fit_fragments
+        from ..train.tasks import make_task
+
+        task = make_task(model, data, seq_len=seq_len, model_size=model_size)
+        fragments = fit_fragments(len(list(task.build_model(seed).parameters())), fragments, sync_every)
         config = RunConfig(
             run_dir=run_dir or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"),
             method=method, model=model, model_size=model_size, data=data, seq_len=seq_len, learners=learners,
@@ -108,9 +113,6 @@ def run(
             threads=options.shared_threads(threads, learners + sync_shards), min_step_seconds=min_step_seconds, eval_batches=eval_batches, eval_every=eval_every, token=auth.resolve_token(token),
             chaos=chaos,
         )
-        from ..train.tasks import make_task
-
-        task = make_task(model, data, seq_len=seq_len, model_size=model_size)
         try:
             config.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

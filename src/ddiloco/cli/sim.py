@@ -68,7 +68,7 @@ def sim(
                                                 "training text)."),
     bpe_vocab: int = typer.Option(1024, help="Vocabulary size of the BPE tokenizer."),
     learners: int = options.LEARNERS,
-    fragments: int = options.FRAGMENTS,
+    fragments: Optional[int] = options.FRAGMENTS,
     sync_every: int = options.SYNC_EVERY,
     overlap: int = options.OVERLAP,
     quorum: int = options.QUORUM,
@@ -117,7 +117,15 @@ def sim(
     options.set_threads(threads)
     if method == "diloco":  # synchronous DiLoCo: one fragment, blocking syncs, everyone waits (P, tau, K ignored)
         fragments, overlap, quorum = 1, 0, learners
+    probe = None  # the task, when building it first tells the default number of fragments
     try:
+        if fragments is None:
+            from ..api.model import fit_fragments
+            from ..train.tasks import make_task
+
+            probe = make_task(model, data, seq_len=seq_len, model_size=model_size, tokenizer=tokenizer,
+                              bpe_vocab_size=bpe_vocab)
+            fragments = fit_fragments(len(list(probe.build_model(seed).parameters())), None, sync_every)
         algorithm = AlgorithmConfig(
             fragments=fragments,
             sync_every=sync_every,
@@ -150,7 +158,7 @@ def sim(
             reconfigure_seconds=reconfigure_seconds,
             eval_batches=eval_batches,
         )
-        task = build_task(config)
+        task = probe if probe is not None else build_task(config)
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
         raise user_error(exc) from None
     record = None

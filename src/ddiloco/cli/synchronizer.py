@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 import threading
@@ -38,14 +39,16 @@ def synchronizer(
     data: Optional[str] = options.DATA,
     seq_len: int = options.SEQ_LEN,
     seed: int = typer.Option(0, help="Seed of the initial parameters."),
-    init: Optional[Path] = typer.Option(None, help="Initial parameters from a safetensors file instead of --model "
-                                        "(any PyTorch model: save dict(model.named_parameters()))."),
-    plain_names: str = typer.Option("", help="With --init: comma-separated tensors merged by plain averaging "
-                                    "(embeddings)."),
+    init: Optional[Path] = typer.Option(None, help="Initial parameters instead of --model: a safetensors file "
+                                        "(ddiloco.save_initial(model, path) records the embeddings too) or a Hugging "
+                                        "Face model folder (needs pip install 'ddiloco[hf]')."),
+    plain_names: Optional[str] = typer.Option(None, help="With --init: comma-separated tensors merged by plain "
+                                              "averaging (embeddings); default: those the file records or the "
+                                              "Hugging Face model's embeddings."),
     method: options.RuntimeMethod = typer.Option("decoupled", help="decoupled, or diloco (synchronous baseline: "
                                                  "P=1, tau=0, K=M)."),
     learners: int = options.LEARNERS,
-    fragments: int = options.FRAGMENTS,
+    fragments: Optional[int] = options.FRAGMENTS,
     sync_every: int = options.SYNC_EVERY,
     overlap: int = options.OVERLAP,
     quorum: int = options.QUORUM,
@@ -62,6 +65,9 @@ def synchronizer(
     checkpoint_every: int = typer.Option(1, min=0, help="Merges between checkpoints (1: write-ahead, no version a learner "
                                          "saw is ever lost; 0: only at the end and on SIGTERM)."),
     fresh: bool = typer.Option(False, help="Refuse to start if --checkpoint-dir already holds a checkpoint."),
+    keep_versions: int = typer.Option(2, min=1, max=1000, help="Versions of each fragment the checkpoint keeps on disk."),
+    budget_counts: options.BudgetCounts = typer.Option("trained", help="What --tokens counts: every token the "
+                                                       "learners trained, or only those merged into the model."),
     tokens: Optional[int] = typer.Option(None, **options.TOKENS_BUDGET, help="Stop the run once the learners trained this many tokens."),
     duration: Optional[float] = typer.Option(None, **options.DURATION_BUDGET, help="Stop the run after this many seconds."),
     heartbeat: float = options.HEARTBEAT,
@@ -86,9 +92,9 @@ def synchronizer(
 ) -> None:
     """Serve one synchronizer shard: merges learners' outer gradients, checkpoints, never waits for the dead."""
 
+    from ..api.model import balance_note, check_plain_names, fit_fragments, load_initial
     from ..records import logsetup
     from ..records.atomic import atomic_write
-    from ..synchronizer.checkpoint import load_tensors
     from ..synchronizer.server import SynchronizerServer, build_service
     from ..synchronizer.settings import ServiceSettings
     from ..wire import auth
@@ -101,26 +107,36 @@ def synchronizer(
     try:
         secret = auth.resolve_token(token)
         auth.require_token_policy(host, secret, insecure_no_auth)
-        algorithm = algorithm_for(method, learners, fragments=fragments, sync_every=sync_every, overlap=overlap,
-                                  quorum=quorum, grace=grace, merge=merge, outer_lr=outer_lr,
-                                  outer_momentum=outer_momentum, max_outer_norm_ratio=max_outer_norm_ratio)
-        extra = {} if failure_timeout is None else {"failure": failure_timeout}
-        settings = ServiceSettings(
-            shard=shard, num_shards=num_shards, max_learners=max_learners or learners, codec_down=codec_down,
-            chunk_bytes=chunk_bytes, max_message_bytes=max_message_bytes, checkpoint_every=checkpoint_every,
-            tokens=tokens, duration=duration, timeouts=Timeouts.derive(heartbeat, **extra),
-        )
         if fresh and checkpoint_dir is not None and (checkpoint_dir / "manifest.json").is_file():
             raise ValueError(f"{checkpoint_dir} already holds a checkpoint and --fresh was given")
         if init is not None:
-            params = load_tensors(init, "--init file")
-            plain = frozenset(n for n in plain_names.split(",") if n)
+            params, recorded = load_initial(init)
+            given = plain_names.split(",") if plain_names is not None else None
+            plain = check_plain_names(given if given is not None else (recorded or ()), params)
+            if given is None and recorded is None:
+                logging.getLogger(__name__).warning(
+                    "%s records no embeddings: every tensor gets the radial-directional merge (name them with "
+                    "--plain-names, or save the file with ddiloco.save_initial)", init)
         else:
             from ..train.tasks import make_task
 
             task = make_task(model, data, seq_len=seq_len, model_size=model_size)
             params = {n: p.detach() for n, p in task.build_model(seed).named_parameters()}
             plain = frozenset(task.embedding_names)
+        algorithm = algorithm_for(method, learners, fragments=fit_fragments(len(params), fragments, sync_every),
+                                  sync_every=sync_every, overlap=overlap, quorum=quorum, grace=grace, merge=merge,
+                                  outer_lr=outer_lr, outer_momentum=outer_momentum,
+                                  max_outer_norm_ratio=max_outer_norm_ratio)
+        note = balance_note(params, algorithm.fragments)
+        if note:
+            logging.getLogger(__name__).warning(note)
+        extra = {} if failure_timeout is None else {"failure": failure_timeout}
+        settings = ServiceSettings(
+            shard=shard, num_shards=num_shards, max_learners=max_learners or learners, codec_down=codec_down,
+            chunk_bytes=chunk_bytes, max_message_bytes=max_message_bytes, checkpoint_every=checkpoint_every,
+            tokens=tokens, duration=duration, timeouts=Timeouts.derive(heartbeat, **extra),
+            keep_versions=keep_versions, budget_counts=options.plain(budget_counts)[0],
+        )
         service = build_service(params, algorithm, settings, plain, checkpoint_dir, event_log)
         del params
         credentials = auth.server_credentials(tls_cert, tls_key)

@@ -87,3 +87,8 @@ def merge_outer_gradients(
         else:
             merged[name] = weighted_mean(values, weights)
     return merged
+
+
+def fragment_norm(tensors: Tensors) -> float:
+    """The L2 norm of a fragment's tensors taken together."""
+    return sum(float(torch.linalg.vector_norm(t, dtype=torch.float32)) ** 2 for t in tensors.values()) ** 0.5

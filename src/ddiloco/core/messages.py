@@ -85,6 +85,10 @@ class Merged:
     grace: float
     admitted: tuple[AdmittedWork, ...]
     expected: int  # live learners asked for this round
+    # L2 norms over the fragment: the merged outer gradient, and the contributions' (weighted mean).
+    # Their ratio shows what the merge keeps: a plain mean of M orthogonal updates keeps 1/sqrt(M).
+    merged_norm: float = 0.0
+    contribution_norm: float = 0.0
 
 
 @dataclass(frozen=True)

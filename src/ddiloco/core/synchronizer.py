@@ -18,7 +18,7 @@ import torch
 
 from .config import AlgorithmConfig
 from .fragments import FragmentPlan
-from .merge import merge_outer_gradients
+from .merge import fragment_norm, merge_outer_gradients
 from .messages import (
     AdmittedWork,
     Contribution,
@@ -308,6 +308,9 @@ class SynchronizerCore:
             grace=(r.deadline or now) - (r.quorum_at or now),
             admitted=admitted,
             expected=len(r.expected),
+            merged_norm=fragment_norm(delta),
+            contribution_norm=sum(w * fragment_norm(c.outer_gradient) for c, w in zip(contributions, weights))
+            / sum(weights),
         )
         return [record, self._update(p, tuple(sorted(self.live)))]
 

@@ -9,9 +9,10 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+from ..learner.fetch import fetch_params
 from ..records.rundir import MetricsLog
 from ..train.tasks import Task
-from .evaluate import evaluate_params, fetch_params
+from .evaluate import evaluate_params
 
 if TYPE_CHECKING:  # the supervisor is handed in; nothing of it is imported at run time
     from .supervisor import Supervisor

@@ -6,4 +6,5 @@
     journal     the learner's record of what it trained and sent, for the run's token accounting
     state       the learner's own inner-optimizer state on disk, saved in the background
     trainer     the built-in training loop behind `ddiloco learner`
+    fetch       the current global model, read-only, from the shards
 """

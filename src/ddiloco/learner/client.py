@@ -40,6 +40,7 @@ from typing import Mapping, Sequence
 import torch
 
 from ..core import AlgorithmConfig, Contribution, Decline, LearnerCore, Schedule
+from ..wire import framing
 from ..wire.protocol import plan_from_json, signature
 from ..wire.routing import check_cover
 from ..wire.rpc import check_address
@@ -183,11 +184,12 @@ class LearnerClient:
 
     # --- the step boundary ----------------------------------------------------------------------
     def step(self, tokens: int, seconds: float | None = None, position: int | None = None,
-             loss: float | None = None) -> None:
+             loss: float | None = None) -> list[int]:
         """Call after each optimizer step. `tokens`: tokens in this rank's batch; `seconds`: the step's
         compute time (default: time since the previous boundary); `position`: the data stream position
         after this batch (default: one more than before); `loss`: the step's training loss, if you want
-        it in the synchronizer's status, the run's metrics and the dashboard."""
+        it in the synchronizer's status, the run's metrics and the dashboard. Returns the fragments
+        whose global value was just written into the model (`fragment_names(p)` lists their tensors)."""
         now = time.perf_counter()
         if loss is not None and math.isfinite(loss):
             self.loss = loss if self.loss is None else 0.9 * self.loss + 0.1 * float(loss)
@@ -211,6 +213,17 @@ class LearnerClient:
         if self.journal is not None:
             self._write_journal()
         self._last_boundary = time.perf_counter()
+        return [p for p, c in enumerate(changed) if c]
+
+    def fragment_names(self, fragment: int) -> list[str]:
+        """The parameter names of one fragment (after `start()`)."""
+        return list(self.names[fragment])
+
+    def stop(self, reason: str = "stopped by a learner") -> None:
+        """End the whole run, as `ddiloco stop` does: every shard tells its learners to send what they
+        hold and leave (`stopping` turns true). To leave alone, use `finish()`."""
+        for link in self.links:
+            link.control.call("Stop", framing.message({"reason": reason[:200]}), self.timeouts.rpc)
 
     def _leader_step(self, tokens: int, seconds: float) -> list[bool]:
         core = self.core

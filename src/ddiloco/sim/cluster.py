@@ -9,6 +9,7 @@ DiLoCo is this same driver with one fragment, blocking syncs and K = M.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -29,6 +30,7 @@ from ..core import (
 )
 from ..train.inner import inner_step, lr_at, make_inner_optimizer, set_lr
 from ..train.tasks import Task
+from ..wire import quant
 from .config import SimConfig
 from .events import EventQueue
 from .ledger import WorkLedger
@@ -97,6 +99,9 @@ class DecoupledCluster:
         self._senders: dict[tuple[int, int, int], int] = {}  # (learner, fragment, base version) -> incarnation
         self._last_merge_time = 0.0
         self.longest_gap = 0.0
+        self.codec = quant.get(config.codec) if config.codec is not None else None
+        self.peak_send_bytes = 0.0  # the most one learner sent after one training step (not the final flush)
+        self.norm_ratios: list[float] = []  # merged / contributions' outer-gradient norm, per merge
 
     # --- the event loop -------------------------------------------------------------------------
     def run(self) -> dict:
@@ -133,6 +138,8 @@ class DecoupledCluster:
             "rejected_contributions": self.rejected,
             "longest_gap_seconds": self.longest_gap,
             "fragments": self.algorithm.fragments,
+            "peak_step_bytes": self.peak_send_bytes,
+            "outer_norm_ratio": sum(self.norm_ratios) / len(self.norm_ratios) if self.norm_ratios else None,
         }
 
     def global_model(self) -> torch.nn.Module:
@@ -195,7 +202,7 @@ class DecoupledCluster:
         self.tokens_trained += batch.tokens
         messages = learner.core.after_step(batch.tokens, learner.step_duration)
         assert index == learner.core.step
-        self._send(learner, messages, now)
+        self._send(learner, messages, now, after_step=True)
         if self.progress is not None:
             self.progress(min(1.0, self.tokens_trained / self.config.tokens),
                           {"loss": float(loss.detach()), "time": now, "tokens": self.tokens_trained})
@@ -248,15 +255,28 @@ class DecoupledCluster:
         elif learner.state == "stopped":
             core.apply_arrivals()
 
-    def _send(self, learner: SimLearner, messages: list, now: float) -> None:
+    def _send(self, learner: SimLearner, messages: list, now: float, after_step: bool = False) -> None:
+        """Messages onto the link; `after_step` counts them towards the peak bytes of one step."""
         link = self.config.link
+        sent = 0.0
         for message in messages:
             if isinstance(message, Contribution):
-                size = self.plan.sizes[message.fragment] * self.config.wire_bytes_per_param
+                message, size = self._encode(message)
+                sent += size
                 arrival = now + link.transfer(size)
             else:
                 arrival = now + link.latency
             self.queue.push(arrival, ("at_sync", learner.id, learner.incarnation, message))
+        if after_step:
+            self.peak_send_bytes = max(self.peak_send_bytes, sent)
+
+    def _encode(self, c: Contribution) -> tuple[Contribution, float]:
+        """What the synchronizer receives, and the bytes it takes on the link."""
+        if self.codec is None:
+            return c, self.plan.sizes[c.fragment] * self.config.wire_bytes_per_param
+        shapes = {n: tuple(t.shape) for n, t in c.outer_gradient.items()}
+        received = {n: self.codec.decode(self.codec.encode(t), shapes[n]) for n, t in c.outer_gradient.items()}
+        return dataclasses.replace(c, outer_gradient=received), float(sum(self.codec.nbytes(s) for s in shapes.values()))
 
     # --- synchronizer ---------------------------------------------------------------------------
     def _on_at_sync(self, now: float, m: int, incarnation: int, message: Contribution | Decline) -> None:
@@ -320,6 +340,8 @@ class DecoupledCluster:
         })
         self.merges += 1
         self.contributions += len(merged.admitted)
+        if merged.contribution_norm > 0:
+            self.norm_ratios.append(merged.merged_norm / merged.contribution_norm)
         self.longest_gap = max(self.longest_gap, now - self._last_merge_time)
         self._last_merge_time = now
         share = self.plan.share(merged.fragment)

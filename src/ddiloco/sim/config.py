@@ -8,6 +8,7 @@ from typing import Literal
 from ..chaos.trace import FailureTrace
 from ..core.config import AlgorithmConfig
 from ..train.inner import InnerConfig
+from ..wire import quant
 from .hardware import LinkModel, StepTimeModel
 
 Method = Literal["ddp", "elastic-ddp", "diloco", "decoupled"]
@@ -35,6 +36,9 @@ class SimConfig:
     wire_bytes_per_param: float = 2.0  # bf16 outer gradients and fragments
     rejoin_optimizer: Literal["peer", "fresh"] = "peer"
     eval_batches: int = 20
+    # None: outer gradients arrive exact (and take wire_bytes_per_param on the link); a codec name
+    # (fp32, bf16, int8, int4): they go through that wire codec, values and bytes, as in the runtime.
+    codec: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -45,6 +49,8 @@ class SimConfig:
             raise ValueError(f"tokens must be >= 1, got {self.tokens}")
         if self.reconfigure_seconds < 0 or self.wire_bytes_per_param <= 0:
             raise ValueError("reconfigure_seconds must be >= 0 and wire_bytes_per_param > 0")
+        if self.codec is not None:
+            quant.get(self.codec)  # names the codecs when it is not one of them
         if self.rejoin_optimizer not in ("peer", "fresh"):
             raise ValueError("rejoin_optimizer must be 'peer' or 'fresh'")
         bad = sorted(o.learner for o in self.failures.outages if o.learner >= self.learners)

@@ -67,7 +67,8 @@ class DataParallel:
         self.ledger = WorkLedger(config.learners)
         numel = sum(p.numel() for p in self.model.parameters())
         # A ring all-reduce moves about twice the gradient's bytes through each link.
-        self.allreduce = config.link.transfer(2 * numel * config.wire_bytes_per_param)
+        self.step_bytes = 2 * numel * config.wire_bytes_per_param
+        self.allreduce = config.link.transfer(self.step_bytes)
 
     def global_model(self) -> torch.nn.Module:
         return self.model
@@ -129,4 +130,5 @@ class DataParallel:
             "inner_steps": steps,
             "lost_steps": lost_steps,
             "longest_gap_seconds": longest_gap,
+            "peak_step_bytes": self.step_bytes,
         }

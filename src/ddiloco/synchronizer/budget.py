@@ -13,7 +13,7 @@ class RunBudget:
         self.duration = duration
         self.started_wall = started_wall
 
-    def progress(self, tokens_reported: int, now_wall: float) -> float:
+    def progress(self, tokens_reported: float, now_wall: float) -> float:
         fractions = [0.0]
         if self.tokens:
             fractions.append(tokens_reported / self.tokens)
@@ -21,7 +21,7 @@ class RunBudget:
             fractions.append((now_wall - self.started_wall) / self.duration)
         return min(1.0, max(fractions))
 
-    def exhausted(self, tokens_reported: int, now_wall: float) -> str | None:
+    def exhausted(self, tokens_reported: float, now_wall: float) -> str | None:
         """Why the run is over, or None while it is not."""
         if self.tokens and tokens_reported >= self.tokens:
             return f"token budget of {self.tokens} reached"

@@ -43,7 +43,7 @@ def build_service(
         "shard": settings.shard,
         "num_shards": settings.num_shards,
     }
-    store = CheckpointStore(checkpoint_dir) if checkpoint_dir is not None else None
+    store = CheckpointStore(checkpoint_dir, settings.keep_versions) if checkpoint_dir is not None else None
     return SynchronizerService(core, settings, identity, plan_json, store, EventLog(event_log))
 
 

@@ -145,7 +145,11 @@ class SynchronizerService:
 
     def progress(self) -> float:
         """The run's progress in [0, 1] (drives the learners' learning-rate schedule)."""
-        return self.budget.progress(self.ledger.tokens_reported, time.time())
+        return self.budget.progress(self.budget_tokens(), time.time())
+
+    def budget_tokens(self) -> float:
+        """The tokens the budget counts: trained (reported) or merged, as the settings say."""
+        return self.ledger.tokens_merged if self.settings.budget_counts == "merged" else self.ledger.tokens_reported
 
     # --- membership -----------------------------------------------------------------------------
     def register(self, learner: int, incarnation: str, fresh: bool) -> dict:
@@ -336,7 +340,7 @@ class SynchronizerService:
                 log.warning(reason)
                 self.events.write("no_quorum", fragment=p, version=version, reason=reason)
         if not self.stopping:
-            reason = self.budget.exhausted(self.ledger.tokens_reported, time.time())
+            reason = self.budget.exhausted(self.budget_tokens(), time.time())
             if reason is not None:
                 self.begin_stop(reason)
         if self.stopping and not self.finished.is_set():

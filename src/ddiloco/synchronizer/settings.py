@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from ..wire import framing
 from ..wire.timeouts import Timeouts
 
+BUDGET_COUNTS = ("trained", "merged")
+
 
 @dataclass(frozen=True)
 class ServiceSettings:
@@ -17,7 +19,9 @@ class ServiceSettings:
     chunk_bytes: int = framing.DEFAULT_CHUNK_BYTES
     max_message_bytes: int = 1 << 30
     checkpoint_every: int = 1  # merges between checkpoints; 0: only at the end and on SIGTERM
-    tokens: int | None = None  # stop once the learners report this many trained tokens
+    tokens: int | None = None  # stop once the learners report this many tokens (see budget_counts)
+    budget_counts: str = "trained"  # "trained": every token a learner trained; "merged": only those merged
+    keep_versions: int = 2  # fragment versions a checkpoint keeps on disk
     duration: float | None = None  # stop this many seconds after start
     timeouts: Timeouts = field(default_factory=Timeouts)
     workers: int | None = None  # gRPC threads; default 4 per admissible learner + 16 (see `streams`)
@@ -26,6 +30,10 @@ class ServiceSettings:
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0:
             raise ValueError("checkpoint_every must be >= 0")
+        if self.budget_counts not in BUDGET_COUNTS:
+            raise ValueError(f"budget_counts must be one of {BUDGET_COUNTS}, got {self.budget_counts!r}")
+        if not 1 <= self.keep_versions <= 1000:
+            raise ValueError(f"keep_versions must be in [1, 1000], got {self.keep_versions}")
         if self.workers is None:
             # A session holds at most one Subscribe and two pushes: 3 per learner, never all the bulk slots.
             object.__setattr__(self, "workers", 4 * self.max_learners + 16)
