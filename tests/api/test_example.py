@@ -6,11 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own_model.py"
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE = EXAMPLES / "own_model.py"
 
 
-def test_glue_is_at_most_15_lines():
-    glue = [line for line in EXAMPLE.read_text().splitlines() if line.rstrip().endswith("# ddiloco")]
+@pytest.mark.parametrize("name", ["own_model.py", "hf_causal_lm.py"])
+def test_glue_is_at_most_15_lines(name):
+    glue = [line for line in (EXAMPLES / name).read_text().splitlines() if line.rstrip().endswith("# ddiloco")]
     assert 5 <= len(glue) <= 15, glue
 
 
@@ -20,3 +24,13 @@ def test_own_model_trains_exports_and_reloads(tmp_path, shakespeare):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "learners exited [0, 0]" in out.stdout and "reloaded model equals the export: True" in out.stdout
     assert (tmp_path / "export" / "model.safetensors").is_file()
+
+
+def test_hugging_face_llama_trains_exports_and_reloads_with_from_pretrained(tmp_path, shakespeare):
+    pytest.importorskip("transformers", reason="the Hugging Face extra: pip install -e '.[hf]'")
+    pytest.importorskip("datasets", reason="the Hugging Face extra: pip install -e '.[hf]'")
+    out = subprocess.run([sys.executable, str(EXAMPLES / "hf_causal_lm.py"), "--tokens", "60000", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "from_pretrained equals the export: True" in out.stdout
+    assert (tmp_path / "export" / "config.json").is_file() and (tmp_path / "export" / "model.safetensors").is_file()
