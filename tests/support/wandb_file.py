@@ -46,7 +46,10 @@ def history(path: Path) -> list[dict]:
     rows = []
     for raw in records(path):
         record = pb.Record()
-        record.ParseFromString(raw)
+        try:
+            record.ParseFromString(raw)
+        except Exception:  # noqa: BLE001 - a record still being written: read the file again later
+            continue
         if record.WhichOneof("record_type") == "history":
             rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                          for item in record.history.item})
