@@ -2,18 +2,24 @@
 
     pip install -e '.[hf]'
     python examples/hf_causal_lm.py               # under a minute on 2 CPU cores
+    python examples/hf_causal_lm.py --ranks 2     # each learner a torchrun job of 2 ranks, FSDP2-sharded
 
 A `LlamaForCausalLM` built from a small `LlamaConfig` (random weights, nothing downloaded, output
 layer tied to the embedding) learns ../shared/data/tinyshakespeare.txt through a `datasets` dataset
 built from the local file (bytes as tokens, no tokenizer download). The lines that know ddiloco end
 in `# ddiloco`. At the end the global model is exported as a folder that `from_pretrained` loads; the
 script exits non-zero if the reloaded model differs from the exported parameters or did not learn.
+
+With `--ranks 2` each learner is `torchrun --nproc-per-node 2` running the same loop: the model is
+sharded with FSDP2's `fully_shard` (gloo here, NCCL on GPUs), every rank reads its own share of the
+learner's data, and the client on every rank keeps its own shards in step with the synchronizer.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,6 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only: nothing is fet
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -54,11 +61,26 @@ def eval_loss(model: LlamaForCausalLM, data: Dataset) -> float:
         return float(model(input_ids=ids, labels=ids).loss)
 
 
+def shard(model: LlamaForCausalLM) -> tuple[int, int]:
+    """Under torchrun: FSDP2 over this learner's ranks (each decoder layer, then the rest)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return 0, 1
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return dist.get_rank(), dist.get_world_size()
+
+
 def learner(address: str, learner_id: int, learners: int) -> None:
     torch.set_num_threads(1)
+    ddiloco.log_to_stderr()  # joins, progress every 30 s, rejections  # ddiloco
     model, data = build(), dataset()
+    rank, world = shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    sampler = ddiloco.ResumableSampler(data, learner_id, learners, batch_size=BATCH)  # ddiloco
+    sampler = ddiloco.ResumableSampler(data, learner_id, learners, BATCH, rank=rank, world=world)  # ddiloco
     loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
     with ddiloco.LearnerClient(model, address, learner_id) as client:  # ddiloco
         sampler.seek(client.start_position)  # ddiloco
@@ -76,11 +98,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=150_000, help="token budget of the run")
     parser.add_argument("--out", type=Path, default=None, help="where the checkpoint and the export go")
+    parser.add_argument("--ranks", type=int, default=1, help="processes per learner (torchrun, FSDP2)")
     parser.add_argument("--learner", type=int, default=None, help=argparse.SUPPRESS)  # the learner processes
     parser.add_argument("--connect", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.learner is not None:
         learner(args.connect, args.learner, 2)
+        if dist.is_initialized():
+            dist.destroy_process_group()
         return 0
     out = args.out or Path(tempfile.mkdtemp(prefix="ddiloco-hf-"))
     data = dataset()
@@ -88,7 +113,10 @@ def main() -> int:
     sync = ddiloco.Synchronizer(build(), learners=2, tokens=args.tokens, checkpoint_dir=out / "ckpt",  # ddiloco
                                 sync_every=8, overlap=1, outer_lr=1.0, outer_momentum=0.0)
     address = sync.start()  # ddiloco
-    procs = [subprocess.Popen([sys.executable, __file__, "--learner", str(m), "--connect", address]) for m in range(2)]
+    launch = [sys.executable] if args.ranks == 1 else [
+        shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun")), "--standalone",
+        "--nproc-per-node", str(args.ranks)]
+    procs = [subprocess.Popen([*launch, __file__, "--learner", str(m), "--connect", address]) for m in range(2)]
     finished = sync.wait(timeout=600)  # ddiloco
     codes = [p.wait(timeout=120) for p in procs]
     sync.stop()  # ddiloco

@@ -69,6 +69,7 @@ def eval_loss(model: torch.nn.Module, data: Dataset, batches: int = 8) -> float:
 
 def learner(address: str, learner_id: int, learners: int) -> None:
     torch.set_num_threads(1)
+    ddiloco.log_to_stderr()  # joins, progress every 30 s, rejections  # ddiloco
     model = TinyLM()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     data = CharWindows(DATA)

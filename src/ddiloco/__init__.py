@@ -39,13 +39,14 @@ _PUBLIC = {
     "embedding_names": "ddiloco.api.model",
     "load_optimizer": "ddiloco.learner.state",
     "BackgroundSaver": "ddiloco.learner.state",
+    "log_to_stderr": "ddiloco.records.logsetup",
 }
 
 __all__ = [
     "AlgorithmConfig", "BackgroundSaver", "EventLog", "LearnerClient", "load_optimizer", "ResumableIterable", "ResumableSampler", "ServiceSettings",
     "Synchronizer", "SynchronizerError", "SynchronizerServer", "Timeouts", "__version__", "build_service",
-    "embedding_names", "export_global", "fetch_global", "load_global", "make_task", "read_events", "save_initial",
-    "stop_run",
+    "embedding_names", "export_global", "fetch_global", "load_global", "log_to_stderr", "make_task", "read_events",
+    "save_initial", "stop_run",
 ]
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from .learner.link import SynchronizerError
     from .learner.state import BackgroundSaver, load_optimizer
     from .records.events import EventLog, read_events
+    from .records.logsetup import log_to_stderr
     from .synchronizer.server import SynchronizerServer, build_service
     from .synchronizer.settings import ServiceSettings
     from .train.tasks import make_task

@@ -36,6 +36,7 @@ def invoke(*args: str):
     (["synchronizer", "--codec-down", "int8"], "--codec-down"),
     (["synchronizer", "--learners", "0"], "--learners"),
     (["learner", "--id", "0", "--codec", "int3"], "--codec"),
+    (["learner", "--id", "0", "--precision", "fp8"], "--precision"),
     (["learner", "--id", "-1"], "--id"),
     (["learner", "--id", "0", "--batch-size", "0"], "--batch-size"),
     (["run", "--codec", "int3"], "--codec"),
@@ -143,10 +144,12 @@ def test_version():
 def test_choices_match_what_the_code_accepts():
     from ddiloco.cli import options
     from ddiloco.sim.config import METHODS
+    from ddiloco.train.device import PRECISIONS
     from ddiloco.train.tasks import MODEL_SIZES, MODELS
 
     assert {m.value for m in options.Model} == set(MODELS)
     assert {m.value for m in options.ModelSize} == set(MODEL_SIZES)
+    assert {m.value for m in options.Precision} == set(PRECISIONS)
     assert {m.value for m in options.SimMethod} == set(METHODS)
     assert {m.value for m in options.RuntimeMethod} <= set(METHODS)
     result = invoke("sim", "--model", "gtp")

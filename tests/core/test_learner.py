@@ -154,3 +154,28 @@ def test_force_reapplies_a_held_version_and_retry_resends_lost_work():
     core.force(FragmentUpdate(0, 0, {"a": torch.zeros(4)}, (7,)))
     core.after_step(10, 1.0)
     assert torch.equal(params["a"], torch.zeros(4)) and core.pending[0] is None and core.counters[0].steps == 0
+
+
+def test_due_names_exactly_what_collect_snapshots_and_consumes_nothing():
+    core, params = make(overlap=1, period=4)
+    for step in range(1, 9):
+        if step == 2:
+            core.request(FragmentRequest(1, 0, (7,)))  # answered at once: due before its schedule
+        applied = core.begin_step(10, 0.25)
+        assert applied == []
+        due, requested = core.due(), dict(core.requested)
+        assert core.due() == due and core.requested == requested  # asking twice changes nothing
+        sent = [m.fragment for m in core.collect() if isinstance(m, Contribution)]
+        assert sent == due
+        if step == 2:
+            assert due == [1]
+        if step == 3:
+            assert due == [0]
+
+
+def test_base_copy_lives_on_the_base_device_in_fp32():
+    params = {"a": torch.zeros(3, dtype=torch.bfloat16)}
+    core = LearnerCore(0, params, balanced_fragments([("a", 3)], 1), Schedule(1, 2, 1), base_device="meta")
+    core.join([FragmentUpdate(0, 0, {"a": torch.ones(3)}, (0,))])
+    assert core.base[0]["a"].device.type == "meta" and core.base[0]["a"].dtype == torch.float32
+    assert params["a"].dtype == torch.bfloat16 and torch.equal(params["a"], torch.ones(3, dtype=torch.bfloat16))

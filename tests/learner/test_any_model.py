@@ -18,7 +18,7 @@ def mlp():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
 
 
-def test_a_user_model_trains_through_the_client_in_a_few_lines(tmp_path):
+def test_a_user_model_trains_through_the_client_in_a_few_lines(tmp_path, caplog):
     torch.manual_seed(0)
     model = mlp()
     save_file({n: p.detach().contiguous() for n, p in model.named_parameters()}, str(tmp_path / "init.safetensors"))
@@ -32,7 +32,8 @@ def test_a_user_model_trains_through_the_client_in_a_few_lines(tmp_path):
         learner = mlp()  # initialised differently: start() overwrites it with the global parameters
         optimizer = torch.optim.AdamW(learner.parameters(), lr=1e-2)
         target = torch.randn(8, 1)
-        with LearnerClient(learner, address, learner_id=0, timeouts=FAST) as client:
+        caplog.set_level("INFO", logger="ddiloco")
+        with LearnerClient(learner, address, learner_id=0, timeouts=FAST, report_every=0.0) as client:
             assert all(torch.equal(p, params[n]) for n, p in learner.named_parameters())
             while not client.stopping:
                 x = torch.randn(32, 8)
@@ -43,6 +44,8 @@ def test_a_user_model_trains_through_the_client_in_a_few_lines(tmp_path):
                 client.step(tokens=32)
             stats = client.stats()
         assert stats["accepted"] > 0 and stats["tokens"] >= 200 * 32
+        progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("learner 0: step ")]
+        assert len(progress) >= 200 and "contributions accepted" in progress[-1]  # one per step at report_every 0
         assert service.status()["merges"] > 0
         moved = any(not torch.equal(service.core.params[n], params[n]) for n in params)
         assert moved, "the global model never moved"

@@ -43,3 +43,20 @@ def test_two_rank_torchrun_learner_trains_and_syncs(procs, tmp_path, shakespeare
     assert max(leader["versions"]) > 1
     final = json.loads((tmp_path / "sync" / "summary.json").read_text())
     assert final["tokens_reported"] == leader["tokens"] and final["merges"] > 0
+
+
+@pytest.mark.timeout(150)
+def test_learner_trains_in_bf16_on_the_resolved_device(procs, tmp_path, shakespeare):
+    from ..support.processes import start_learner
+
+    budget = 120 * TOKENS_PER_STEP
+    sync, address = start_synchronizer(procs, tmp_path, shakespeare, 1, 0, "--tokens", str(budget))
+    learner = start_learner(procs, tmp_path, shakespeare, 1, address, 0, "--precision", "bf16", "--device", "auto",
+                            "--json")
+    d = tmp_path / "learner-0"
+    assert wait_exit([learner, sync], 120) == [0, 0], (d / "stderr.log").read_text()[-3000:]
+    stats = json.loads([line for line in (d / "stdout.log").read_text().splitlines() if line.startswith("{")][-1])
+    assert stats["accepted"] > 0 and stats["rejected"] == 0
+    assert " in bf16" in (d / "stderr.log").read_text()
+    final = json.loads((tmp_path / "sync" / "summary.json").read_text())
+    assert final["merges"] > 0 and final["tokens_reported"] == stats["tokens"]

@@ -38,6 +38,10 @@ def learner(
                                            "with its own accelerator of that speed on a shared CPU)."),
     connect_timeout: float = typer.Option(120.0, min=0.1, max=1e6, help="Give up (exit code 2) when no synchronizer "
                                           "answers within this many seconds at start."),
+    device: str = typer.Option("auto", "--device", help="Where to train: auto (cuda:LOCAL_RANK when CUDA is present, "
+                               "else cpu), cpu, cuda or cuda:N."),
+    precision: options.Precision = typer.Option("fp32", "--precision", help="fp32, or bf16 through autocast "
+                                                "(weights, optimizer state and what is sent stay fp32)."),
     threads: int = options.THREADS,
     as_json: bool = typer.Option(False, "--json", help="End with one JSON line of this learner's stats."),
     log_level: options.LogLevel = options.LOG_LEVEL,
@@ -47,6 +51,7 @@ def learner(
     from ..learner.link import SynchronizerError
     from ..learner.trainer import LearnerSettings, train
     from ..records import logsetup
+    from ..train.device import resolve_device
     from ..train.inner import InnerConfig
     from ..wire import auth
     from ..wire.rpc import check_address
@@ -62,7 +67,9 @@ def learner(
             token=auth.resolve_token(token), credentials=auth.channel_credentials(tls_ca),
             state_dir=str(state_dir) if state_dir else None, net_delay=net_delay / 1000.0, max_steps=max_steps,
             checkpoint_every=save_state_every, min_step_seconds=min_step_seconds, start_timeout=connect_timeout,
+            device=device, precision=options.plain(precision)[0],
         )
+        resolve_device(device)
         for address in connect.split(","):
             check_address(address.strip())
         if not 0 <= learner_id < learners:

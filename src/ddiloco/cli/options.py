@@ -60,12 +60,15 @@ Tokenizer = _choices("Tokenizer", ("byte", "bpe"))
 Merge = _choices("Merge", ("rda", "mean"))
 SimMethod = _choices("SimMethod", ("decoupled", "diloco", "ddp", "elastic-ddp"))  # sim.config.METHODS
 RuntimeMethod = _choices("RuntimeMethod", ("decoupled", "diloco"))
+Precision = _choices("Precision", ("fp32", "bf16"))  # train.device.PRECISIONS
 BudgetCounts = _choices("BudgetCounts", ("trained", "merged"))  # synchronizer.settings.BUDGET_COUNTS
 
 
 def plain(*values: object) -> tuple:
     """Enum choices as the plain strings the rest of the code takes."""
     return tuple(v.value if isinstance(v, enum.Enum) else v for v in values)
+
+
 HEARTBEAT = typer.Option(0.5, min=0.01, max=3600.0,
                          help="Heartbeat interval h in seconds; the other timeouts derive from it (docs/runtime.md).")
 TOKENS_BUDGET = dict(min=1, max=2**53)

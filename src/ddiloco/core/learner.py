@@ -47,7 +47,12 @@ class LearnerCore:
     Call order per step: the training loop takes its inner step, then `after_step(tokens, seconds)`,
     which applies fragments that have arrived (overwrite + reset), and returns the messages to send.
     With overlap 0 (blocking syncs) the driver must wait while `must_wait()` and call
-    `apply_arrivals()` when the update is in.
+    `apply_arrivals()` when the update is in. A driver whose parameters live elsewhere (sharded over
+    ranks) splits the step: `begin_step`, then `due()` names the fragments whose current value
+    `collect()` will read, so it can gather just those first.
+
+    The base copy Theta_p of each fragment is kept in fp32 on `base_device` (the host by default), not
+    beside the parameters: accelerator memory holds the model once.
     """
 
     def __init__(
@@ -57,6 +62,7 @@ class LearnerCore:
         plan: FragmentPlan,
         schedule: Schedule,
         answer_requests: bool | None = None,
+        base_device: torch.device | str = "cpu",
     ) -> None:
         missing = set(plan.all_names()) - set(params)
         if missing:
@@ -64,6 +70,7 @@ class LearnerCore:
         if plan.num_fragments != schedule.num_fragments:
             raise ValueError(f"plan has {plan.num_fragments} fragments, schedule {schedule.num_fragments}")
         self.id = learner_id
+        self.base_device = torch.device(base_device)
         self.params = params
         self.plan = plan
         self.schedule = schedule
@@ -153,7 +160,7 @@ class LearnerCore:
             for name in names:
                 value = update.tensors[name]
                 self.params[name].copy_(value)
-                self.base[p][name] = value.detach().to(self.params[name].device, torch.float32).clone()
+                self.base[p][name] = value.detach().to(self.base_device, torch.float32, copy=True)
         self.versions[p] = update.version
         self.counters[p].reset()
         self.pending[p] = None
@@ -161,6 +168,11 @@ class LearnerCore:
     # --- steps ----------------------------------------------------------------------------------
     def after_step(self, tokens: int, seconds: float) -> list[LearnerMessage]:
         """Count one inner step, apply arrived fragments, and return contributions and declines."""
+        self.begin_step(tokens, seconds)
+        return self.collect()
+
+    def begin_step(self, tokens: int, seconds: float) -> list[int]:
+        """The first half of `after_step`: count the step, apply arrivals; returns the applied fragments."""
         if not self.joined:
             raise RuntimeError("learner has not joined: call join() with the global parameters first")
         if tokens < 0 or seconds < 0:
@@ -169,28 +181,39 @@ class LearnerCore:
         self.step_time.update(seconds)
         for counters in self.counters:
             counters.add(tokens, seconds)
-        self.apply_arrivals()
-        return self.collect()
+        return self.apply_arrivals()
+
+    def due(self) -> list[int]:
+        """The fragments `collect()` would snapshot now (nothing is consumed)."""
+        return [p for p in range(self.plan.num_fragments) if self._decide(p, self.requested.get(p)) is None]
+
+    def _decide(self, p: int, asked: int | None) -> Decline | str | None:
+        """None: snapshot p now; a Decline: answer a request with it; a string: nothing to send."""
+        if not self.answer_requests:
+            asked = None
+        if self.pending[p] is not None:
+            if asked is not None and asked != self.pending[p]:
+                return Decline(self.id, p, asked, "an update is in flight to this learner")
+            return "in flight"
+        if asked is not None:
+            if asked != self.versions[p]:
+                return Decline(self.id, p, asked, f"holds version {self.versions[p]}")
+            if self.counters[p].steps == 0:
+                return Decline(self.id, p, asked, "no steps since the last update")
+            return None
+        if self.schedule.is_due(self.step, self.anchors[p]) and self.counters[p].steps > 0:
+            return None
+        return "not due"
 
     def collect(self) -> list[LearnerMessage]:
         """Snapshots of fragments due on our own schedule or asked for by the synchronizer."""
         out: list[LearnerMessage] = []
         for p in range(self.plan.num_fragments):
-            asked = self.requested.pop(p, None) if self.answer_requests else None
-            if self.pending[p] is not None:
-                if asked is not None and asked != self.pending[p]:
-                    out.append(Decline(self.id, p, asked, "an update is in flight to this learner"))
-                continue
-            if asked is not None:
-                if asked != self.versions[p]:
-                    out.append(Decline(self.id, p, asked, f"holds version {self.versions[p]}"))
-                    continue
-                if self.counters[p].steps == 0:
-                    out.append(Decline(self.id, p, asked, "no steps since the last update"))
-                    continue
+            decision = self._decide(p, self.requested.pop(p, None))
+            if decision is None:
                 out.append(self._snapshot(p))
-            elif self.schedule.is_due(self.step, self.anchors[p]) and self.counters[p].steps > 0:
-                out.append(self._snapshot(p))
+            elif isinstance(decision, Decline):
+                out.append(decision)
         return out
 
     def flush(self) -> list[LearnerMessage]:
@@ -204,7 +227,8 @@ class LearnerCore:
 
     def _snapshot(self, p: int) -> Contribution:
         with torch.no_grad():
-            grads = {name: outer_gradient(self.base[p][name], self.params[name]) for name in self.plan.names[p]}
+            grads = {name: outer_gradient(base, self.params[name].detach().to(base.device))
+                     for name, base in ((n, self.base[p][n]) for n in self.plan.names[p])}
         c = self.counters[p]
         self.pending[p] = self.versions[p]
         self.anchors[p] = self.step

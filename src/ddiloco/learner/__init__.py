@@ -2,7 +2,8 @@
 
     client      `LearnerClient`: a few lines in a training loop; communication in the background
     link        one background connection per synchronizer shard: register, heartbeat, push, subscribe
-    fanout      in a torch.distributed learner, rank 0 talks and broadcasts to the other ranks
+    joining     the shards' registration replies checked, the global parameters awaited
+    fanout      in a torch.distributed learner, rank 0 talks; replicated or FSDP2-sharded ranks follow
     journal     the learner's record of what it trained and sent, for the run's token accounting
     state       the learner's own inner-optimizer state on disk, saved in the background
     trainer     the built-in training loop behind `ddiloco learner`

@@ -24,7 +24,9 @@ Recovery, in the training thread, from the events the links post:
   update that is already on its way.
 
 In a torch.distributed job, create the client on every rank with the same arguments: rank 0 talks to
-the synchronizer and broadcasts what changed (see `fanout`); `tokens` is the per-rank count.
+the synchronizer and broadcasts what changed (see `fanout`); `tokens` is the per-rank count. A model
+sharded with FSDP2's `fully_shard` works the same way: each rank keeps its own shards, and
+`step`/`finish` are collective (call them on every rank at the same step).
 """
 
 from __future__ import annotations
@@ -41,11 +43,11 @@ import torch
 
 from ..core import AlgorithmConfig, Contribution, Decline, LearnerCore, Schedule
 from ..wire import framing
-from ..wire.protocol import plan_from_json, signature
-from ..wire.routing import check_cover
+from ..wire.protocol import signature
 from ..wire.rpc import check_address
 from ..wire.timeouts import Timeouts
 from .fanout import RankFanout, active_group_size
+from .joining import await_global, check_replies
 from .journal import Journal
 from .link import LinkContext, ShardLink, SynchronizerError
 
@@ -67,7 +69,10 @@ class LearnerClient:
         timeouts: Timeouts | None = None,
         process_group=None,
         start_timeout: float = 120.0,
+        report_every: float = 30.0,
     ) -> None:
+        """`report_every`: seconds between progress lines at INFO on the "ddiloco" logger
+        (`ddiloco.log_to_stderr()` shows them)."""
         from ..wire import quant
 
         quant.get(codec)  # validate early
@@ -82,7 +87,9 @@ class LearnerClient:
         self.codec = codec
         self.timeouts = timeouts or Timeouts()
         self.start_timeout = start_timeout
-        self.fanout = RankFanout(process_group) if active_group_size(process_group) > 1 else None
+        self.report_every = float(report_every)
+        self._last_report = time.monotonic()
+        self.fanout = RankFanout(self.params, process_group) if active_group_size(process_group) > 1 else None
         self.is_leader = self.fanout is None or self.fanout.is_leader
         self.world = self.fanout.world if self.fanout else 1
         self.inbound: queue.Queue = queue.Queue()
@@ -98,6 +105,7 @@ class LearnerClient:
         self.config: AlgorithmConfig | None = None
         self.journal = Journal(f"{journal_dir}/journal-{self.incarnation}.json") if journal_dir and self.is_leader else None
         self._force: dict[int, int] = {}
+        self._blocking = False
         self._span_start: list[float] = []
         self._stop = False
         self._progress = 0.0
@@ -122,10 +130,10 @@ class LearnerClient:
         else:
             position = 0
         if self.fanout is not None:
-            plan = self.fanout.share_bytes(json.dumps(self.names).encode() if self.is_leader else None)
-            self.names = json.loads(plan)
-            position = int(self.fanout.share_bytes(str(position).encode() if self.is_leader else None))
-            self.fanout.share_params([self.params[n] for names in self.names for n in names])
+            shared = {"names": self.names, "blocking": self._blocking, "position": position}
+            shared = json.loads(self.fanout.share_bytes(json.dumps(shared).encode() if self.is_leader else None))
+            self.names, self._blocking, position = shared["names"], bool(shared["blocking"]), int(shared["position"])
+            self.fanout.push([n for names in self.names for n in names])
         self.position = self.start_position = self.counted_position = position
         self.state = "training"
         self._last_boundary = time.perf_counter()
@@ -135,42 +143,17 @@ class LearnerClient:
         deadline = time.monotonic() + self.start_timeout
         self.links = [ShardLink(i, a, self.ctx, self.timeouts) for i, a in enumerate(self.addresses)]
         replies = [link.register(fresh=True, deadline=deadline) for link in self.links]
-        first = replies[0]
-        for address, reply in zip(self.addresses[1:], replies[1:]):
-            if reply["plan"] != first["plan"] or reply["algorithm"] != first["algorithm"]:
-                raise SynchronizerError(f"synchronizer {address} runs a different plan or algorithm than {self.addresses[0]}")
-        plan, shapes = plan_from_json(first["plan"])
-        self.config = AlgorithmConfig(**first["algorithm"])
-        check_cover({i: r["owned"] for i, r in enumerate(replies)}, plan.num_fragments)
-        self.owner = {p: i for i, r in enumerate(replies) for p in r["owned"]}
-        for name, shape in shapes.items():
-            if name not in self.params or tuple(self.params[name].shape) != shape:
-                raise SynchronizerError(f"model parameter {name!r} does not match the synchronizer's shape {shape}")
+        plan, self.config, self.owner = check_replies(self.addresses, replies, self.params)
         self.timeouts = self.links[0].timeouts
         self.names = [list(n) for n in plan.names]
         schedule = Schedule(self.config.fragments, self.config.sync_every, self.config.overlap)
-        self.core = LearnerCore(self.learner, self.params, plan, schedule)
+        self._blocking = self.config.overlap == 0
+        held = self.fanout.algorithm_params() if self.fanout is not None else self.params
+        self.core = LearnerCore(self.learner, held, plan, schedule)
         for link in self.links:
             link.start()
-        updates, requests = {}, []
-        while len(updates) < plan.num_fragments:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ConnectionError(f"timed out waiting for the global parameters ({len(updates)} of "
-                                      f"{plan.num_fragments} fragments arrived)")
-            try:
-                event = self.inbound.get(timeout=min(remaining, 1.0))
-            except queue.Empty:
-                continue
-            if event[0] == "update":
-                u = event[2]
-                if u.fragment not in updates or u.version > updates[u.fragment].version:
-                    updates[u.fragment] = u
-            elif event[0] == "request":
-                requests.append(event[2])
-            elif event[0] == "fatal":
-                raise SynchronizerError(event[2])
-        self.core.join(list(updates.values()))
+        updates, requests = await_global(self.inbound, plan.num_fragments, deadline)
+        self.core.join(updates)
         for r in requests:
             self.core.request(r)
         self._span_start = [time.time()] * plan.num_fragments
@@ -199,21 +182,34 @@ class LearnerClient:
         self.tokens += tokens_here
         self.compute_seconds += seconds
         self.position = self.position + 1 if position is None else int(position)
-        if self.is_leader:
-            changed = self._leader_step(tokens_here, seconds)
-            self._stop = self.ctx.stop_requested.is_set()
-            self._progress = max(self._progress, self.ctx.global_progress)
-        else:
-            changed = [False] * len(self.names)
+        applied, due = self._leader_begin(tokens_here, seconds) if self.is_leader else ([], [])
         if self.fanout is not None:
-            changed, self._stop, self._progress = self.fanout.share_step(changed, self._stop, self._progress, len(self.names))
-            tensors = [self.params[n] for p, c in enumerate(changed) if c for n in self.names[p]]
-            if tensors:
-                self.fanout.share_params(tensors)
+            applied, due, self._stop, self._progress = self.fanout.share_step(
+                applied, due, self._stop, self._progress, len(self.names))
+            self.fanout.push(self._names_of(applied))
+            self.fanout.pull(self._names_of(due))
+        waited = self._leader_end(due) if self.is_leader else []
+        if self.fanout is not None and self._blocking:
+            waited, _, self._stop, self._progress = self.fanout.share_step(
+                waited, [], self._stop, self._progress, len(self.names))
+            self.fanout.push(self._names_of(waited))
         if self.journal is not None:
             self._write_journal()
+        if self.is_leader and time.monotonic() - self._last_report >= self.report_every:
+            self._report()
         self._last_boundary = time.perf_counter()
-        return [p for p, c in enumerate(changed) if c]
+        return sorted(set(applied) | set(waited))
+
+    def _report(self) -> None:
+        self._last_report = time.monotonic()
+        links = [link.stats for link in self.links]
+        loss = f"loss {self.loss:.4f}, " if self.loss is not None else ""
+        log.info("learner %d: step %d, %d tokens, %sfragment versions %s, %d contributions accepted, %d rejected, "
+                 "run %.0f%% done", self.learner, self.steps, self.tokens, loss, self.core.versions,
+                 sum(s.accepted for s in links), sum(s.rejected for s in links), 100 * self._progress)
+
+    def _names_of(self, fragments: Sequence[int]) -> list[str]:
+        return [n for p in fragments for n in self.names[p]]
 
     def fragment_names(self, fragment: int) -> list[str]:
         """The parameter names of one fragment (after `start()`)."""
@@ -225,25 +221,39 @@ class LearnerClient:
         for link in self.links:
             link.control.call("Stop", framing.message({"reason": reason[:200]}), self.timeouts.rpc)
 
-    def _leader_step(self, tokens: int, seconds: float) -> list[bool]:
-        core = self.core
+    def _leader_begin(self, tokens: int, seconds: float) -> tuple[list[int], list[int]]:
+        """Count the step and apply what arrived; returns (applied, due) fragments."""
         if self._fatal:
             raise SynchronizerError(self._fatal)
-        before = list(core.versions)
         self._drain()
-        self._send(core.after_step(tokens, seconds))
+        applied = self.core.begin_step(tokens, seconds)
+        self._mark_spans(applied)
+        self._stop = self.ctx.stop_requested.is_set()
+        self._progress = max(self._progress, self.ctx.global_progress)
+        return applied, self.core.due()
+
+    def _leader_end(self, due: list[int]) -> list[int]:
+        """Send the snapshots of `due`; with blocking syncs, wait for them. Returns fragments applied meanwhile."""
+        core = self.core
+        self._send(core.collect(), due)
+        before = list(core.versions)
         while core.must_wait() and not self.ctx.stop_requested.is_set():
             self._drain(wait=self.timeouts.heartbeat)
             core.apply_arrivals()
-            self._send(core.collect())
+            self._send(core.collect(), [])
             if self._fatal:
                 raise SynchronizerError(self._fatal)
-        changed = [core.versions[p] != before[p] for p in range(len(before))]
+        if self.fanout is None or self._blocking:  # else every rank must keep the value shared at the begin
+            self._stop = self.ctx.stop_requested.is_set()
+            self._progress = max(self._progress, self.ctx.global_progress)
+        applied = [p for p in range(len(before)) if core.versions[p] != before[p]]
+        self._mark_spans(applied)
+        return applied
+
+    def _mark_spans(self, applied: list[int]) -> None:
         wall = time.time()
-        for p, c in enumerate(changed):
-            if c:
-                self._span_start[p] = wall
-        return changed
+        for p in applied:
+            self._span_start[p] = wall
 
     def _drain(self, wait: float | None = None) -> None:
         """Handle every inbound event; with `wait`, block up to that long for the first one."""
@@ -290,8 +300,12 @@ class LearnerClient:
         elif kind == "fatal":
             self._fatal = event[2]
 
-    def _send(self, messages: list) -> None:
+    def _send(self, messages: list, gathered: list[int]) -> None:
+        """`gathered`: fragments whose sharded parameters were just pulled; only those may be snapshotted."""
         for m in messages:
+            if isinstance(m, Contribution) and self.fanout is not None and self.fanout.sharded \
+                    and m.fragment not in gathered:
+                raise RuntimeError(f"fragment {m.fragment} was snapshotted without gathering its shards first")
             link = self.links[self.owner[m.fragment]]
             if isinstance(m, Contribution):
                 link.push(m, {"position": self.position, "tokens_total": self.tokens,
@@ -351,8 +365,14 @@ class LearnerClient:
 
     # --- the end --------------------------------------------------------------------------------
     def finish(self, timeout: float | None = None) -> dict:
-        """Send the work still held, wait (bounded) for it to be merged, leave. Returns stats()."""
+        """Send the work still held, wait (bounded) for it to be merged, leave. Returns stats().
+        Collective in a sharded learner (every rank calls it). Updates that arrive while finishing
+        reach rank 0's algorithm only: the final global model is the synchronizer's (`fetch_global`)."""
+        started = self.state == "training"
         self.state = "finishing"
+        everything = list(range(len(self.names)))
+        if started and self.fanout is not None and self.fanout.sharded:
+            self.fanout.pull(self._names_of(everything))
         if not self.is_leader or self.core is None:
             self.state = "done"
             return self.stats()
@@ -360,11 +380,11 @@ class LearnerClient:
         deadline = time.monotonic() + (self.timeouts.drain if timeout is None else timeout)
         self._drain()
         core.apply_arrivals()
-        self._send(core.flush())
+        self._send(core.flush(), everything)
         while any(v is not None for v in core.pending) and time.monotonic() < deadline and not self._fatal:
             self._drain(wait=0.1)
             core.apply_arrivals()
-            self._send(core.collect() + core.flush())
+            self._send(core.collect() + core.flush(), everything)
         core.apply_arrivals()
         unmerged = sum(1 for v in core.pending if v is not None)
         if unmerged:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..train.device import autocast, process_group_backend, resolve_device
 from ..train.inner import InnerConfig, inner_step, lr_at, make_inner_optimizer, set_lr
 from ..train.tasks import make_task
 from .client import LearnerClient
@@ -46,6 +47,8 @@ class LearnerSettings:
     checkpoint_every: int = 24
     start_timeout: float = 120.0
     min_step_seconds: float = 0.0  # pad every step to this long: emulates a dedicated accelerator
+    device: str = "auto"  # auto: cuda:LOCAL_RANK when CUDA is present, else cpu
+    precision: str = "fp32"  # or bf16 (autocast; weights and optimizer state stay fp32)
 
 
 def params_digest(model: torch.nn.Module) -> str:
@@ -56,10 +59,10 @@ def params_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def _init_distributed() -> tuple[int, int]:
+def _init_distributed(device: torch.device) -> tuple[int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("gloo")
+        torch.distributed.init_process_group(process_group_backend(device))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
@@ -67,10 +70,17 @@ def _init_distributed() -> tuple[int, int]:
 
 def train(settings: LearnerSettings) -> dict:
     """Train until the synchronizer says stop (or max_steps, or SIGTERM); returns the client's stats."""
-    rank, world = _init_distributed()
+    device = resolve_device(settings.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    rank, world = _init_distributed(device)
     task = make_task(settings.model, settings.data, seq_len=settings.seq_len, model_size=settings.model_size)
-    model = task.build_model(settings.seed)
-    trained = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    model = task.build_model(settings.seed).to(device)
+    if world > 1:
+        trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    else:
+        trained = model
+    log.info("learner %d rank %d/%d on %s in %s", settings.learner, rank, world, device, settings.precision)
     optimizer = make_inner_optimizer(model, settings.inner)
     state_dir = Path(settings.state_dir) if settings.state_dir else None
     client = LearnerClient(
@@ -109,7 +119,8 @@ def train(settings: LearnerSettings) -> dict:
             started = time.perf_counter()
             batch = stream.next()
             set_lr(optimizer, lr_at(settings.inner, inner_steps, client.progress))
-            loss = task.loss(trained, batch)
+            with autocast(settings.precision, device):
+                loss = task.loss(trained, batch)
             inner_step(trained, optimizer, loss, settings.inner.grad_clip)
             inner_steps += 1
             steps += 1

@@ -21,3 +21,21 @@ def configure(role: str, level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric)
+
+
+def log_to_stderr(level: str | int = "info") -> logging.Handler:
+    """Show ddiloco's own log records (joins, progress, rejections) on stderr, for a script that uses
+    the library without configuring logging. Touches only the "ddiloco" logger, never the root;
+    calling it again changes the level and adds no second handler."""
+    numeric = getattr(logging, level.upper(), None) if isinstance(level, str) else level
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r}; use debug, info, warning or error")
+    logger = logging.getLogger("ddiloco")
+    handler = next((h for h in logger.handlers if getattr(h, "_ddiloco", False)), None)
+    if handler is None:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        handler._ddiloco = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(numeric)
+    return handler

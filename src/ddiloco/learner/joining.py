@@ -1,0 +1,57 @@
+"""Joining a run: the shards' registration replies checked against each other and the model, then
+the global value of every fragment awaited before the first step."""
+
+from __future__ import annotations
+
+import queue
+import time
+from typing import Mapping, Sequence
+
+import torch
+
+from ..core import AlgorithmConfig, FragmentPlan, FragmentRequest, FragmentUpdate
+from ..wire.protocol import plan_from_json
+from ..wire.routing import check_cover
+from .link import SynchronizerError
+
+
+def check_replies(addresses: Sequence[str], replies: Sequence[dict], params: Mapping[str, torch.Tensor],
+                  ) -> tuple[FragmentPlan, AlgorithmConfig, dict[int, int]]:
+    """The plan and algorithm every shard agrees on, and which shard owns each fragment."""
+    first = replies[0]
+    for address, reply in zip(addresses[1:], replies[1:]):
+        if reply["plan"] != first["plan"] or reply["algorithm"] != first["algorithm"]:
+            raise SynchronizerError(f"synchronizer {address} runs a different plan or algorithm than {addresses[0]}")
+    plan, shapes = plan_from_json(first["plan"])
+    config = AlgorithmConfig(**first["algorithm"])
+    check_cover({i: r["owned"] for i, r in enumerate(replies)}, plan.num_fragments)
+    owner = {p: i for i, r in enumerate(replies) for p in r["owned"]}
+    for name, shape in shapes.items():
+        if name not in params or tuple(params[name].shape) != shape:
+            raise SynchronizerError(f"model parameter {name!r} does not match the synchronizer's shape {shape}")
+    return plan, config, owner
+
+
+def await_global(inbound: queue.Queue, num_fragments: int, deadline: float,
+                 ) -> tuple[list[FragmentUpdate], list[FragmentRequest]]:
+    """The newest global value of every fragment (and requests that came meanwhile), by `deadline`."""
+    updates: dict[int, FragmentUpdate] = {}
+    requests: list[FragmentRequest] = []
+    while len(updates) < num_fragments:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ConnectionError(f"timed out waiting for the global parameters ({len(updates)} of "
+                                  f"{num_fragments} fragments arrived)")
+        try:
+            event = inbound.get(timeout=min(remaining, 1.0))
+        except queue.Empty:
+            continue
+        if event[0] == "update":
+            u = event[2]
+            if u.fragment not in updates or u.version > updates[u.fragment].version:
+                updates[u.fragment] = u
+        elif event[0] == "request":
+            requests.append(event[2])
+        elif event[0] == "fatal":
+            raise SynchronizerError(event[2])
+    return list(updates.values()), requests
