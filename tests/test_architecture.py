@@ -31,7 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     "launch": {"synchronizer", "learner", "wire", "core", "records", "train", "chaos"},
     "api": {"synchronizer", "learner", "wire", "core", "records", "train"},
     "report": {"records"},
-    "cli": {"api", "launch", "sim", "goodput", "report", "synchronizer", "learner", "wire", "core", "records", "train",
+    "cluster": {"launch", "records", "wire"},  # the Slurm backend: the same commands `launch` runs locally
+    "cli": {"api", "cluster", "launch", "sim", "goodput", "report", "synchronizer", "learner", "wire", "core", "records", "train",
             "chaos"},
 }
 TOP_LEVEL_MODULES = {"ddiloco", "ddiloco.__main__", "ddiloco._moved"}

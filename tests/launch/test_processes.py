@@ -2,10 +2,12 @@
 
 import os
 import signal
+import sys
 import time
 
 import pytest
 
+from ddiloco.launch.procs import ProcessTable
 from ddiloco.records.atomic import read_json
 
 from ..support.processes import (
@@ -100,3 +102,30 @@ def test_killed_synchronizer_restarts_from_its_checkpoint_and_learners_never_sto
     stop_run(address)
     assert wait_exit([*learners, sync], 60) == [0, 0, 0]
     assert held  # journals were read
+
+
+def test_kill_tree_ends_the_child_and_the_processes_it_started(tmp_path):
+    table = ProcessTable()
+    pid_file = tmp_path / "grandchild"
+    # the child starts a grandchild in its own session (as a forkserver would) and sleeps
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+            f"start_new_session=True); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    child = table.start("parent", [sys.executable, "-c", code])
+    deadline = time.monotonic() + 30
+    while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    table.kill_tree(child)
+    assert child.poll() == -9
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = open(f"/proc/{grandchild}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break  # gone
+        if state == "Z":
+            break  # killed, waiting for init to reap it
+        time.sleep(0.05)
+    else:
+        os.kill(grandchild, 9)
+        raise AssertionError("the grandchild outlived kill_tree")

@@ -42,6 +42,9 @@ def learner(
                                "else cpu), cpu, cuda or cuda:N."),
     precision: options.Precision = typer.Option("fp32", "--precision", help="fp32, or bf16 through autocast "
                                                 "(weights, optimizer state and what is sent stay fp32)."),
+    term_grace: float = typer.Option(20.0, min=0.1, max=86400.0, help="After SIGTERM (a preemption notice): send the "
+                                     "work held and exit within this many seconds (keep it below the scheduler's "
+                                     "kill wait, 30 s in Slurm by default)."),
     threads: int = options.THREADS,
     as_json: bool = typer.Option(False, "--json", help="End with one JSON line of this learner's stats."),
     log_level: options.LogLevel = options.LOG_LEVEL,
@@ -67,7 +70,7 @@ def learner(
             token=auth.resolve_token(token), credentials=auth.channel_credentials(tls_ca),
             state_dir=str(state_dir) if state_dir else None, net_delay=net_delay / 1000.0, max_steps=max_steps,
             checkpoint_every=save_state_every, min_step_seconds=min_step_seconds, start_timeout=connect_timeout,
-            device=device, precision=options.plain(precision)[0],
+            device=device, precision=options.plain(precision)[0], term_grace=term_grace,
         )
         resolve_device(device)
         for address in connect.split(","):

@@ -52,6 +52,46 @@ class Child:
             return False
 
 
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent PID, start time in clock ticks) of a live process, from /proc; None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), int(fields[19])
+
+
+def descendants(pid: int) -> list[tuple[int, int]]:
+    """Every live descendant of `pid` as (PID, start time), so that it can be ended by PID later even
+    after the kill of `pid` has orphaned it (a DataLoader worker, a forkserver). Linux only; [] elsewhere."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            stat = _stat(int(entry.name))
+            if stat is not None:
+                children.setdefault(stat[0], []).append((int(entry.name), stat[1]))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child[0])
+    return found
+
+
+def kill_descendants(found: list[tuple[int, int]]) -> None:
+    """SIGKILL each (PID, start time) that still names the same process."""
+    for pid, started in found:
+        stat = _stat(pid)
+        if stat is not None and stat[1] == started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 class ProcessTable:
     def __init__(self, env: dict | None = None) -> None:
         self.children: list[Child] = []
@@ -74,6 +114,13 @@ class ProcessTable:
         child = Child(name, popen, log_path)
         self.children.append(child)
         return child
+
+    def kill_tree(self, child: Child) -> None:
+        """kill -9 of `child`, then of every process it had started: a crash, without orphans left behind."""
+        found = descendants(child.pid)
+        child.signal(signal.SIGKILL)
+        child.popen.wait(timeout=10)
+        kill_descendants(found)
 
     def running(self) -> list[Child]:
         return [c for c in self.children if c.alive()]

@@ -24,9 +24,8 @@ Recovery, in the training thread, from the events the links post:
   update that is already on its way.
 
 In a torch.distributed job, create the client on every rank with the same arguments: rank 0 talks to
-the synchronizer and broadcasts what changed (see `fanout`); `tokens` is the per-rank count. A model
-sharded with FSDP2's `fully_shard` works the same way: each rank keeps its own shards, and
-`step`/`finish` are collective (call them on every rank at the same step).
+the synchronizer and broadcasts what changed (see `fanout`; FSDP2-sharded models too); `tokens` is the
+per-rank count; `step` and `finish` are collective (every rank calls them at the same step).
 """
 
 from __future__ import annotations
@@ -202,11 +201,11 @@ class LearnerClient:
 
     def _report(self) -> None:
         self._last_report = time.monotonic()
-        links = [link.stats for link in self.links]
+        s = self.stats()
         loss = f"loss {self.loss:.4f}, " if self.loss is not None else ""
         log.info("learner %d: step %d, %d tokens, %sfragment versions %s, %d contributions accepted, %d rejected, "
-                 "run %.0f%% done", self.learner, self.steps, self.tokens, loss, self.core.versions,
-                 sum(s.accepted for s in links), sum(s.rejected for s in links), 100 * self._progress)
+                 "run %.0f%% done", self.learner, s["steps"], s["tokens"], loss, s["versions"], s["accepted"],
+                 s["rejected"], 100 * self._progress)
 
     def _names_of(self, fragments: Sequence[int]) -> list[str]:
         return [n for p in fragments for n in self.names[p]]
@@ -325,15 +324,8 @@ class LearnerClient:
         return self._progress
 
     def _progress_report(self) -> dict:
-        core = self.core
-        return {
-            "step": self.steps,
-            "tokens": self.tokens,
-            "position": self.position,
-            "step_time": core.step_time.get() if core else 0.0,
-            "state": self.state,
-            "loss": self.loss,
-        }
+        return {"step": self.steps, "tokens": self.tokens, "position": self.position, "state": self.state,
+                "step_time": self.core.step_time.get() if self.core else 0.0, "loss": self.loss}
 
     def _write_journal(self) -> None:
         self.journal.write({
@@ -345,23 +337,13 @@ class LearnerClient:
 
     def stats(self) -> dict:
         links = [link.stats for link in self.links]
-        return {
-            "learner": self.learner,
-            "incarnation": self.incarnation,
-            "steps": self.steps,
-            "tokens": self.tokens,
-            "compute_seconds": self.compute_seconds,
-            "start_position": self.start_position,
-            "position": self.position,
-            "counted_position": self.counted_position,
-            "versions": list(self.core.versions) if self.core else [],
-            "pushed": sum(s.pushed for s in links),
-            "accepted": sum(s.accepted for s in links),
-            "rejected": sum(s.rejected for s in links),
-            "lost_in_transit": sum(s.lost_in_transit for s in links),
-            "registrations": sum(s.registrations for s in links),
-            "rejections": list(self.rejected[-5:]),
-        }
+        totals = {k: sum(getattr(s, k) for s in links)
+                  for k in ("pushed", "accepted", "rejected", "lost_in_transit", "registrations")}
+        return {"learner": self.learner, "incarnation": self.incarnation, "steps": self.steps, "tokens": self.tokens,
+                "compute_seconds": self.compute_seconds, "start_position": self.start_position,
+                "position": self.position, "counted_position": self.counted_position,
+                "versions": list(self.core.versions) if self.core else [], **totals,
+                "rejections": list(self.rejected[-5:])}
 
     # --- the end --------------------------------------------------------------------------------
     def finish(self, timeout: float | None = None) -> dict:

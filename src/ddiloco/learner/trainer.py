@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ class LearnerSettings:
     min_step_seconds: float = 0.0  # pad every step to this long: emulates a dedicated accelerator
     device: str = "auto"  # auto: cuda:LOCAL_RANK when CUDA is present, else cpu
     precision: str = "fp32"  # or bf16 (autocast; weights and optimizer state stay fp32)
+    term_grace: float = 20.0  # after SIGTERM (a preemption notice): send the work held and exit within this
 
 
 def params_digest(model: torch.nn.Module) -> str:
@@ -66,6 +68,14 @@ def _init_distributed(device: torch.device) -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
+
+
+def _exit_now(learner: int, code: int) -> None:
+    """The grace after a stop signal is over: leave now, whatever is still in flight (the synchronizer
+    counts it as lost when this learner's heartbeats stop)."""
+    log.error("learner %d: the grace after the stop signal is over; exiting with what was sent", learner)
+    logging.shutdown()
+    os._exit(code)
 
 
 def train(settings: LearnerSettings) -> dict:
@@ -88,13 +98,18 @@ def train(settings: LearnerSettings) -> dict:
         credentials=settings.credentials, net_delay=settings.net_delay,
         journal_dir=str(state_dir) if state_dir else None, start_timeout=settings.start_timeout,
     )
-    stop = {"signal": False}
+    stop = {"signal": False, "at": 0.0}
 
     def on_signal(signum, frame):  # noqa: ANN001
         if stop["signal"]:
             raise KeyboardInterrupt
-        stop["signal"] = True
+        stop["signal"], stop["at"] = True, time.monotonic()
         client.ctx.stop_requested.set()
+        log.warning("learner %d got signal %d: sending the work it holds, exiting within %.0f s",
+                    settings.learner, signum, settings.term_grace)
+        watchdog = threading.Timer(settings.term_grace, _exit_now, (settings.learner, 128 + signum))
+        watchdog.daemon = True
+        watchdog.start()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     saver = None
@@ -133,7 +148,9 @@ def train(settings: LearnerSettings) -> dict:
         if saver is not None:
             saver.submit(optimizer, inner_steps)
         digest = params_digest(model)  # every rank holds the same values here (see `fanout`)
-        return {**client.finish(), "rank": rank, "world": world, "params_sha": digest}
+        left = settings.term_grace - (time.monotonic() - stop["at"]) - 1.0 if stop["signal"] else None
+        return {**client.finish(timeout=None if left is None else max(0.0, left)), "rank": rank, "world": world,
+                "params_sha": digest}
     finally:
         if saver is not None:
             saver.close()

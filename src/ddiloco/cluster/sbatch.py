@@ -1,0 +1,149 @@
+"""The sbatch scripts of a run: one job per synchronizer shard, one requeueable job per learner.
+
+Separate jobs rather than one heterogeneous job, because Slurm requeues, cancels and reschedules a
+job as a whole: a preempted learner must come back on its own, on any node, while the synchronizer
+and the other learners go on. The scripts run exactly the commands `ddiloco run` starts on one
+machine (`RunConfig.synchronizer_args` / `learner_args`), so both backends train the same run.
+
+Learners find the synchronizer through the address files its shards write on the shared run
+directory, read again whenever a learner job (re)starts. The auth token is in `RUN_DIR/token` (mode
+0600) and reaches the processes through $DDILOCO_TOKEN, never on a command line.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..launch.config import RunConfig
+
+ADDRESSES = "__DDILOCO_ADDRESSES__"  # replaced by "$ADDRESSES" in the learner scripts
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str | None = None  # sbatch --time, e.g. 1-00:00:00
+    nodes_per_learner: int = 1
+    procs_per_node: int = 1  # ranks per node of each learner (torchrun --nproc-per-node)
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    host: str = "auto"  # the synchronizer's listen address: auto = the node's first address
+    python: str = sys.executable
+    term_grace: float = 20.0  # a learner told to stop (SIGTERM) sends its work and exits within this
+    address_wait: int = 600  # seconds a learner job waits for the synchronizer's address files
+    max_restarts: int = 2  # torchrun's restarts of a multi-process learner before the job fails
+    extra: tuple[str, ...] = field(default_factory=tuple)  # more #SBATCH lines, e.g. "--qos=preempt"
+
+    def __post_init__(self) -> None:
+        if self.nodes_per_learner < 1 or self.procs_per_node < 1 or self.gpus_per_node < 0:
+            raise ValueError("--nodes-per-learner and --procs-per-node must be >= 1, --gpus-per-node >= 0")
+        if self.term_grace <= 0 or self.address_wait < 1:
+            raise ValueError("--term-grace must be > 0 and the address wait >= 1 s")
+        for arg in self.extra:
+            if not arg.startswith("--") or "\n" in arg:
+                raise ValueError(f"--sbatch-arg {arg!r}: give one sbatch option such as --qos=preempt")
+
+
+def _header(name: str, out: Path, opts: SlurmOptions, nodes: int, requeue: bool, gpus: int) -> list[str]:
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --output={out}/slurm-%j.out",
+             "#SBATCH --open-mode=append", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
+             "#SBATCH --requeue" if requeue else "#SBATCH --no-requeue"]
+    if opts.cpus_per_task:
+        lines.append(f"#SBATCH --cpus-per-task={opts.cpus_per_task}")
+    if gpus:
+        lines.append(f"#SBATCH --gpus-per-node={gpus}")
+    for flag, value in (("partition", opts.partition), ("account", opts.account), ("time", opts.time_limit)):
+        if value:
+            lines.append(f"#SBATCH --{flag}={value}")
+    lines += [f"#SBATCH {arg}" for arg in opts.extra]
+    return lines + ["set -uo pipefail", f"cd {shlex.quote(str(Path.cwd()))}"]
+
+
+def _token_lines(config: RunConfig) -> list[str]:
+    if config.token is None:
+        return []
+    token = shlex.quote(str(config.run_dir.resolve() / "token"))
+    return [f'DDILOCO_TOKEN="$(cat {token})"', "export DDILOCO_TOKEN"]
+
+
+def _command(args: list[str]) -> str:
+    return " ".join('"$ADDRESSES"' if a == ADDRESSES else shlex.quote(a) for a in args)
+
+
+def job_name(config: RunConfig, role: str) -> str:
+    return f"ddiloco-{config.run_dir.name}-{role}"
+
+
+def synchronizer_script(config: RunConfig, opts: SlurmOptions, shard: int) -> str:
+    d = config.sync_dir(shard).resolve()
+    host = '"$(hostname -I | cut -d" " -f1)"' if opts.host == "auto" else shlex.quote(opts.host)
+    args = [a for a in config.synchronizer_args(shard, 0)]
+    i = args.index("--host")
+    args[i + 1] = "__HOST__"
+    command = _command([opts.python, "-m", "ddiloco", *args]).replace("__HOST__", host)
+    return "\n".join([
+        *_header(job_name(config, f"sync{shard}"), d, opts, 1, False, 0),
+        *_token_lines(config),
+        f"rm -f {shlex.quote(str(d / 'address'))}",
+        f"exec srun --ntasks=1 {command}",
+    ]) + "\n"
+
+
+def learner_script(config: RunConfig, opts: SlurmOptions, m: int) -> str:
+    d = config.learner_dir(m).resolve()
+    files = [config.sync_dir(s).resolve() / "address" for s in range(config.sync_shards)]
+    wait = [f"for f in {' '.join(shlex.quote(str(f)) for f in files)}; do",
+            f"    for _ in $(seq {opts.address_wait}); do [ -s \"$f\" ] && break; sleep 1; done",
+            '    [ -s "$f" ] || { echo "no synchronizer address in $f" >&2; exit 1; }',
+            "done",
+            'ADDRESSES="$(for f in ' + " ".join(shlex.quote(str(f)) for f in files)
+            + '; do cat "$f"; echo; done | paste -sd, -)"']
+    args = [*config.learner_args(m, [ADDRESSES]), "--term-grace", f"{opts.term_grace:g}"]
+    ranks = opts.nodes_per_learner * opts.procs_per_node
+    if ranks == 1:
+        run = f"exec srun --ntasks=1 {_command([opts.python, '-m', 'ddiloco', *args])}"
+        setup: list[str] = []
+    else:
+        setup = ['FIRST="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
+                 'RDZV="$(scontrol show node "$FIRST" -o | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')"',
+                 'PORT=$((29500 + SLURM_JOB_ID % 1000))']
+        torchrun = [opts.python, "-m", "torch.distributed.run", "--nnodes", str(opts.nodes_per_learner),
+                    "--nproc-per-node", str(opts.procs_per_node), "--max-restarts", str(opts.max_restarts),
+                    "--rdzv-backend", "c10d", "--rdzv-id", "__JOB__", "--rdzv-endpoint", "__RDZV__",
+                    "-m", "ddiloco", *args]
+        run = ("exec srun --ntasks-per-node=1 " + _command(torchrun)
+               .replace("__JOB__", '"$SLURM_JOB_ID"').replace("__RDZV__", '"$RDZV:$PORT"'))
+    return "\n".join([
+        *_header(job_name(config, f"learner{m}"), d, opts, opts.nodes_per_learner, True, opts.gpus_per_node),
+        *_token_lines(config),
+        'echo "learner job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date +%T)" >&2',
+        *wait, *setup, run,
+    ]) + "\n"
+
+
+def write_scripts(config: RunConfig, opts: SlurmOptions) -> dict[str, Path]:
+    """Every job's script under RUN_DIR/slurm/ (and the token file); returns role -> path."""
+    out = config.run_dir / "slurm"
+    out.mkdir(parents=True, exist_ok=True)
+    for s in range(config.sync_shards):
+        config.sync_dir(s).mkdir(parents=True, exist_ok=True)
+    for m in range(config.learners):
+        config.learner_dir(m).mkdir(parents=True, exist_ok=True)
+    if config.token is not None:
+        token = config.run_dir / "token"
+        token.touch(mode=0o600, exist_ok=True)
+        token.chmod(0o600)
+        token.write_text(config.token)
+    scripts = {f"sync{s}": synchronizer_script(config, opts, s) for s in range(config.sync_shards)}
+    scripts.update({f"learner{m}": learner_script(config, opts, m) for m in range(config.learners)})
+    paths = {}
+    for role, text in scripts.items():
+        path = out / f"{role}.sbatch"
+        path.write_text(text)
+        path.chmod(0o755)
+        paths[role] = path
+    return paths
