@@ -29,3 +29,15 @@ def stop_run(addresses: str | Sequence[str], token: str | None = None, reason: s
         finally:
             channel.close()
     return done
+
+
+def shard_status(address: str, token: str | None = None, timeout: float = 5.0) -> dict:
+    """One shard's status (versions, merges, learners, budget progress), as `Status` answers it."""
+    rpc.check_address(address)
+    channel = rpc.open_channel(address, "control", framing.DEFAULT_CHUNK_BYTES + rpc.FRAME_MARGIN)
+    try:
+        return framing.read_message(rpc.Stubs(channel, token).call("Status", framing.message({}), timeout))
+    except grpc.RpcError as exc:
+        raise ConnectionError(f"synchronizer {address} did not answer Status ({exc.code().name})") from None
+    finally:
+        channel.close()

@@ -60,6 +60,7 @@ Tokenizer = _choices("Tokenizer", ("byte", "bpe"))
 Merge = _choices("Merge", ("rda", "mean"))
 SimMethod = _choices("SimMethod", ("decoupled", "diloco", "ddp", "elastic-ddp"))  # sim.config.METHODS
 RuntimeMethod = _choices("RuntimeMethod", ("decoupled", "diloco"))
+Backend = _choices("Backend", ("local", "slurm"))
 Precision = _choices("Precision", ("fp32", "bf16"))  # train.device.PRECISIONS
 BudgetCounts = _choices("BudgetCounts", ("trained", "merged"))  # synchronizer.settings.BUDGET_COUNTS
 

@@ -1,7 +1,9 @@
-"""`ddiloco run`: the synchronizer and M learner processes on this machine, supervised, with chaos."""
+"""`ddiloco run`: the synchronizer and M learner processes on this machine, supervised, with chaos;
+or, with `--backend slurm`, the same processes as Slurm jobs (`_slurm`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import sys
@@ -69,6 +71,24 @@ def run(
     dashboard_port: int = options.DASHBOARD_PORT,
     as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding the summary."),
     quiet: bool = typer.Option(False, help="No live view."),
+    backend: options.Backend = typer.Option("local", help="local: processes on this machine; slurm: one job per "
+                                            "synchronizer shard and per learner (docs/cluster.md)."),
+    dry_run: bool = typer.Option(False, help="slurm: write the sbatch scripts to RUN_DIR/slurm and stop."),
+    detach: bool = typer.Option(False, help="slurm: submit and return (end it with ddiloco slurm-stop RUN_DIR)."),
+    partition: Optional[str] = typer.Option(None, help="slurm: partition of every job."),
+    account: Optional[str] = typer.Option(None, help="slurm: account of every job."),
+    time_limit: Optional[str] = typer.Option(None, "--time", help="slurm: time limit of every job (sbatch --time)."),
+    nodes_per_learner: int = typer.Option(1, min=1, max=4096, help="slurm: nodes of each learner job."),
+    procs_per_node: int = typer.Option(1, min=1, max=1024, help="slurm: ranks per node of each learner "
+                                       "(torchrun --nproc-per-node; more than one rank in all uses torchrun)."),
+    gpus_per_node: int = typer.Option(0, min=0, max=1024, help="slurm: GPUs per node of each learner job."),
+    cpus_per_task: Optional[int] = typer.Option(None, min=1, max=4096, help="slurm: CPUs of each job's task."),
+    sync_host: str = typer.Option("auto", help="slurm: the address the synchronizer listens on; auto: its node's "
+                                  "first address (a token is then generated unless given)."),
+    term_grace: float = typer.Option(20.0, min=0.1, max=86400.0, help="slurm: seconds a preempted learner has "
+                                     "to send its work and exit (below Slurm's KillWait)."),
+    sbatch_arg: Optional[list[str]] = typer.Option(None, help="slurm: one more sbatch option for every job, "
+                                                   "e.g. --sbatch-arg=--qos=preempt (repeatable)."),
 ) -> None:
     """Train with real processes and real sockets, inject faults, report goodput, stalls and loss."""
     from rich.live import Live
@@ -119,6 +139,24 @@ def run(
             raise ValueError(f"--run-dir {config.run_dir}: cannot create it ({exc.strerror})") from None
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
         raise user_error(exc) from None
+    if options.plain(backend)[0] == "slurm":
+        from ..cluster.sbatch import SlurmOptions
+        from ..cluster.slurm import SlurmError
+        from ._slurm import check_local_only, run_on_slurm
+
+        try:
+            check_local_only(learner_mtbf=learner_mtbf, straggle=straggle, kill_synchronizer_at=kill_synchronizer_at,
+                             chaos_trace=chaos_trace, net_delay=net_delay or None)
+            opts = SlurmOptions(partition=partition, account=account, time_limit=time_limit,
+                                nodes_per_learner=nodes_per_learner, procs_per_node=procs_per_node,
+                                gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, host=sync_host,
+                                term_grace=term_grace, extra=tuple(sbatch_arg or ()))
+            result = run_on_slurm(dataclasses.replace(config, threads=threads), opts, dry_run, detach)
+        except (ValueError, SlurmError) as exc:
+            raise user_error(exc) from None
+        if as_json:
+            print(json.dumps(result, sort_keys=True), flush=True)
+        return
 
     import torch
 

@@ -1,0 +1,148 @@
+"""`ddiloco run --backend slurm`: the same run as on one machine, as Slurm jobs.
+
+Writes the job scripts (`--dry-run` stops there), submits them, then follows the run until the
+synchronizer's jobs end (`--detach` returns at once). Ctrl+C or SIGTERM while following ends the run
+as `ddiloco stop` does (learners send what they hold), then cancels whatever is still queued.
+`ddiloco slurm-stop RUN_DIR` does the same for a detached run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+import signal
+import threading
+import time
+from pathlib import Path
+
+from ..api.control import shard_status, stop_run
+from ..cluster import slurm
+from ..cluster.sbatch import SlurmOptions, write_scripts
+from ..launch.config import RunConfig
+from .output import stderr
+
+FOLLOW_POLL = 2.0
+STOP_WAIT = 60.0
+
+
+def check_local_only(**given: object) -> None:
+    """Chaos that `ddiloco run` injects on one machine has no meaning on a cluster: refuse it clearly."""
+    named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
+    if named:
+        raise ValueError(f"{', '.join(named)}: local chaos only; on Slurm, preempt jobs with scontrol requeue")
+
+
+def addresses(run_dir: Path, shards: int) -> list[str] | None:
+    """Every shard's address from its address file, or None while one is missing."""
+    files = [run_dir / f"sync-{s}" / "address" for s in range(shards)]
+    if not all(f.is_file() and f.read_text().strip() for f in files):
+        return None
+    return [f.read_text().strip() for f in files]
+
+
+def prepare(config: RunConfig, opts: SlurmOptions) -> tuple[RunConfig, dict[str, Path]]:
+    """A token for a run that listens beyond loopback, and the scripts."""
+    if config.token is None and opts.host not in ("127.0.0.1", "localhost", "::1"):
+        config = dataclasses.replace(config, token=secrets.token_hex(16))
+    return config, write_scripts(config, opts)
+
+
+def run_on_slurm(config: RunConfig, opts: SlurmOptions, dry_run: bool, detach: bool) -> dict:
+    config, scripts = prepare(config, opts)
+    result: dict = {"backend": "slurm", "run_dir": str(config.run_dir), "scripts": {r: str(p) for r, p in scripts.items()}}
+    if dry_run:
+        stderr.print(f"wrote {len(scripts)} job scripts to {config.run_dir / 'slurm'} (not submitted)")
+        return result
+    (config.run_dir / "slurm" / "run.json").write_text(json.dumps({"sync_shards": config.sync_shards}))
+    jobs = slurm.submit(config.run_dir, scripts)
+    result["jobs"] = jobs
+    stderr.print(f"submitted {len(jobs)} jobs: " + ", ".join(f"{r} {j}" for r, j in jobs.items()))
+    if detach:
+        stderr.print(f"stop the run with: ddiloco slurm-stop {config.run_dir}")
+        return result
+    result["summary"] = follow(config, jobs)
+    return result
+
+
+def follow(config: RunConfig, jobs: dict[str, str]) -> dict:
+    """Watch the run until every synchronizer job has ended; returns shard 0's final status."""
+    interrupted = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: interrupted.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    sync_roles = [r for r in jobs if r.startswith("sync")]
+    last_line = 0.0
+    try:
+        while not interrupted.is_set():
+            states = slurm.states(jobs)
+            if all(states[r] in slurm.FINISHED or states[r] == "GONE" for r in sync_roles):
+                break
+            if time.monotonic() - last_line > 10.0:
+                last_line = time.monotonic()
+                stderr.print(_progress_line(config, states))
+            interrupted.wait(FOLLOW_POLL)
+        if interrupted.is_set():
+            stop(config.run_dir, config.sync_shards, config.token, jobs, "the launcher was interrupted")
+        else:  # the synchronizer ended the run: learners leave by themselves; cancel any still queued
+            _cancel_leftovers(jobs)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    summary = config.sync_dir(0) / "summary.json"
+    return json.loads(summary.read_text()) if summary.is_file() else {}
+
+
+def _progress_line(config: RunConfig, states: dict[str, str]) -> str:
+    counts: dict[str, int] = {}
+    for state in states.values():
+        counts[state] = counts.get(state, 0) + 1
+    line = "jobs " + ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
+    shards = addresses(config.run_dir, config.sync_shards)
+    if shards:
+        try:
+            st = shard_status(shards[0], config.token)
+            line += (f"; merges {st.get('merges', 0)}, learners {len(st.get('learners', {}))}, "
+                     f"progress {100 * float(st.get('progress', 0.0)):.0f}%")
+        except ConnectionError:
+            line += "; synchronizer not answering"
+    return line
+
+
+def stop(run_dir: Path, shards: int, token: str | None, jobs: dict[str, str],
+         reason: str = "ddiloco slurm-stop") -> None:
+    """End the run the clean way (shards checkpoint, learners send their work), then cancel the jobs."""
+    live = addresses(run_dir, shards)
+    if live:
+        try:
+            stop_run(live, token, reason)
+        except ConnectionError as exc:
+            stderr.print(f"[yellow]{exc}; cancelling the jobs[/]")
+    deadline = time.monotonic() + STOP_WAIT
+    while time.monotonic() < deadline:
+        if all(s in slurm.FINISHED or s == "GONE" for s in slurm.states(jobs).values()):
+            return
+        time.sleep(FOLLOW_POLL)
+    slurm.cancel(jobs)
+
+
+def _cancel_leftovers(jobs: dict[str, str], wait: float = STOP_WAIT) -> None:
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        states = slurm.states(jobs)
+        live = {r: j for r, j in jobs.items() if states[r] not in slurm.FINISHED and states[r] != "GONE"}
+        if not live:
+            return
+        if all(states[r] == "PENDING" for r in live):  # requeued learners waiting for a node: not needed now
+            break
+        time.sleep(FOLLOW_POLL)
+    live = {r: j for r, j in jobs.items() if slurm.states(jobs)[r] not in slurm.FINISHED}
+    slurm.cancel({r: j for r, j in live.items()})
+
+
+def stop_from_run_dir(run_dir: Path) -> dict[str, str]:
+    """`ddiloco slurm-stop`: the jobs, shards and token recorded in the run directory."""
+    jobs = slurm.read_jobs(run_dir)
+    token_file = run_dir / "token"
+    token = token_file.read_text().strip() if token_file.is_file() else None
+    shards = int(json.loads((run_dir / "slurm" / "run.json").read_text()).get("sync_shards", 1))
+    stop(run_dir, shards, token, jobs)
+    return jobs

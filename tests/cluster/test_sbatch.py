@@ -1,0 +1,62 @@
+"""The job scripts `ddiloco run --backend slurm --dry-run` writes: valid bash, the same commands as the
+local backend, learners requeueable, the token never on a command line (no Slurm needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ddiloco.cluster.sbatch import SlurmOptions
+
+
+def dry_run(tmp_path, *extra: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "ddiloco", "run", "--backend", "slurm", "--dry-run", "--json",
+                          "--model-size", "tiny", "--learners", "2", "--sync-shards", "2", "--tokens", "50000",
+                          "--run-dir", str(tmp_path / "run"), *extra],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "DDILOCO_TOKEN": "s3cret-tok"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_dry_run_writes_one_script_per_shard_and_learner_and_submits_nothing(tmp_path):
+    result = dry_run(tmp_path, "--procs-per-node", "2", "--nodes-per-learner", "2", "--gpus-per-node", "4",
+                     "--partition", "gpu", "--sbatch-arg=--qos=preempt")
+    scripts = {role: open(path).read() for role, path in result["scripts"].items()}
+    assert set(scripts) == {"sync0", "sync1", "learner0", "learner1"} and "jobs" not in result
+    assert not (tmp_path / "run" / "slurm" / "jobs.json").exists()
+    for role, text in scripts.items():
+        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0, role
+        assert "s3cret-tok" not in text and "--token " not in text  # the token travels in a 0600 file
+        assert "#SBATCH --partition=gpu" in text and "#SBATCH --qos=preempt" in text
+    token = tmp_path / "run" / "token"
+    assert token.read_text() == "s3cret-tok" and (token.stat().st_mode & 0o777) == 0o600
+    for m in range(2):
+        text = scripts[f"learner{m}"]
+        assert "#SBATCH --requeue" in text and "#SBATCH --nodes=2" in text and "#SBATCH --gpus-per-node=4" in text
+        assert "torch.distributed.run --nnodes 2 --nproc-per-node 2 --max-restarts 2" in text
+        assert f"learner --connect \"$ADDRESSES\" --id {m} " in text and "--term-grace 20" in text
+        assert all(f"sync-{s}/address" in text for s in range(2))
+    for s in range(2):
+        assert "#SBATCH --no-requeue" in scripts[f"sync{s}"]
+        assert f"--shard {s} --num-shards 2" in scripts[f"sync{s}"]
+
+
+def test_one_rank_learners_run_without_torchrun_and_chaos_flags_are_refused(tmp_path):
+    result = dry_run(tmp_path)
+    text = open(result["scripts"]["learner0"]).read()
+    assert "torch.distributed.run" not in text and "exec srun --ntasks=1" in text
+    out = subprocess.run([sys.executable, "-m", "ddiloco", "run", "--backend", "slurm", "--dry-run", "--tokens", "1000",
+                          "--learner-mtbf", "30", "--run-dir", str(tmp_path / "r2")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "--learner-mtbf" in out.stderr and "local chaos only" in out.stderr
+
+
+def test_bad_options_are_errors():
+    with pytest.raises(ValueError, match="sbatch option"):
+        SlurmOptions(extra=("qos=preempt",))
+    with pytest.raises(ValueError):
+        SlurmOptions(procs_per_node=0)

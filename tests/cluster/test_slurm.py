@@ -1,0 +1,112 @@
+"""A run on a real Slurm cluster (every daemon on 127.0.0.1): `ddiloco run --backend slurm` submits the
+synchronizer and two learners as jobs; a learner job is requeued mid-run, as a preemption does, and
+comes back as a new process that rejoins; the run reaches its budget and every token is accounted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ddiloco.api.control import shard_status
+from ddiloco.cluster import slurm as jobs_api
+from ddiloco.learner.journal import read_journals
+
+from ..support.runtime import wait_for
+
+TOKEN = "slurm-test-token"
+TOKENS_PER_STEP = 4 * 16
+
+
+def status(address: str) -> dict:
+    try:
+        return shard_status(address, TOKEN, timeout=2.0)
+    except ConnectionError:
+        return {}
+
+
+def journals(run, m: int) -> list[dict]:
+    return [j for j in read_journals(run / f"learner-{m}", "journal-*.json") if j]
+
+
+def launch(run, shakespeare, budget: int, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ddiloco", "run", "--backend", "slurm", "--json", "--sync-host", "127.0.0.1",
+         "--learners", "2", "--model-size", "tiny", "--seq-len", "16", "--data", shakespeare, "--batch-size", "4",
+         "--fragments", "2", "--sync-every", "4", "--heartbeat", "0.2", "--threads", "1", "--min-step-seconds", "0.04",
+         "--tokens", str(budget), "--term-grace", "5", "--run-dir", str(run), *extra],
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, "DDILOCO_TOKEN": TOKEN})
+
+
+@pytest.mark.timeout(420)
+def test_requeued_learner_job_rejoins_and_the_run_reaches_its_budget(slurm, tmp_path, shakespeare):
+    run = tmp_path / "run"
+    budget = 2 * 500 * TOKENS_PER_STEP
+    submit = launch(run, shakespeare, budget, "--detach")
+    assert submit.returncode == 0, submit.stderr[-3000:]
+    jobs = json.loads(submit.stdout.strip().splitlines()[-1])["jobs"]
+    assert set(jobs) == {"sync0", "learner0", "learner1"}
+    try:
+        address = wait_for(lambda: (run / "sync-0" / "address").is_file() and (run / "sync-0" / "address").read_text(),
+                           120, message="the synchronizer job's address")
+        wait_for(lambda: all(status(address).get("books", {}).get(str(m), {}).get("contributions", 0) >= 2
+                             for m in range(2)), 120, message="both learner jobs to contribute")
+        before = status(address)
+        jobs_api.requeue(jobs["learner1"])  # what a preemption does: SIGTERM, then the job is queued again
+        wait_for(lambda: len(journals(run, 1)) >= 2, 120, message="the requeued learner's new process")
+        wait_for(lambda: status(address).get("books", {}).get("1", {}).get("contributions", 0)
+                 >= before["books"]["1"]["contributions"] + 2, 120, message="contributions of the requeued learner")
+        wait_for(lambda: jobs_api.states(jobs)["sync0"] in jobs_api.FINISHED | {"GONE"}, 240,
+                 message="the synchronizer job to end at the budget")
+    finally:
+        jobs_api.cancel(jobs)
+    final = json.loads((run / "sync-0" / "summary.json").read_text())
+    assert final["finished"] and final["tokens_reported"] >= budget
+    assert final["version_sum"] > before["version_sum"] and final["double_merged_steps"] == 0
+    first, second = sorted(journals(run, 1), key=lambda j: j["started"])
+    assert first["incarnation"] != second["incarnation"] and second["start_position"] <= first["position"]
+    assert first["state"] == "done"  # SIGTERM: it sent what it held and left, within --term-grace
+    log = "".join(p.read_text() for p in (run / "learner-1").glob("slurm-*.out"))
+    assert "start 0 on" in log and "start 1 on" in log  # the same job, restarted by Slurm
+    trained = 0
+    for m in range(2):
+        for j in journals(run, m):
+            assert j["tokens"] == (j["position"] - j["start_position"]) * TOKENS_PER_STEP
+            trained += j["tokens"]
+        assert final["books"][str(m)]["tokens_merged"] <= sum(j["tokens"] for j in journals(run, m))
+    assert 0 < final["tokens_merged"] <= trained and final["tokens_reported"] <= trained
+
+
+@pytest.mark.timeout(300)
+def test_the_launcher_follows_the_run_to_its_end_and_prints_the_summary(slurm, tmp_path, shakespeare):
+    budget = 2 * 120 * TOKENS_PER_STEP
+    done = launch(tmp_path / "run", shakespeare, budget, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["summary"]["finished"] and result["summary"]["tokens_reported"] >= budget
+    assert set(jobs_api.states(result["jobs"]).values()) <= jobs_api.FINISHED | {"GONE"}  # nothing left queued
+
+
+@pytest.mark.timeout(300)
+def test_slurm_stop_ends_a_detached_run_cleanly(slurm, tmp_path, shakespeare):
+    run = tmp_path / "run"
+    submit = launch(run, shakespeare, 10**9, "--detach")
+    assert submit.returncode == 0, submit.stderr[-3000:]
+    jobs = json.loads(submit.stdout.strip().splitlines()[-1])["jobs"]
+    try:
+        address = wait_for(lambda: (run / "sync-0" / "address").is_file() and (run / "sync-0" / "address").read_text(),
+                           120, message="the synchronizer job's address")
+        wait_for(lambda: status(address).get("merges", 0) >= 4, 120, message="merges")
+        stopped = subprocess.run([sys.executable, "-m", "ddiloco", "slurm-stop", str(run)], capture_output=True,
+                                 text=True, timeout=150)
+        assert stopped.returncode == 0, stopped.stderr[-2000:]
+        assert set(jobs_api.states(jobs).values()) <= jobs_api.FINISHED | {"GONE"}
+    finally:
+        jobs_api.cancel(jobs)
+    final = json.loads((run / "sync-0" / "summary.json").read_text())
+    assert final["stopping"] and final["merges"] >= 4  # stopped by request, checkpoint and summary written
+    for m in range(2):
+        assert all(j["state"] == "done" for j in journals(run, m))  # each learner sent its work and left
