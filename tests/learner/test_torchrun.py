@@ -60,3 +60,57 @@ def test_learner_trains_in_bf16_on_the_resolved_device(procs, tmp_path, shakespe
     assert " in bf16" in (d / "stderr.log").read_text()
     final = json.loads((tmp_path / "sync" / "summary.json").read_text())
     assert final["merges"] > 0 and final["tokens_reported"] == stats["tokens"]
+
+
+def _rank_pid(torchrun_pid: int, rank: int) -> int | None:
+    """The PID of one rank of a torchrun job, found among the agent's descendants by its RANK variable."""
+    from ddiloco.launch.procs import descendants
+
+    for pid, _ in descendants(torchrun_pid):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"LOCAL_RANK=" + str(rank).encode() in env:
+            return pid
+    return None
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not TORCHRUN.exists() and shutil.which("torchrun") is None, reason="torchrun not installed")
+def test_a_rank_killed_with_kill9_makes_torchrun_restart_the_group_which_rejoins(procs, tmp_path, shakespeare,
+                                                                                  monkeypatch):
+    import os
+    import signal
+
+    from ..support.processes import journals, start_learner, status, stop_run
+    from ..support.runtime import wait_for
+
+    sync, address = start_synchronizer(procs, tmp_path, shakespeare, 2, 0, "--tokens", str(10**9))
+    d = tmp_path / "learner-0"
+    d.mkdir()
+    torchrun = str(TORCHRUN) if TORCHRUN.exists() else shutil.which("torchrun")
+    # torch's own workaround for restarts (pytorch#135712): a restarted group must not read the
+    # previous round's addresses from a store shared with the agent; the sbatch scripts set it too
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    group = procs.start("torchrun", [
+        torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "-m", "ddiloco", "learner",
+        "--connect", address, "--id", "0", *model_args(shakespeare, 2), "--batch-size", "4", "--threads", "1",
+        "--state-dir", str(d), "--min-step-seconds", "0.03"], d / "stderr.log", d / "stdout.log")
+    other = start_learner(procs, tmp_path, shakespeare, 2, address, 1, "--min-step-seconds", "0.03")
+    wait_for(lambda: all(status(address).get("books", {}).get(str(m), {}).get("contributions", 0) >= 2
+                         for m in range(2)), 120, message="both learners to contribute")
+    rank1 = wait_for(lambda: _rank_pid(group.pid, 1), 10, message="rank 1 of the torchrun learner")
+    os.kill(rank1, signal.SIGKILL)
+    killed = status(address)
+    # the synchronizer goes on with the other learner: the global model advances while the group restarts
+    wait_for(lambda: status(address)["version_sum"] >= killed["version_sum"] + 4, 30, message="merges meanwhile")
+    wait_for(lambda: len(journals(tmp_path, 0)) >= 2, 120, message="torchrun's restarted group to rejoin")
+    rejoined = status(address)["books"]["0"]["contributions"]
+    wait_for(lambda: status(address)["books"]["0"]["contributions"] >= rejoined + 2, 90,
+             message="contributions of the restarted group")
+    assert group.alive(), "torchrun gave up instead of restarting the group"
+    stop_run(address)
+    assert wait_exit([group, other, sync], 90) == [0, 0, 0], (d / "stderr.log").read_text()[-3000:]
+    first, second = sorted(journals(tmp_path, 0), key=lambda j: j["started"])
+    assert second["start_position"] <= first["position"] and second["steps"] > 0

@@ -24,7 +24,8 @@ from ..support.runtime import RawClient, synchronizer
 pytestmark = pytest.mark.timeout(1800)
 
 FAST_CASES, SLOW_CASES = 40, 1500
-CONTROL = ("Register", "Heartbeat", "Decline", "Leave", "Status")
+CONTROL = ("Register", "Heartbeat", "Decline", "Leave", "Status", "Donor")
+STREAMS = ("Push", "Donate")  # client streams: the payload is a list of frames
 # K = 1, no grace, one learner: an accepted contribution merges at once, never later behind our back
 ALGORITHM = AlgorithmConfig(fragments=2, sync_every=4, overlap=2, quorum=1, grace=0.0)
 
@@ -38,7 +39,7 @@ json_values = st.sampled_from(EDGE_VALUES) | st.recursive(
 )
 FIELDS = ("learner", "incarnation", "signature", "fresh", "session", "fragment", "version", "base_version", "steps",
           "tokens", "step", "position", "seconds", "step_time", "tokens_total", "span_start", "snapshot_wall",
-          "state", "reason", "kind", "nbytes")
+          "state", "reason", "kind", "nbytes", "op", "ticket", "scalars", "checksum")
 
 
 class Target:
@@ -64,9 +65,9 @@ class Target:
     def send(self, method: str, payload) -> tuple[bool, object]:
         """(refused, answer); asserts that no handler raised."""
         try:
-            if method == "Push":
-                reply = framing.read_message(self.client.stubs.push(iter(payload), timeout=10,
-                                                                    metadata=self.client.stubs.metadata))
+            if method in STREAMS:
+                stub = self.client.stubs.push if method == "Push" else self.client.stubs.donate
+                reply = framing.read_message(stub(iter(payload), timeout=10, metadata=self.client.stubs.metadata))
                 return reply.get("ok") is not True, reply
             reply = framing.read_message(self.client.stubs.call(method, payload, 10))
             return reply.get("ok") is False, reply
@@ -111,9 +112,9 @@ def campaign(test):
 @campaign
 def test_random_bytes(target, size):
     @fuzz(size)
-    @given(st.sampled_from(CONTROL + ("Push",)), st.binary(max_size=2000))
+    @given(st.sampled_from(CONTROL + STREAMS), st.binary(max_size=2000))
     def run(method, data):
-        check(target, method, [data] if method == "Push" else data)
+        check(target, method, [data] if method in STREAMS else data)
 
     run()
 
@@ -127,6 +128,7 @@ def base_heads(target: Target) -> dict[str, dict]:
         "Decline": {"session": target.session, "fragment": 0, "version": 0, "reason": "no steps"},
         "Leave": {"session": "not-ours", "tokens": 5},
         "Stop": {"reason": "fuzz"},
+        "Donor": {"session": target.session, "op": "poll", "ticket": "0123456789abcdef"},
     }
 
 
@@ -158,10 +160,10 @@ def test_hostile_json_headers(target, size):
     )
 
     @fuzz(size)
-    @given(st.sampled_from(CONTROL + ("Push",)), hostile)
+    @given(st.sampled_from(CONTROL + STREAMS), hostile)
     def run(method, raw):
         frame = framing._PREFIX.pack(framing.MAGIC, framing.PROTOCOL_VERSION, len(raw)) + raw
-        check(target, method, [frame] if method == "Push" else frame)
+        check(target, method, [frame] if method in STREAMS else frame)
 
     run()
 

@@ -108,7 +108,9 @@ def learner_script(config: RunConfig, opts: SlurmOptions, m: int) -> str:
         run = f"exec srun --ntasks=1 {_command([opts.python, '-m', 'ddiloco', *args])}"
         setup: list[str] = []
     else:
-        setup = ['FIRST="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
+        setup = ["export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1  # restarts must not read the last round's "
+                 "addresses (pytorch#135712)",
+                 'FIRST="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
                  'RDZV="$(scontrol show node "$FIRST" -o | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')"',
                  'PORT=$((29500 + SLURM_JOB_ID % 1000))']
         torchrun = [opts.python, "-m", "torch.distributed.run", "--nnodes", str(opts.nodes_per_learner),

@@ -45,6 +45,7 @@ from ..wire import framing
 from ..wire.protocol import signature
 from ..wire.rpc import check_address
 from ..wire.timeouts import Timeouts
+from . import peerstate, reporting
 from .fanout import RankFanout, active_group_size
 from .joining import await_global, check_replies
 from .journal import Journal
@@ -69,9 +70,12 @@ class LearnerClient:
         process_group=None,
         start_timeout: float = 120.0,
         report_every: float = 30.0,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         """`report_every`: seconds between progress lines at INFO on the "ddiloco" logger
-        (`ddiloco.log_to_stderr()` shows them)."""
+        (`ddiloco.log_to_stderr()` shows them). `optimizer`: the inner optimizer, for peer recovery:
+        if it holds no state at `start()` (a new machine) it takes a live learner's, and it donates
+        its own when another learner joins empty (`peerstate`)."""
         from ..wire import quant
 
         quant.get(codec)  # validate early
@@ -87,6 +91,9 @@ class LearnerClient:
         self.timeouts = timeouts or Timeouts()
         self.start_timeout = start_timeout
         self.report_every = float(report_every)
+        self.optimizer = optimizer
+        self.recovered: dict | None = None  # what peer recovery brought: donor, step, checksum
+        self.donations: list[str] = []  # tickets this learner donated for
         self._last_report = time.monotonic()
         self.fanout = RankFanout(self.params, process_group) if active_group_size(process_group) > 1 else None
         self.is_leader = self.fanout is None or self.fanout.is_leader
@@ -94,7 +101,7 @@ class LearnerClient:
         self.inbound: queue.Queue = queue.Queue()
         self.ctx = LinkContext(
             learner=self.learner, incarnation=self.incarnation, signature=signature(self.params), token=token,
-            codec=codec, inbound=self.inbound, progress=self._progress_report, credentials=credentials,
+            codec=codec, inbound=self.inbound, progress=lambda: reporting.progress(self), credentials=credentials,
             net_delay=net_delay,
         )
         self.links: list[ShardLink] = []
@@ -156,6 +163,12 @@ class LearnerClient:
         for r in requests:
             self.core.request(r)
         self._span_start = [time.time()] * plan.num_fragments
+        if self.optimizer is not None and not self.optimizer.state:
+            if self.fanout is None:
+                self.recovered = peerstate.recover(self.links[0], self.optimizer, self.params, self.learner)
+            else:
+                log.warning("learner %d starts its inner optimizer cold: peer recovery takes single-process "
+                            "learners only", self.learner)
         self._progress = max(float(r.get("progress", 0.0)) for r in replies)
         if any(r.get("stopping") for r in replies):
             self.ctx.stop_requested.set()
@@ -193,19 +206,12 @@ class LearnerClient:
                 waited, [], self._stop, self._progress, len(self.names))
             self.fanout.push(self._names_of(waited))
         if self.journal is not None:
-            self._write_journal()
+            reporting.write_journal(self)
         if self.is_leader and time.monotonic() - self._last_report >= self.report_every:
-            self._report()
+            self._last_report = time.monotonic()
+            reporting.log_line(self)
         self._last_boundary = time.perf_counter()
         return sorted(set(applied) | set(waited))
-
-    def _report(self) -> None:
-        self._last_report = time.monotonic()
-        s = self.stats()
-        loss = f"loss {self.loss:.4f}, " if self.loss is not None else ""
-        log.info("learner %d: step %d, %d tokens, %sfragment versions %s, %d contributions accepted, %d rejected, "
-                 "run %.0f%% done", self.learner, s["steps"], s["tokens"], loss, s["versions"], s["accepted"],
-                 s["rejected"], 100 * self._progress)
 
     def _names_of(self, fragments: Sequence[int]) -> list[str]:
         return [n for p in fragments for n in self.names[p]]
@@ -298,6 +304,10 @@ class LearnerClient:
                     core.retry(p, v)
         elif kind == "fatal":
             self._fatal = event[2]
+        elif kind == "donate" and self.optimizer is not None and event[2] not in self.donations:
+            if self.fanout is None or not self.fanout.sharded:  # a sharded rank 0 holds only its shard
+                self.donations.append(event[2])
+                peerstate.start_upload(self.links[event[1]], event[2], self.optimizer, self.params)
 
     def _send(self, messages: list, gathered: list[int]) -> None:
         """`gathered`: fragments whose sharded parameters were just pulled; only those may be snapshotted."""
@@ -323,27 +333,8 @@ class LearnerClient:
         """The run's progress in [0, 1] as the synchronizer sees it (for learning-rate schedules)."""
         return self._progress
 
-    def _progress_report(self) -> dict:
-        return {"step": self.steps, "tokens": self.tokens, "position": self.position, "state": self.state,
-                "step_time": self.core.step_time.get() if self.core else 0.0, "loss": self.loss}
-
-    def _write_journal(self) -> None:
-        self.journal.write({
-            "learner": self.learner, "incarnation": self.incarnation, "steps": self.steps, "tokens": self.tokens,
-            "seconds": self.compute_seconds, "start_position": self.start_position, "position": self.position,
-            "started": self.started_wall, "updated": time.time(), "state": self.state,
-            "versions": list(self.core.versions) if self.core is not None else [],
-        })
-
     def stats(self) -> dict:
-        links = [link.stats for link in self.links]
-        totals = {k: sum(getattr(s, k) for s in links)
-                  for k in ("pushed", "accepted", "rejected", "lost_in_transit", "registrations")}
-        return {"learner": self.learner, "incarnation": self.incarnation, "steps": self.steps, "tokens": self.tokens,
-                "compute_seconds": self.compute_seconds, "start_position": self.start_position,
-                "position": self.position, "counted_position": self.counted_position,
-                "versions": list(self.core.versions) if self.core else [], **totals,
-                "rejections": list(self.rejected[-5:])}
+        return reporting.stats(self)
 
     # --- the end --------------------------------------------------------------------------------
     def finish(self, timeout: float | None = None) -> dict:
@@ -385,7 +376,7 @@ class LearnerClient:
             link.close()
         if self.journal is not None:
             self.state = "done"
-            self._write_journal()
+            reporting.write_journal(self)
             self.journal.close()
         self.state = "closed"
 

@@ -297,6 +297,8 @@ class ShardLink:
                 self.ctx.stop_requested.set()
             if isinstance(reply.get("progress"), (int, float)):
                 self.ctx.global_progress = max(self.ctx.global_progress, float(reply["progress"]))
+            if isinstance(reply.get("donate"), str):  # peer recovery: a joiner wants our inner state
+                self.ctx.inbound.put(("donate", self.index, reply["donate"]))
 
     def _call(self, method: str, head: dict, sid: str) -> dict | None:
         if self.ctx.net_delay:

@@ -97,6 +97,7 @@ def train(settings: LearnerSettings) -> dict:
         model, settings.addresses, settings.learner, token=settings.token, codec=settings.codec,
         credentials=settings.credentials, net_delay=settings.net_delay,
         journal_dir=str(state_dir) if state_dir else None, start_timeout=settings.start_timeout,
+        optimizer=optimizer,  # empty (a new machine): its state comes from a live peer at start
     )
     stop = {"signal": False, "at": 0.0}
 
@@ -113,6 +114,7 @@ def train(settings: LearnerSettings) -> dict:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     saver = None
+    own_steps = (load_optimizer(state_dir / "inner", optimizer) if state_dir else None) or 0
     try:
         try:
             position = client.start()
@@ -121,7 +123,7 @@ def train(settings: LearnerSettings) -> dict:
                 log.info("learner %d stopped before joining", settings.learner)
                 return {**client.stats(), "rank": rank, "world": world, "params_sha": ""}
             raise
-        inner_steps = (load_optimizer(state_dir / "inner", optimizer) if state_dir else None) or 0
+        inner_steps = own_steps or (client.recovered or {}).get("step", 0)
         if rank == 0 and state_dir is not None:
             saver = BackgroundSaver(state_dir / "inner")
         stream = task.stream(settings.learner * world + rank, settings.learners * world,

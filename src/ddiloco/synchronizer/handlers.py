@@ -19,6 +19,7 @@ import grpc
 from ..core import Contribution
 from ..wire import framing
 from . import intake
+from .donation_rpc import DonationRpc
 from .ledger import PendingWork
 from .service import SynchronizerService
 from .settings import Refused
@@ -51,6 +52,7 @@ class Handlers:
             "Push": self._guarded("Push", self.push),
             "Subscribe": self.subscribe,
             "Fetch": self.fetch,
+            **DonationRpc(self).table(),
         }
 
     def _guarded(self, method: str, handler: Callable) -> Callable:

@@ -12,6 +12,7 @@ feed this class live in `handlers`.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 import time
@@ -27,6 +28,7 @@ from .budget import RunBudget
 from .checkpoint import CheckpointStore, Snapshot
 from .commit import CommitLog
 from .dispatch import ActionDispatcher
+from .donations import DonationDesk
 from .ledger import MergeLedger, PendingWork
 from .outbox import Outbox
 from .sessions import Session, SessionTable
@@ -60,6 +62,9 @@ class SynchronizerService:
         self.t0 = time.monotonic()
         self.ledger = MergeLedger(core.plan, time.time())
         self.sessions = SessionTable()
+        t = settings.timeouts
+        self.donations = DonationDesk(self.shapes, t.drain + t.bulk(16 * sum(math.prod(v) for v in self.shapes.values())),
+                                      lambda sid: self.session(sid) is not None)
         self.budget = RunBudget(settings.tokens, settings.duration, self.ledger.started_wall)
         self.stopping = False
         self.stop_reason = ""
@@ -228,7 +233,17 @@ class SynchronizerService:
                           if k in progress}
             if isinstance(progress.get("tokens"), int):
                 self.ledger.report_tokens(s.learner, s.incarnation, progress["tokens"])
-            return {"ok": True, "stopping": self.stopping, "progress": self.progress()}
+            reply = {"ok": True, "stopping": self.stopping, "progress": self.progress()}
+        ticket = self.donations.due_for(s.id)
+        if ticket is not None:
+            reply["donate"] = ticket
+        return reply
+
+    def donor_candidates(self) -> list[tuple[int, str, float]]:
+        """(learner, session, steps) of every live learner that is training: who could donate inner state."""
+        with self.lock:
+            return [(s.learner, s.id, float(s.progress.get("step", 0) or 0)) for s in self.sessions
+                    if s.progress.get("state") == "training"]
 
     def decline(self, session_id: object, fragment: int, version: int, reason: str) -> dict:
         with self.cond:

@@ -8,6 +8,7 @@ import time
 from typing import Iterable, Iterator, Protocol
 
 from ..core import SynchronizerCore
+from .donations import DonationDesk
 from .ledger import MergeLedger
 from .sessions import SessionTable
 from .settings import ServiceSettings
@@ -25,6 +26,7 @@ class ServiceView(Protocol):
     stopping: bool
     finished: threading.Event
     restored_from: int | None
+    donations: DonationDesk
 
     def progress(self) -> float: ...
 
@@ -80,5 +82,6 @@ def status(service: ServiceView) -> dict:
         "finished": service.finished.is_set(),
         "progress": service.progress(),
         "restored_from": service.restored_from,
+        "donations": service.donations.summary(),
         "algorithm": core.config.to_dict(),
     }

@@ -3,7 +3,9 @@ contribution is rejected.
 
 Message kinds (all JSON heads, see `wire`): register / heartbeat / decline / leave / status / stop on
 the control plane; contribution (learner -> synchronizer, Push), update, request and stop
-(synchronizer -> learner, Subscribe) and fetch on the bulk plane.
+(synchronizer -> learner, Subscribe) and fetch on the bulk plane. Peer recovery of the inner state:
+donor (ask / poll, control), inner_state (donor -> synchronizer, Donate; synchronizer -> joiner,
+Recover).
 """
 
 from __future__ import annotations
@@ -50,3 +52,15 @@ def plan_to_json(plan: FragmentPlan, shapes: Mapping[str, torch.Tensor]) -> dict
 def plan_from_json(d: dict) -> tuple[FragmentPlan, dict[str, tuple[int, ...]]]:
     plan = FragmentPlan(names=tuple(tuple(n) for n in d["names"]), sizes=tuple(int(s) for s in d["sizes"]))
     return plan, {n: tuple(s) for n, s in d["shapes"].items()}
+
+
+def state_checksum(tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, Mapping[str, float]]) -> str:
+    """SHA-256 of an optimizer-state donation: every tensor's fp32 bytes in name order, then the
+    scalars as sorted JSON. The donor computes it on what it snapshotted, the joiner on what it
+    received: equal digests mean the joiner holds exactly the donor's moments."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(tensors[name].detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    h.update(json.dumps({k: dict(sorted(v.items())) for k, v in sorted(scalars.items())}).encode())
+    return h.hexdigest()

@@ -17,8 +17,8 @@ from typing import Callable
 import grpc
 
 SERVICE = "ddiloco.Synchronizer"
-CONTROL_METHODS = ("Register", "Heartbeat", "Decline", "Leave", "Status", "Stop")
-BULK_METHODS = ("Push", "Subscribe", "Fetch")
+CONTROL_METHODS = ("Register", "Heartbeat", "Decline", "Leave", "Status", "Stop", "Donor")
+BULK_METHODS = ("Push", "Subscribe", "Fetch", "Donate", "Recover")
 FRAME_MARGIN = 1 << 20  # header room on top of the chunk size
 
 
@@ -55,6 +55,8 @@ def make_server(
         "Push": grpc.stream_unary_rpc_method_handler,
         "Subscribe": grpc.unary_stream_rpc_method_handler,
         "Fetch": grpc.unary_stream_rpc_method_handler,
+        "Donate": grpc.stream_unary_rpc_method_handler,
+        "Recover": grpc.unary_stream_rpc_method_handler,
     }
     method_handlers = {
         name: kinds.get(name, grpc.unary_unary_rpc_method_handler)(fn) for name, fn in handlers.items()
@@ -111,6 +113,8 @@ class Stubs:
         self.push = channel.stream_unary(path("Push"))
         self.subscribe = channel.unary_stream(path("Subscribe"))
         self.fetch = channel.unary_stream(path("Fetch"))
+        self.donate = channel.stream_unary(path("Donate"))
+        self.recover = channel.unary_stream(path("Recover"))
 
     def call(self, method: str, request: bytes, timeout: float) -> bytes:
         return self.unary[method](request, timeout=timeout, metadata=self.metadata)

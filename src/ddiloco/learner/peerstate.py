@@ -1,0 +1,162 @@
+"""Peer recovery of the inner optimizer state, the learner's side (the synchronizer's is `donations`).
+
+A learner that joins with an empty optimizer (a new machine: nothing saved, nothing to load) asks
+the synchronizer for a donor, waits for the donor's upload and loads it: the AdamW moments and step
+of a live learner, so it does not restart its inner optimizer cold. The state is checked against
+its checksum; a donor that dies mid-transfer fails the attempt, and the joiner asks again (another
+donor) or starts cold and says so. Parameters never move this way.
+
+A donor snapshots its optimizer in the training thread at a step boundary (a copy, so training goes
+on at once) and uploads it from a background thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Mapping
+
+import grpc
+import torch
+
+from ..wire import framing
+from ..wire.protocol import state_checksum
+
+log = logging.getLogger(__name__)
+ATTEMPTS = 3
+
+
+def snapshot(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor],
+             ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, float]]]:
+    """The optimizer's per-parameter state by parameter name: tensors shaped like the parameter (the
+    moments) as fp32 copies, one-element tensors and numbers (the step) as scalars."""
+    names = {id(p): n for n, p in params.items()}
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, float]] = {}
+    for p, state in optimizer.state.items():
+        name = names.get(id(p))
+        if name is None:
+            continue
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.shape == p.shape and key != "step":
+                tensors[f"{name}/{key}"] = value.detach().to("cpu", torch.float32, copy=True)
+            elif torch.is_tensor(value) and value.numel() == 1:
+                scalars.setdefault(name, {})[key] = float(value)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                scalars.setdefault(name, {})[key] = float(value)
+    return tensors, scalars
+
+
+def load(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor],
+         scalars: Mapping[str, Mapping[str, float]]) -> int:
+    """Install a donated state into `optimizer` (its hyperparameters stay its own); returns the step."""
+    on_device = any(g.get("fused") or g.get("capturable") for g in optimizer.param_groups)
+    for full, value in tensors.items():
+        name, _, key = full.rpartition("/")
+        p = params[name]
+        optimizer.state[p][key] = value.to(p.device, p.dtype, copy=True)
+    for name, values in scalars.items():
+        p = params[name]
+        for key, v in values.items():
+            optimizer.state[p][key] = torch.tensor(v, dtype=torch.float32, device=p.device if on_device else "cpu")
+    return int(max((v.get("step", 0.0) for v in scalars.values()), default=0.0))
+
+
+def upload(link, ticket: str, tensors: dict[str, torch.Tensor], scalars: dict) -> None:  # noqa: ANN001
+    """Send a snapshot for `ticket` (in a background thread); failures are logged, never raised."""
+    sid = link.session
+    if sid is None:
+        return
+    head = {"kind": "inner_state", "session": sid, "ticket": ticket, "scalars": scalars,
+            "checksum": state_checksum(tensors, scalars)}
+    frames = framing.tensor_frames(head, tensors, "fp32", link.chunk_bytes)
+    nbytes = sum(len(f) for f in frames)
+
+    def paced():
+        for frame in frames:
+            if link.ctx.net_delay:  # chaos testing: a slow link, per frame
+                time.sleep(link.ctx.net_delay)
+            yield frame
+
+    try:
+        link.bulk.donate(paced(), timeout=link.timeouts.bulk(nbytes) + len(frames) * link.ctx.net_delay,
+                         metadata=link.bulk.metadata)
+        log.info("donated the inner state (%d tensors, %.1f MB, checksum %s) for ticket %s", len(tensors),
+                 nbytes / 1e6, head["checksum"], ticket)
+    except grpc.RpcError as exc:
+        log.warning("donation for ticket %s failed (%s: %s)", ticket, exc.code().name, exc.details())
+
+
+def start_upload(link, ticket: str, optimizer: torch.optim.Optimizer,  # noqa: ANN001
+                 params: Mapping[str, torch.Tensor]) -> threading.Thread:
+    tensors, scalars = snapshot(optimizer, params)
+    t = threading.Thread(target=upload, args=(link, ticket, tensors, scalars), name="ddiloco-donate", daemon=True)
+    t.start()
+    return t
+
+
+def recover(link, optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor],  # noqa: ANN001
+            learner: int) -> dict | None:
+    """Ask for donors until one's state arrives intact (at most ATTEMPTS); None: start cold (logged)."""
+    t = link.timeouts
+    model_bytes = sum(p.numel() * 4 for p in params.values())
+    for attempt in range(1, ATTEMPTS + 1):
+        sid = link.session
+        reply = _control(link, {"session": sid, "op": "ask"})
+        if not reply or not reply.get("ok"):
+            reason = (reply or {}).get("reason", "the synchronizer did not answer")
+            # the first learners of a run have nobody to ask: that is normal, not a warning
+            level = logging.INFO if attempt == 1 and reply is not None else logging.WARNING
+            log.log(level, "learner %d starts its inner optimizer cold: %s", learner, reason)
+            return None
+        ticket, donor = reply["ticket"], reply["donor"]
+        deadline = time.monotonic() + t.drain + t.bulk(3 * model_bytes)
+        state = "asked"
+        while time.monotonic() < deadline and state in ("asked", "uploading"):
+            time.sleep(min(0.25, t.heartbeat))
+            polled = _control(link, {"session": sid, "op": "poll", "ticket": ticket}) or {}
+            state = polled.get("state", state)
+        if state == "ready":
+            got = _download(link, sid, ticket, params)
+            if got is not None:
+                tensors, scalars, checksum = got
+                step = load(optimizer, params, tensors, scalars)
+                log.info("learner %d took its inner state from learner %d (step %d, checksum %s)", learner, donor,
+                         step, checksum)
+                return {"donor": donor, "step": step, "checksum": checksum, "attempts": attempt}
+        else:
+            log.warning("learner %d: inner state from learner %d did not arrive (%s)%s", learner, donor,
+                        polled.get("reason") or state, "; asking another" if attempt < ATTEMPTS else "")
+    log.warning("learner %d starts its inner optimizer cold: %d donations failed", learner, ATTEMPTS)
+    return None
+
+
+def _control(link, head: dict) -> dict | None:  # noqa: ANN001
+    try:
+        return framing.read_message(link.control.call("Donor", framing.message(head), link.timeouts.rpc))
+    except grpc.RpcError as exc:
+        log.info("Donor call failed (%s)", exc.code().name)
+        return None
+
+
+def _download(link, sid: str, ticket: str, params: Mapping[str, torch.Tensor],  # noqa: ANN001
+              ) -> tuple[dict, dict, str] | None:
+    try:
+        frames = link.bulk.recover(framing.message({"session": sid, "ticket": ticket}),
+                                   timeout=link.timeouts.bulk(4 * sum(p.numel() * 4 for p in params.values())),
+                                   metadata=link.bulk.metadata)
+        msg = next(framing.read_stream(frames, 1 << 40))
+        expected = {s.name: tuple(params[s.name.rpartition("/")[0]].shape) for s in msg.specs()
+                    if s.name.rpartition("/")[0] in params}
+        tensors = msg.tensors(expected)
+        scalars = {n: {k: float(v) for k, v in vals.items()} for n, vals in msg.head.get("scalars", {}).items()
+                   if n in params}
+    except (grpc.RpcError, framing.WireError, StopIteration, ValueError, KeyError, TypeError) as exc:
+        log.warning("download of the donated inner state failed: %s", exc)
+        return None
+    checksum = state_checksum(tensors, scalars)
+    if checksum != msg.head.get("checksum"):
+        log.warning("the donated inner state does not match its checksum: not used")
+        return None
+    return tensors, scalars, checksum
