@@ -13,6 +13,8 @@ stall_seconds_max against 2 x H step times, eval loss, wall time.
     python benchmarks/chaos.py --quick --json # short faults, small budget: ~2 minutes
     python benchmarks/chaos.py --model-size default --min-step-seconds 0 --tokens 5000000
                                               # real compute only (learners share the CPU)
+    python benchmarks/chaos.py --backend slurm --quick --json
+                                              # real Slurm: learner jobs requeued (benchmarks/chaos_slurm.py)
 
 By default every learner step is padded to 0.1 s (--min-step-seconds): on a machine with fewer cores
 than learners, the learners otherwise share the CPU, a dead learner's CPU goes to the survivors, and
@@ -89,10 +91,16 @@ def main() -> None:
     p.add_argument("--run-dir", type=Path, default=None, help="keep both runs' folders here")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--backend", choices=["local", "slurm"], default="local",
+                   help="slurm: Slurm jobs, learner jobs requeued at --mtbf (Slurm brings them back)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="slurm: give up on a run after this long")
+    p.add_argument("--eval-batches", type=int, default=20)
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.quick:
         args.tokens, args.mtbf, args.down = 1_500_000, 15.0, 4.0
+    if args.backend == "slurm":
+        return slurm_main(args)
     with tempfile.TemporaryDirectory() as tmp_name:
         base = args.run_dir or Path(tmp_name)
         base.mkdir(parents=True, exist_ok=True)
@@ -128,6 +136,32 @@ def main() -> None:
                   f"{d['stall_seconds_max']:.1f} s vs limit {d['stall_limit_seconds']:.1f} s")
     if args.json:
         print(json.dumps(summary, sort_keys=True))
+
+
+def slurm_main(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import chaos_slurm
+
+    summary = chaos_slurm.main(args, console)
+    table = Table(title=f"Slurm: {args.learners} learner jobs, each requeued every {args.mtbf:g} s on average, "
+                        f"{args.tokens:,} tokens")
+    names = list(chaos_slurm.CONFIGS)
+    table.add_column("")
+    for name in names:
+        table.add_column(name, justify="right")
+    rows = [("goodput", "goodput", "{:.3f}"), ("uptime", "uptime", "{:.3f}"),
+            ("goodput / uptime", "goodput_over_uptime", "{:.3f}"), ("stall_seconds_max", "stall_seconds_max", "{:.1f}"),
+            ("eval loss", "eval_loss", "{:.4f}"), ("tokens trained", "tokens_trained", "{:,}"),
+            ("tokens merged", "tokens_merged", "{:,.0f}"), ("requeues", "requeues", "{}"),
+            ("run seconds", "run_seconds", "{:.0f}")]
+    for label, key, fmt in rows:
+        table.add_row(label, *(fmt.format(summary[n][key]) for n in names))
+    console.print(table)
+    console.print(f"decoupled goodput / uptime [bold]{summary['ratio']:.3f}[/bold]; goodput decoupled / sync "
+                  f"{summary['goodput_ratio_vs_sync']:.2f}; eval loss cold - peer recovery "
+                  f"{summary['eval_loss_cost_of_cold_restarts']:+.4f}")
+    if args.json:
+        print(json.dumps({k: v for k, v in summary.items()}, sort_keys=True, default=float))
 
 
 if __name__ == "__main__":

@@ -60,3 +60,11 @@ def test_bad_options_are_errors():
         SlurmOptions(extra=("qos=preempt",))
     with pytest.raises(ValueError):
         SlurmOptions(procs_per_node=0)
+
+
+def test_scratch_learner_state_is_new_at_every_job_start_and_peer_recovery_can_be_turned_off(tmp_path):
+    result = dry_run(tmp_path, "--learner-state", "scratch", "--no-peer-recovery")
+    text = open(result["scripts"]["learner1"]).read()
+    assert 'SCRATCH="${TMPDIR:-/tmp}/ddiloco-run-learner1-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"' in text
+    assert '--inner-state-dir "$SCRATCH"' in text and "--no-peer-recovery" in text
+    assert "--inner-state-dir" not in open(dry_run(tmp_path / "b")["scripts"]["learner1"]).read()

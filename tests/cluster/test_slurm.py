@@ -110,3 +110,37 @@ def test_slurm_stop_ends_a_detached_run_cleanly(slurm, tmp_path, shakespeare):
     assert final["stopping"] and final["merges"] >= 4  # stopped by request, checkpoint and summary written
     for m in range(2):
         assert all(j["state"] == "done" for j in journals(run, m))  # each learner sent its work and left
+
+
+@pytest.mark.timeout(300)
+def test_a_learner_of_two_nodes_runs_torchrun_on_each_and_trains(slurm, tmp_path, shakespeare):
+    run = tmp_path / "run"
+    done = launch(run, shakespeare, 2 * 150 * TOKENS_PER_STEP, "--learners", "1", "--nodes-per-learner", "2",
+                  timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["summary"]["finished"] and result["summary"]["books"]["0"]["contributions"] > 0
+    log = "".join(p.read_text() for p in (run / "learner-0").glob("slurm-*.out"))
+    nodes = {line.rsplit("(Slurm node ", 1)[1].rstrip(")") for line in log.splitlines() if "(Slurm node " in line}
+    assert "rank 0/2" in log and "rank 1/2" in log and len(nodes) == 2  # one torchrun per node, c10d rendezvous
+
+
+@pytest.mark.timeout(300)
+def test_scancel_of_the_whole_run_ends_every_process_cleanly(slurm, tmp_path, shakespeare):
+    run = tmp_path / "run"
+    submit = launch(run, shakespeare, 10**9, "--detach")
+    assert submit.returncode == 0, submit.stderr[-3000:]
+    jobs = json.loads(submit.stdout.strip().splitlines()[-1])["jobs"]
+    try:
+        address = wait_for(lambda: (run / "sync-0" / "address").is_file() and (run / "sync-0" / "address").read_text(),
+                           120, message="the synchronizer job's address")
+        wait_for(lambda: status(address).get("merges", 0) >= 4, 120, message="merges")
+        jobs_api.cancel(jobs)  # scancel: SIGTERM to every job, SIGKILL after KillWait
+        wait_for(lambda: set(jobs_api.states(jobs).values()) <= jobs_api.FINISHED | {"GONE"}, 60,
+                 message="every job to end")
+    finally:
+        jobs_api.cancel(jobs)
+    final = json.loads((run / "sync-0" / "summary.json").read_text())
+    assert final["merges"] >= 4 and (run / "sync-0" / "manifest.json").is_file()  # checkpoint on SIGTERM
+    for m in range(2):
+        assert all(j["state"] == "done" for j in journals(run, m))  # each learner left within its grace

@@ -28,19 +28,20 @@ TOOK = re.compile(r"learner 2 took its inner state from learner (\d) \(step (\d+
 def test_empty_learner_recovers_a_peers_inner_state_even_when_the_first_donor_dies_mid_transfer(
         procs, tmp_path, shakespeare):
     sync, address = start_synchronizer(procs, tmp_path, shakespeare, 3, 0, "--tokens", str(10**9),
-                                       "--chunk-bytes", "16384")
-    # slow donors: every donated frame waits 200 ms, so an upload takes seconds and can be cut short
+                                       "--chunk-bytes", "8192", "--heartbeat", "1.0")
+    # slow donors: each 8 KB frame of a donation waits 200 ms, so an upload takes about 8 s and can be
+    # cut short even on a loaded machine (a 1 s heartbeat gives it a 24 s drain to finish in)
     donors = {m: start_learner(procs, tmp_path, shakespeare, 3, address, m, "--net-delay", "200",
                                "--min-step-seconds", "0.03") for m in range(2)}
     wait_for(lambda: all(status(address).get("learners", {}).get(str(m), {}).get("step", 0) >= 20
                          for m in range(2)), 120, message="both donors to train")
     joiner = start_learner(procs, tmp_path, shakespeare, 3, address, 2, "--json")  # learner-2/ is empty
 
-    def uploading() -> int | None:
+    def uploading() -> dict | None:
         tickets = status(address).get("donations", {}).get("open", {}).values()
-        return next((t["donor"] for t in tickets if t["state"] == "uploading"), None)
+        return next((t for t in tickets if t["state"] == "uploading"), None)
 
-    first = wait_for(uploading, 60, message="a donation under way")
+    first = wait_for(uploading, 60, message="a donation under way")["donor"]
     os.kill(donors[first].pid, signal.SIGKILL)
     log = tmp_path / "learner-2" / "stderr.log"
     took = wait_for(lambda: TOOK.search(log.read_text()), 90, message="the joiner to take a donated state")

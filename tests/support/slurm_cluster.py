@@ -74,6 +74,7 @@ def write_config(d: Path, nodes: int, cpus: int) -> Path:
         "ReturnToService=2",
         "MpiDefault=none",
         "MailProg=/bin/true",
+        "SlurmdParameters=config_overrides",  # logical nodes may claim more CPUs than the host has
         "SlurmUser=root",
         "KillWait=10",
         "MinJobAge=300",

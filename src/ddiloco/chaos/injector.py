@@ -24,8 +24,10 @@ class ChaosSettings:
     learner_down: float = 15.0  # seconds a killed learner stays down before it is restarted
     straggle: float | None = None  # SIGSTOP a random learner for this many seconds ...
     straggle_every: float = 30.0  # ... at exponential intervals of this mean
-    kill_synchronizer_at: float | None = None  # kill -9 synchronizer shard 0 this many seconds in
+    kill_synchronizer_at: float | None = None  # kill -9 a synchronizer shard this many seconds in
     synchronizer_down: float = 1.0  # and restart it after this many seconds
+    kill_shards: tuple[int, ...] = (0,)  # the shards killed, one after the other ...
+    kill_every: float = 5.0  # ... this many seconds apart
     net_delay_ms: float = 0.0  # added latency per message, in the learners' communication threads
     trace: FailureTrace | None = None
     seed: int = 0
@@ -39,6 +41,8 @@ class ChaosSettings:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
         if self.learner_down < 0 or self.synchronizer_down < 0 or self.net_delay_ms < 0 or self.straggle_every <= 0:
             raise ValueError("down times and --net-delay must be >= 0, --straggle-every > 0")
+        if not self.kill_shards or any(s < 0 for s in self.kill_shards) or not self.kill_every > 0:
+            raise ValueError("--kill-shards needs shard numbers >= 0 and --kill-every > 0")
 
     @property
     def active(self) -> bool:
@@ -86,8 +90,10 @@ class ChaosInjector:
                 events.append(ChaosEvent(t, "sigstop", -1))
                 t += settings.straggle + float(self.rng.exponential(settings.straggle_every))
         if settings.kill_synchronizer_at is not None:
-            events.append(ChaosEvent(settings.kill_synchronizer_at, "kill_sync", 0))
-            events.append(ChaosEvent(settings.kill_synchronizer_at + settings.synchronizer_down, "restart_sync", 0))
+            for i, shard in enumerate(settings.kill_shards):
+                at = settings.kill_synchronizer_at + i * settings.kill_every
+                events.append(ChaosEvent(at, "kill_sync", shard))
+                events.append(ChaosEvent(at + settings.synchronizer_down, "restart_sync", shard))
         heapq.heapify(events)
         self._events = events
 

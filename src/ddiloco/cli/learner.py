@@ -45,6 +45,10 @@ def learner(
     term_grace: float = typer.Option(20.0, min=0.1, max=86400.0, help="After SIGTERM (a preemption notice): send the "
                                      "work held and exit within this many seconds (keep it below the scheduler's "
                                      "kill wait, 30 s in Slurm by default)."),
+    peer_recovery: bool = typer.Option(True, help="Start with a live learner's inner optimizer state when this "
+                                       "one has none of its own (a new machine); donate ours to learners that join empty."),
+    inner_state_dir: Optional[Path] = typer.Option(None, help="Where the inner optimizer state is saved and loaded "
+                                                   "(default STATE_DIR/inner; node-local scratch works too)."),
     threads: int = options.THREADS,
     as_json: bool = typer.Option(False, "--json", help="End with one JSON line of this learner's stats."),
     log_level: options.LogLevel = options.LOG_LEVEL,
@@ -71,6 +75,7 @@ def learner(
             state_dir=str(state_dir) if state_dir else None, net_delay=net_delay / 1000.0, max_steps=max_steps,
             checkpoint_every=save_state_every, min_step_seconds=min_step_seconds, start_timeout=connect_timeout,
             device=device, precision=options.plain(precision)[0], term_grace=term_grace,
+            peer_recovery=peer_recovery, inner_state_dir=str(inner_state_dir) if inner_state_dir else None,
         )
         resolve_device(device)
         for address in connect.split(","):

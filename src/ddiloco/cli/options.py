@@ -61,6 +61,7 @@ Merge = _choices("Merge", ("rda", "mean"))
 SimMethod = _choices("SimMethod", ("decoupled", "diloco", "ddp", "elastic-ddp"))  # sim.config.METHODS
 RuntimeMethod = _choices("RuntimeMethod", ("decoupled", "diloco"))
 Backend = _choices("Backend", ("local", "slurm"))
+LearnerState = _choices("LearnerState", ("shared", "scratch"))  # cluster.sbatch.LEARNER_STATES
 Precision = _choices("Precision", ("fp32", "bf16"))  # train.device.PRECISIONS
 BudgetCounts = _choices("BudgetCounts", ("trained", "merged"))  # synchronizer.settings.BUDGET_COUNTS
 

@@ -53,8 +53,11 @@ def run(
     learner_down: float = typer.Option(15.0, min=0.0, help="Seconds before a killed learner is restarted."),
     straggle: Optional[float] = typer.Option(None, min=0.01, help="SIGSTOP a random learner for this many seconds now and then."),
     straggle_every: float = typer.Option(30.0, min=0.01, help="Mean seconds between two stragglers."),
-    kill_synchronizer_at: Optional[float] = typer.Option(None, min=0.0, help="kill -9 synchronizer shard 0 this many seconds "
-                                                         "in, then restart it."),
+    kill_synchronizer_at: Optional[float] = typer.Option(None, min=0.0, help="kill -9 a synchronizer shard (--kill-shards) "
+                                                         "this many seconds in, then restart it."),
+    kill_shards: str = typer.Option("0", help="Shards --kill-synchronizer-at kills, one after the other: a comma list "
+                                    "or all."),
+    kill_every: float = typer.Option(5.0, min=0.01, max=1e6, help="Seconds between the kills of two shards."),
     synchronizer_down: float = typer.Option(1.0, min=0.0, help="Seconds before a killed synchronizer is restarted."),
     net_delay: float = typer.Option(0.0, min=0.0, help="Added latency per message, milliseconds."),
     chaos_trace: Optional[Path] = typer.Option(None, help="Replay learner outages (CSV learner,down_at,up_at)."),
@@ -87,6 +90,12 @@ def run(
                                   "first address (a token is then generated unless given)."),
     term_grace: float = typer.Option(20.0, min=0.1, max=86400.0, help="slurm: seconds a preempted learner has "
                                      "to send its work and exit (below Slurm's KillWait)."),
+    peer_recovery: bool = typer.Option(True, help="A learner restarted without its inner optimizer state copies a "
+                                       "live learner's (docs/cluster.md)."),
+    learner_state: options.LearnerState = typer.Option("shared", help="slurm: where a learner keeps its inner "
+                                                       "optimizer state: shared (the run directory: a requeued job "
+                                                       "finds it) or scratch (node-local, gone at every requeue, as "
+                                                       "on a new machine: peer recovery restores it)."),
     sbatch_arg: Optional[list[str]] = typer.Option(None, help="slurm: one more sbatch option for every job, "
                                                    "e.g. --sbatch-arg=--qos=preempt (repeatable)."),
 ) -> None:
@@ -114,6 +123,7 @@ def run(
         chaos = ChaosSettings(
             learner_mtbf=learner_mtbf, learner_down=learner_down, straggle=straggle, straggle_every=straggle_every,
             kill_synchronizer_at=kill_synchronizer_at, synchronizer_down=synchronizer_down,
+            kill_shards=_shards(kill_shards, sync_shards), kill_every=kill_every,
             net_delay_ms=net_delay, trace=trace, seed=seed,
         )
         if trace is not None and any(o.learner >= learners for o in trace.outages):
@@ -131,6 +141,7 @@ def run(
             tokens=tokens if tokens is not None or duration is not None else 400_000, duration=duration,
             sync_shards=sync_shards, codec=codec, heartbeat=heartbeat, checkpoint_every=checkpoint_every,
             threads=options.shared_threads(threads, learners + sync_shards), min_step_seconds=min_step_seconds, eval_batches=eval_batches, eval_every=eval_every, token=auth.resolve_token(token),
+            peer_recovery=peer_recovery,
             chaos=chaos,
         )
         try:
@@ -150,7 +161,8 @@ def run(
             opts = SlurmOptions(partition=partition, account=account, time_limit=time_limit,
                                 nodes_per_learner=nodes_per_learner, procs_per_node=procs_per_node,
                                 gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, host=sync_host,
-                                term_grace=term_grace, extra=tuple(sbatch_arg or ()))
+                                term_grace=term_grace, extra=tuple(sbatch_arg or ()),
+                                learner_state=options.plain(learner_state)[0])
             result = run_on_slurm(dataclasses.replace(config, threads=threads), opts, dry_run, detach)
         except (ValueError, SlurmError) as exc:
             raise user_error(exc) from None
@@ -217,6 +229,19 @@ def run(
         print(json.dumps(result, sort_keys=True), flush=True)
     if sup.error:
         sys.exit(1)
+
+
+def _shards(spec: str, shards: int) -> tuple[int, ...]:
+    """--kill-shards: "all" or a comma list of shard numbers below --sync-shards."""
+    if spec.strip() == "all":
+        return tuple(range(shards))
+    try:
+        chosen = tuple(int(x) for x in spec.split(","))
+    except ValueError:
+        raise ValueError(f"--kill-shards {spec!r}: give all or shard numbers such as 0,1") from None
+    if any(not 0 <= s < shards for s in chosen):
+        raise ValueError(f"--kill-shards {spec!r}: shards are 0..{shards - 1} (--sync-shards {shards})")
+    return chosen
 
 
 def _result(sup, task, config, wall_seconds: float) -> dict:  # noqa: ANN001

@@ -20,6 +20,8 @@ from pathlib import Path
 from ..launch.config import RunConfig
 
 ADDRESSES = "__DDILOCO_ADDRESSES__"  # replaced by "$ADDRESSES" in the learner scripts
+SCRATCH = "__DDILOCO_SCRATCH__"  # replaced by a node-local folder new at every job start
+LEARNER_STATES = ("shared", "scratch")
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,13 @@ class SlurmOptions:
     address_wait: int = 600  # seconds a learner job waits for the synchronizer's address files
     max_restarts: int = 2  # torchrun's restarts of a multi-process learner before the job fails
     extra: tuple[str, ...] = field(default_factory=tuple)  # more #SBATCH lines, e.g. "--qos=preempt"
+    learner_state: str = "shared"  # or scratch: the inner state on node-local disk, new at every start
 
     def __post_init__(self) -> None:
         if self.nodes_per_learner < 1 or self.procs_per_node < 1 or self.gpus_per_node < 0:
             raise ValueError("--nodes-per-learner and --procs-per-node must be >= 1, --gpus-per-node >= 0")
+        if self.learner_state not in LEARNER_STATES:
+            raise ValueError(f"learner state must be one of {LEARNER_STATES}, got {self.learner_state!r}")
         if self.term_grace <= 0 or self.address_wait < 1:
             raise ValueError("--term-grace must be > 0 and the address wait >= 1 s")
         for arg in self.extra:
@@ -71,7 +76,8 @@ def _token_lines(config: RunConfig) -> list[str]:
 
 
 def _command(args: list[str]) -> str:
-    return " ".join('"$ADDRESSES"' if a == ADDRESSES else shlex.quote(a) for a in args)
+    special = {ADDRESSES: '"$ADDRESSES"', SCRATCH: '"$SCRATCH"'}
+    return " ".join(special.get(a) or shlex.quote(a) for a in args)
 
 
 def job_name(config: RunConfig, role: str) -> str:
@@ -103,6 +109,11 @@ def learner_script(config: RunConfig, opts: SlurmOptions, m: int) -> str:
             'ADDRESSES="$(for f in ' + " ".join(shlex.quote(str(f)) for f in files)
             + '; do cat "$f"; echo; done | paste -sd, -)"']
     args = [*config.learner_args(m, [ADDRESSES]), "--term-grace", f"{opts.term_grace:g}"]
+    scratch: list[str] = []
+    if opts.learner_state == "scratch":
+        args += ["--inner-state-dir", SCRATCH]
+        name = shlex.quote(f"ddiloco-{config.run_dir.name}-learner{m}")
+        scratch = [f'SCRATCH="${{TMPDIR:-/tmp}}/{name}-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}"']
     ranks = opts.nodes_per_learner * opts.procs_per_node
     if ranks == 1:
         run = f"exec srun --ntasks=1 {_command([opts.python, '-m', 'ddiloco', *args])}"
@@ -123,7 +134,7 @@ def learner_script(config: RunConfig, opts: SlurmOptions, m: int) -> str:
         *_header(job_name(config, f"learner{m}"), d, opts, opts.nodes_per_learner, True, opts.gpus_per_node),
         *_token_lines(config),
         'echo "learner job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date +%T)" >&2',
-        *wait, *setup, run,
+        *wait, *scratch, *setup, run,
     ]) + "\n"
 
 

@@ -40,6 +40,7 @@ class RunConfig:
     eval_every: float = 0.0
     min_step_seconds: float = 0.0
     token: str | None = None
+    peer_recovery: bool = True
     chaos: ChaosSettings = field(default_factory=ChaosSettings)
 
     def __post_init__(self) -> None:
@@ -96,6 +97,8 @@ class RunConfig:
                 "--save-state-every", str(self.sync_every)]
         if self.min_step_seconds > 0:
             args += ["--min-step-seconds", str(self.min_step_seconds)]
+        if not self.peer_recovery:
+            args.append("--no-peer-recovery")
         if self.chaos.net_delay_ms:
             args += ["--net-delay", str(self.chaos.net_delay_ms)]
         return args

@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from .client import LearnerClient
+LearnerClient = Any  # a `client.LearnerClient`; not imported here, which imports this module
 
 log = logging.getLogger("ddiloco.learner.client")
 
 
-def progress(c: "LearnerClient") -> dict:
+def progress(c: LearnerClient) -> dict:
     """Sent with every heartbeat (the synchronizer's status and dashboard show it)."""
     return {"step": c.steps, "tokens": c.tokens, "position": c.position, "state": c.state,
             "step_time": c.core.step_time.get() if c.core else 0.0, "loss": c.loss}
 
 
-def write_journal(c: "LearnerClient") -> None:
+def write_journal(c: LearnerClient) -> None:
     c.journal.write({
         "learner": c.learner, "incarnation": c.incarnation, "steps": c.steps, "tokens": c.tokens,
         "seconds": c.compute_seconds, "start_position": c.start_position, "position": c.position,
@@ -28,7 +27,7 @@ def write_journal(c: "LearnerClient") -> None:
     })
 
 
-def stats(c: "LearnerClient") -> dict:
+def stats(c: LearnerClient) -> dict:
     links = [link.stats for link in c.links]
     totals = {k: sum(getattr(s, k) for s in links)
               for k in ("pushed", "accepted", "rejected", "lost_in_transit", "registrations")}
@@ -39,7 +38,7 @@ def stats(c: "LearnerClient") -> dict:
             "rejections": list(c.rejected[-5:]), "recovered": c.recovered, "donations": len(c.donations)}
 
 
-def log_line(c: "LearnerClient") -> None:
+def log_line(c: LearnerClient) -> None:
     s = stats(c)
     loss = f"loss {c.loss:.4f}, " if c.loss is not None else ""
     log.info("learner %d: step %d, %d tokens, %sfragment versions %s, %d contributions accepted, %d rejected, "

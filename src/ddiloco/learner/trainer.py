@@ -51,6 +51,8 @@ class LearnerSettings:
     device: str = "auto"  # auto: cuda:LOCAL_RANK when CUDA is present, else cpu
     precision: str = "fp32"  # or bf16 (autocast; weights and optimizer state stay fp32)
     term_grace: float = 20.0  # after SIGTERM (a preemption notice): send the work held and exit within this
+    peer_recovery: bool = True  # an empty inner optimizer at start copies a live learner's
+    inner_state_dir: str | None = None  # where the inner optimizer state is saved (default STATE_DIR/inner)
 
 
 def params_digest(model: torch.nn.Module) -> str:
@@ -90,14 +92,15 @@ def train(settings: LearnerSettings) -> dict:
         trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     else:
         trained = model
-    log.info("learner %d rank %d/%d on %s in %s", settings.learner, rank, world, device, settings.precision)
+    node = f" (Slurm node {os.environ['SLURMD_NODENAME']})" if os.environ.get("SLURMD_NODENAME") else ""
+    log.info("learner %d rank %d/%d on %s in %s%s", settings.learner, rank, world, device, settings.precision, node)
     optimizer = make_inner_optimizer(model, settings.inner)
     state_dir = Path(settings.state_dir) if settings.state_dir else None
     client = LearnerClient(
         model, settings.addresses, settings.learner, token=settings.token, codec=settings.codec,
         credentials=settings.credentials, net_delay=settings.net_delay,
         journal_dir=str(state_dir) if state_dir else None, start_timeout=settings.start_timeout,
-        optimizer=optimizer,  # empty (a new machine): its state comes from a live peer at start
+        optimizer=optimizer if settings.peer_recovery else None,  # empty at start: a live peer's state
     )
     stop = {"signal": False, "at": 0.0}
 
@@ -114,7 +117,8 @@ def train(settings: LearnerSettings) -> dict:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     saver = None
-    own_steps = (load_optimizer(state_dir / "inner", optimizer) if state_dir else None) or 0
+    inner_dir = Path(settings.inner_state_dir) if settings.inner_state_dir else state_dir / "inner" if state_dir else None
+    own_steps = (load_optimizer(inner_dir, optimizer) if inner_dir else None) or 0
     try:
         try:
             position = client.start()
@@ -124,8 +128,8 @@ def train(settings: LearnerSettings) -> dict:
                 return {**client.stats(), "rank": rank, "world": world, "params_sha": ""}
             raise
         inner_steps = own_steps or (client.recovered or {}).get("step", 0)
-        if rank == 0 and state_dir is not None:
-            saver = BackgroundSaver(state_dir / "inner")
+        if rank == 0 and inner_dir is not None:
+            saver = BackgroundSaver(inner_dir)
         stream = task.stream(settings.learner * world + rank, settings.learners * world,
                              settings.inner.batch_size, settings.seed)
         stream.seek(position)

@@ -9,21 +9,32 @@ upload must stay within four times the model's fp32 size, and the checksum must 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 import grpc
 
 from ..wire import framing
 from ..wire.protocol import state_checksum
-
-if TYPE_CHECKING:
-    from .handlers import Handlers
+from .service import SynchronizerService
+from .streams import StreamGuard
 
 log = logging.getLogger(__name__)
 
 
+class HandlerKit(Protocol):
+    """What these handlers use of `handlers.Handlers` (which builds them; no import back)."""
+
+    service: SynchronizerService
+    streams: StreamGuard
+
+    def _guarded(self, method: str, handler: Callable) -> Callable: ...
+    def _abort(self, context: grpc.ServicerContext, method: str, code: str, reason: str) -> None: ...
+    def _head(self, request: bytes, context: grpc.ServicerContext, method: str) -> dict: ...
+    def _bulk_deadline(self, nbytes: int) -> float: ...
+
+
 class DonationRpc:
-    def __init__(self, handlers: "Handlers") -> None:
+    def __init__(self, handlers: HandlerKit) -> None:
         self.h = handlers
         self.service = handlers.service
         self.desk = handlers.service.donations
