@@ -4,6 +4,7 @@ comes back as a new process that rejoins; the run reaches its budget and every t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -41,17 +42,28 @@ def launch(run, shakespeare, budget: int, *extra: str, timeout: float = 120) -> 
         capture_output=True, text=True, timeout=timeout, env={**os.environ, "DDILOCO_TOKEN": TOKEN})
 
 
+@contextlib.contextmanager
+def detached(run, shakespeare, budget: int = 10**9, merges: int = 0):  # noqa: ANN001
+    """A detached run: (jobs, address) once the synchronizer answers and has merged `merges` times;
+    every job is cancelled on the way out."""
+    submit = launch(run, shakespeare, budget, "--detach")
+    assert submit.returncode == 0, submit.stderr[-3000:]
+    jobs = json.loads(submit.stdout.strip().splitlines()[-1])["jobs"]
+    try:
+        address = wait_for(lambda: (run / "sync-0" / "address").is_file() and (run / "sync-0" / "address").read_text(),
+                           120, message="the synchronizer job's address")
+        wait_for(lambda: status(address).get("merges", 0) >= merges, 120, message="merges")
+        yield jobs, address
+    finally:
+        jobs_api.cancel(jobs)
+
+
 @pytest.mark.timeout(420)
 def test_requeued_learner_job_rejoins_and_the_run_reaches_its_budget(slurm, tmp_path, shakespeare):
     run = tmp_path / "run"
     budget = 2 * 500 * TOKENS_PER_STEP
-    submit = launch(run, shakespeare, budget, "--detach")
-    assert submit.returncode == 0, submit.stderr[-3000:]
-    jobs = json.loads(submit.stdout.strip().splitlines()[-1])["jobs"]
-    assert set(jobs) == {"sync0", "learner0", "learner1"}
-    try:
-        address = wait_for(lambda: (run / "sync-0" / "address").is_file() and (run / "sync-0" / "address").read_text(),
-                           120, message="the synchronizer job's address")
+    with detached(run, shakespeare, budget) as (jobs, address):
+        assert set(jobs) == {"sync0", "learner0", "learner1"}
         wait_for(lambda: all(status(address).get("books", {}).get(str(m), {}).get("contributions", 0) >= 2
                              for m in range(2)), 120, message="both learner jobs to contribute")
         before = status(address)
@@ -61,8 +73,6 @@ def test_requeued_learner_job_rejoins_and_the_run_reaches_its_budget(slurm, tmp_
                  >= before["books"]["1"]["contributions"] + 2, 120, message="contributions of the requeued learner")
         wait_for(lambda: jobs_api.states(jobs)["sync0"] in jobs_api.FINISHED | {"GONE"}, 240,
                  message="the synchronizer job to end at the budget")
-    finally:
-        jobs_api.cancel(jobs)
     final = json.loads((run / "sync-0" / "summary.json").read_text())
     assert final["finished"] and final["tokens_reported"] >= budget
     assert final["version_sum"] > before["version_sum"] and final["double_merged_steps"] == 0
@@ -80,6 +90,7 @@ def test_requeued_learner_job_rejoins_and_the_run_reaches_its_budget(slurm, tmp_
     assert 0 < final["tokens_merged"] <= trained and final["tokens_reported"] <= trained
 
 
+@pytest.mark.slow  # the default suite keeps the requeue and scancel tests
 @pytest.mark.timeout(300)
 def test_the_launcher_follows_the_run_to_its_end_and_prints_the_summary(slurm, tmp_path, shakespeare):
     budget = 2 * 120 * TOKENS_PER_STEP
@@ -90,28 +101,22 @@ def test_the_launcher_follows_the_run_to_its_end_and_prints_the_summary(slurm, t
     assert set(jobs_api.states(result["jobs"]).values()) <= jobs_api.FINISHED | {"GONE"}  # nothing left queued
 
 
+@pytest.mark.slow  # the default suite keeps the requeue and scancel tests
 @pytest.mark.timeout(300)
 def test_slurm_stop_ends_a_detached_run_cleanly(slurm, tmp_path, shakespeare):
     run = tmp_path / "run"
-    submit = launch(run, shakespeare, 10**9, "--detach")
-    assert submit.returncode == 0, submit.stderr[-3000:]
-    jobs = json.loads(submit.stdout.strip().splitlines()[-1])["jobs"]
-    try:
-        address = wait_for(lambda: (run / "sync-0" / "address").is_file() and (run / "sync-0" / "address").read_text(),
-                           120, message="the synchronizer job's address")
-        wait_for(lambda: status(address).get("merges", 0) >= 4, 120, message="merges")
+    with detached(run, shakespeare, merges=4) as (jobs, _):
         stopped = subprocess.run([sys.executable, "-m", "ddiloco", "slurm-stop", str(run)], capture_output=True,
                                  text=True, timeout=150)
         assert stopped.returncode == 0, stopped.stderr[-2000:]
         assert set(jobs_api.states(jobs).values()) <= jobs_api.FINISHED | {"GONE"}
-    finally:
-        jobs_api.cancel(jobs)
     final = json.loads((run / "sync-0" / "summary.json").read_text())
     assert final["stopping"] and final["merges"] >= 4  # stopped by request, checkpoint and summary written
     for m in range(2):
         assert all(j["state"] == "done" for j in journals(run, m))  # each learner sent its work and left
 
 
+@pytest.mark.slow  # the default suite keeps the requeue and scancel tests
 @pytest.mark.timeout(300)
 def test_a_learner_of_two_nodes_runs_torchrun_on_each_and_trains(slurm, tmp_path, shakespeare):
     run = tmp_path / "run"
@@ -128,18 +133,10 @@ def test_a_learner_of_two_nodes_runs_torchrun_on_each_and_trains(slurm, tmp_path
 @pytest.mark.timeout(300)
 def test_scancel_of_the_whole_run_ends_every_process_cleanly(slurm, tmp_path, shakespeare):
     run = tmp_path / "run"
-    submit = launch(run, shakespeare, 10**9, "--detach")
-    assert submit.returncode == 0, submit.stderr[-3000:]
-    jobs = json.loads(submit.stdout.strip().splitlines()[-1])["jobs"]
-    try:
-        address = wait_for(lambda: (run / "sync-0" / "address").is_file() and (run / "sync-0" / "address").read_text(),
-                           120, message="the synchronizer job's address")
-        wait_for(lambda: status(address).get("merges", 0) >= 4, 120, message="merges")
+    with detached(run, shakespeare, merges=4) as (jobs, _):
         jobs_api.cancel(jobs)  # scancel: SIGTERM to every job, SIGKILL after KillWait
         wait_for(lambda: set(jobs_api.states(jobs).values()) <= jobs_api.FINISHED | {"GONE"}, 60,
                  message="every job to end")
-    finally:
-        jobs_api.cancel(jobs)
     final = json.loads((run / "sync-0" / "summary.json").read_text())
     assert final["merges"] >= 4 and (run / "sync-0" / "manifest.json").is_file()  # checkpoint on SIGTERM
     for m in range(2):

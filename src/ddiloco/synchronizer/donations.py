@@ -83,7 +83,7 @@ class DonationDesk:
     def begin(self, ticket_id: object, session: str) -> None:
         """The donor's upload started (its first frame arrived); ValueError for a ticket it does not hold."""
         with self.lock:
-            t = self.tickets.get(ticket_id) if isinstance(ticket_id, str) else None
+            t = self._ticket(ticket_id)
             if t is None or t.donor_session != session or t.state != "asked":
                 raise ValueError("no open donation ticket of this session")
             t.state = "uploading"
@@ -91,7 +91,7 @@ class DonationDesk:
     def expected(self, ticket_id: object, session: str, names: list[str]) -> dict[str, tuple[int, ...]]:
         """The shapes the donor's tensors must have; ValueError for a ticket or name it has no right to."""
         with self.lock:
-            t = self.tickets.get(ticket_id) if isinstance(ticket_id, str) else None
+            t = self._ticket(ticket_id)
             if t is None or t.donor_session != session or t.state != "uploading":
                 raise ValueError("no donation of this session in progress")
         keys: dict[str, int] = {}
@@ -131,14 +131,14 @@ class DonationDesk:
 
     def fail(self, ticket_id: object, reason: str) -> None:
         with self.lock:
-            t = self.tickets.get(ticket_id) if isinstance(ticket_id, str) else None
+            t = self._ticket(ticket_id)
             if t is not None:
                 self._fail(t, reason)
 
     def poll(self, ticket_id: object, session: str) -> dict:
         with self.lock:
             self._expire()
-            t = self.tickets.get(ticket_id) if isinstance(ticket_id, str) else None
+            t = self._ticket(ticket_id)
             if t is None or t.joiner_session != session:
                 return {"ok": True, "state": "failed", "reason": "unknown ticket (expired or never issued)"}
             waiting = t.state in ("asked", "uploading")
@@ -152,7 +152,7 @@ class DonationDesk:
     def take(self, ticket_id: object, session: str) -> Ticket:
         """The ready donation, handed over once (its memory is then the joiner's stream's only)."""
         with self.lock:
-            t = self.tickets.get(ticket_id) if isinstance(ticket_id, str) else None
+            t = self._ticket(ticket_id)
             if t is None or t.joiner_session != session or t.state != "ready":
                 raise ValueError("no ready donation for this session")
             t.state = "taken"
@@ -161,7 +161,7 @@ class DonationDesk:
 
     def poll_state(self, ticket_id: object) -> str | None:
         with self.lock:
-            t = self.tickets.get(ticket_id) if isinstance(ticket_id, str) else None
+            t = self._ticket(ticket_id)
             return t.state if t is not None else None
 
     def summary(self) -> dict:
@@ -169,6 +169,10 @@ class DonationDesk:
             return {"donated": self.donated, "failed": self.failed,
                     "open": {t.id: {"joiner": t.joiner, "donor": t.donor, "state": t.state}
                              for t in self.tickets.values()}}
+
+    def _ticket(self, ticket_id: object) -> Ticket | None:
+        """The ticket of an id as a client sent it (any JSON value); the caller holds the lock."""
+        return self.tickets.get(ticket_id) if isinstance(ticket_id, str) else None
 
     def _fail(self, t: Ticket, reason: str) -> None:
         if t.state in ("asked", "uploading", "ready"):
