@@ -114,3 +114,30 @@ def test_a_rank_killed_with_kill9_makes_torchrun_restart_the_group_which_rejoins
     assert wait_exit([group, other, sync], 90) == [0, 0, 0], (d / "stderr.log").read_text()[-3000:]
     first, second = sorted(journals(tmp_path, 0), key=lambda j: j["started"])
     assert second["start_position"] <= first["position"] and second["steps"] > 0
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.skipif(not TORCHRUN.exists() and shutil.which("torchrun") is None, reason="torchrun not installed")
+def test_a_two_rank_learner_on_an_empty_disk_takes_a_peers_inner_state_on_every_rank(procs, tmp_path, shakespeare):
+    from ..support.processes import start_learner, status, stop_run
+    from ..support.runtime import wait_for
+
+    sync, address = start_synchronizer(procs, tmp_path, shakespeare, 2, 0, "--tokens", str(10**9))
+    donor = start_learner(procs, tmp_path, shakespeare, 2, address, 1, "--min-step-seconds", "0.02")
+    wait_for(lambda: status(address).get("learners", {}).get("1", {}).get("step", 0) >= 20, 90,
+             message="the donor to train")
+    d = tmp_path / "learner-0"
+    d.mkdir()
+    torchrun = str(TORCHRUN) if TORCHRUN.exists() else shutil.which("torchrun")
+    group = procs.start("torchrun", [
+        torchrun, "--standalone", "--nproc-per-node", "2", "-m", "ddiloco", "learner", "--connect", address, "--id",
+        "0", *model_args(shakespeare, 2), "--batch-size", "4", "--threads", "1", "--state-dir", str(d),
+        "--max-steps", "40", "--json"], d / "stderr.log", d / "stdout.log")
+    assert wait_exit([group], 120) == [0], (d / "stderr.log").read_text()[-3000:]
+    stop_run(address)
+    assert wait_exit([donor, sync], 60) == [0, 0]
+    stats = {s["rank"]: s for s in (json.loads(line) for line in (d / "stdout.log").read_text().splitlines()
+                                    if line.startswith("{"))}
+    assert set(stats) == {0, 1} and stats[0]["recovered"]["donor"] == 1 and stats[0]["recovered"]["step"] > 0
+    # rank 1 took the same state from rank 0: after 40 identical steps both hold the same moments
+    assert stats[0]["inner_sha"] == stats[1]["inner_sha"] and stats[0]["params_sha"] == stats[1]["params_sha"]

@@ -136,10 +136,14 @@ class LearnerClient:
         else:
             position = 0
         if self.fanout is not None:
-            shared = {"names": self.names, "blocking": self._blocking, "position": position}
+            shared = {"names": self.names, "blocking": self._blocking, "position": position,
+                      "recovered": self.recovered}
             shared = json.loads(self.fanout.share_bytes(json.dumps(shared).encode() if self.is_leader else None))
+            self.recovered = shared["recovered"]
             self.names, self._blocking, position = shared["names"], bool(shared["blocking"]), int(shared["position"])
             self.fanout.push([n for names in self.names for n in names])
+            if self.recovered is not None:  # rank 0 took a peer's inner state: every rank takes the same
+                peerstate.share_state(self.fanout, self.optimizer, self.params)
         self.position = self.start_position = self.counted_position = position
         self.state = "training"
         self._last_boundary = time.perf_counter()
@@ -164,11 +168,11 @@ class LearnerClient:
             self.core.request(r)
         self._span_start = [time.time()] * plan.num_fragments
         if self.optimizer is not None and not self.optimizer.state:
-            if self.fanout is None:
+            if self.fanout is None or not self.fanout.sharded:
                 self.recovered = peerstate.recover(self.links[0], self.optimizer, self.params, self.learner)
             else:
-                log.warning("learner %d starts its inner optimizer cold: peer recovery takes single-process "
-                            "learners only", self.learner)
+                log.warning("learner %d starts its inner optimizer cold: peer recovery does not take "
+                            "FSDP-sharded learners yet", self.learner)
         self._progress = max(float(r.get("progress", 0.0)) for r in replies)
         if any(r.get("stopping") for r in replies):
             self.ctx.stop_requested.set()

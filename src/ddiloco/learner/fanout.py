@@ -97,6 +97,12 @@ class RankFanout:
         mine = distribute_tensor(full, mesh, p.placements, src_data_rank=0)
         p.to_local().copy_(mine.to_local())
 
+    def broadcast(self, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `t` on every rank (in place on rank 0's device copy); returns it on the CPU."""
+        buf = t.to(self.device)
+        dist.broadcast(buf, self.src, group=self.group)
+        return buf.cpu()
+
     def pull(self, names: Sequence[str]) -> None:
         """The current values of these sharded parameters into rank 0's mirror (replicated: nothing)."""
         with torch.no_grad():

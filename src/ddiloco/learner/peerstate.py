@@ -12,6 +12,7 @@ on at once) and uploads it from a background thread.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -130,6 +131,26 @@ def recover(link, optimizer: torch.optim.Optimizer, params: Mapping[str, torch.T
                         polled.get("reason") or state, "; asking another" if attempt < ATTEMPTS else "")
     log.warning("learner %d starts its inner optimizer cold: %d donations failed", learner, ATTEMPTS)
     return None
+
+
+def share_state(fanout, optimizer: torch.optim.Optimizer | None,  # noqa: ANN001
+                params: Mapping[str, torch.Tensor]) -> None:
+    """Rank 0's inner state onto every rank of a replicated (DDP) learner, after rank 0 recovered it:
+    the layout as JSON, then each tensor broadcast. Collective: every rank calls it."""
+    layout, tensors = None, {}
+    if fanout.is_leader and optimizer is not None:
+        tensors, scalars = snapshot(optimizer, params)
+        layout = {"tensors": sorted(tensors), "scalars": scalars}
+    layout = json.loads(fanout.share_bytes(json.dumps(layout).encode() if fanout.is_leader else None))
+    if not layout:
+        return
+    received = {}
+    for full in layout["tensors"]:
+        shape = params[full.rpartition("/")[0]].shape
+        value = tensors[full] if fanout.is_leader else torch.empty(shape, dtype=torch.float32)
+        received[full] = fanout.broadcast(value)
+    if not fanout.is_leader and optimizer is not None:
+        load(optimizer, params, received, layout["scalars"])
 
 
 def _control(link, head: dict) -> dict | None:  # noqa: ANN001

@@ -22,7 +22,9 @@ import torch
 from ..train.device import autocast, process_group_backend, resolve_device
 from ..train.inner import InnerConfig, inner_step, lr_at, make_inner_optimizer, set_lr
 from ..train.tasks import make_task
+from ..wire.protocol import state_checksum
 from .client import LearnerClient
+from .peerstate import snapshot
 from .state import BackgroundSaver, load_optimizer
 
 log = logging.getLogger(__name__)
@@ -155,8 +157,9 @@ def train(settings: LearnerSettings) -> dict:
             saver.submit(optimizer, inner_steps)
         digest = params_digest(model)  # every rank holds the same values here (see `fanout`)
         left = settings.term_grace - (time.monotonic() - stop["at"]) - 1.0 if stop["signal"] else None
+        inner = state_checksum(*snapshot(optimizer, dict(model.named_parameters())))[:16]
         return {**client.finish(timeout=None if left is None else max(0.0, left)), "rank": rank, "world": world,
-                "params_sha": digest}
+                "params_sha": digest, "inner_sha": inner}
     finally:
         if saver is not None:
             saver.close()
