@@ -68,3 +68,10 @@ def test_scratch_learner_state_is_new_at_every_job_start_and_peer_recovery_can_b
     assert 'SCRATCH="${TMPDIR:-/tmp}/ddiloco-run-learner1-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"' in text
     assert '--inner-state-dir "$SCRATCH"' in text and "--no-peer-recovery" in text
     assert "--inner-state-dir" not in open(dry_run(tmp_path / "b")["scripts"]["learner1"]).read()
+
+
+def test_slurm_options_without_the_slurm_backend_are_errors(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "ddiloco", "run", "--tokens", "1000", "--partition", "gpu",
+                          "--learner-state", "scratch", "--run-dir", str(tmp_path / "r")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and "--partition, --learner-state: only with --backend slurm" in out.stderr

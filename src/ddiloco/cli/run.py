@@ -150,6 +150,14 @@ def run(
             raise ValueError(f"--run-dir {config.run_dir}: cannot create it ({exc.strerror})") from None
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
         raise user_error(exc) from None
+    slurm_only = {"--dry-run": dry_run, "--detach": detach, "--partition": partition, "--account": account,
+                  "--time": time_limit, "--nodes-per-learner": nodes_per_learner != 1,
+                  "--procs-per-node": procs_per_node != 1, "--gpus-per-node": gpus_per_node,
+                  "--cpus-per-task": cpus_per_task, "--sync-host": sync_host != "auto", "--sbatch-arg": sbatch_arg,
+                  "--learner-state": options.plain(learner_state)[0] != "shared"}
+    given = [flag for flag, value in slurm_only.items() if value]
+    if options.plain(backend)[0] == "local" and given:
+        raise user_error(ValueError(f"{', '.join(given)}: only with --backend slurm"))
     if options.plain(backend)[0] == "slurm":
         from ..cluster.sbatch import SlurmOptions
         from ..cluster.slurm import SlurmError
