@@ -32,6 +32,7 @@ PER_COMMAND = {
     "--learners",  # `ddiloco goodput` takes a list of M to compare
     "--step-time",  # goodput: the paper's cluster step; sim: one virtual-clock step
     "--reconfigure-seconds",  # 5 steps in both: goodput's steps are 2 s, the simulator's 1 s
+    "--codec",  # real learners send bf16; the simulator is exact unless asked (its quality rows compare exactly)
 }
 
 

@@ -82,3 +82,19 @@ def test_bad_flags_fail_with_a_clear_message(args, message):
     out = ddiloco("sim", "--model-size", "tiny", "--tokens", "100", *args)
     assert out.returncode == 2
     assert message in out.stderr
+
+
+def test_codec_sends_outer_gradients_through_the_wire_codec(shakespeare):
+    """--codec int4 puts about a seventh of fp32's bytes on the simulated link (4 bits plus block scales)."""
+    peak = {}
+    for codec in ("fp32", "int4"):
+        out = ddiloco("sim", "--model-size", "tiny", "--seq-len", "16", "--batch-size", "4", "--tokens", "3000",
+                      "--learners", "2", "--sync-every", "4", "--fragments", "2", "--data", shakespeare, "--json",
+                      "--quiet", *(["--codec", codec] if codec else []))
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result["contributions"] > 0
+        peak[codec] = result["peak_step_bytes"]
+    assert 0 < peak["int4"] < peak["fp32"] / 4
+    bad = ddiloco("sim", "--codec", "int3", "--tokens", "1000")
+    assert bad.returncode == 2 and "--codec" in bad.stderr

@@ -92,6 +92,9 @@ def sim(
     fail_downtime: float = typer.Option(15.0, "--learner-down", help="Random failures: mean simulated seconds a failed learner stays down."),
     latency: float = typer.Option(0.01, help="One-way message latency, simulated seconds."),
     bandwidth: float = typer.Option(1e9, help="Link bandwidth, bytes per simulated second."),
+    codec: Optional[options.Codec] = typer.Option(None, "--codec", help="Send outer gradients through this wire "
+                                                  "codec (values and bytes, as the runtime does). Default: exact, "
+                                                  "as the quality benchmarks run."),
     reconfigure_seconds: float = typer.Option(5.0, help="elastic-ddp: pause on every membership change."),
     eval_batches: int = typer.Option(20, help="Validation batches for the final evaluation."),
     threads: int = options.THREADS,
@@ -157,6 +160,7 @@ def sim(
             failures=failure_trace(failures, fail_mtbf, fail_downtime, failures_scale, learners, horizon, seed),
             reconfigure_seconds=reconfigure_seconds,
             eval_batches=eval_batches,
+            codec=options.plain(codec)[0],
         )
         task = probe if probe is not None else build_task(config)
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
