@@ -134,8 +134,8 @@ def _cancel_leftovers(jobs: dict[str, str], wait: float = STOP_WAIT) -> None:
         if all(states[r] == "PENDING" for r in live):  # requeued learners waiting for a node: not needed now
             break
         time.sleep(FOLLOW_POLL)
-    live = {r: j for r, j in jobs.items() if slurm.states(jobs)[r] not in slurm.FINISHED}
-    slurm.cancel({r: j for r, j in live.items()})
+    states = slurm.states(jobs)  # once: one squeue for every job
+    slurm.cancel({r: j for r, j in jobs.items() if states[r] not in slurm.FINISHED and states[r] != "GONE"})
 
 
 def stop_from_run_dir(run_dir: Path) -> dict[str, str]:

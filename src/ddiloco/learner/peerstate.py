@@ -113,7 +113,7 @@ def recover(link, optimizer: torch.optim.Optimizer, params: Mapping[str, torch.T
             return None
         ticket, donor = reply["ticket"], reply["donor"]
         deadline = time.monotonic() + t.drain + t.bulk(3 * model_bytes)
-        state = "asked"
+        state, polled = "asked", {}
         while time.monotonic() < deadline and state in ("asked", "uploading"):
             time.sleep(min(0.25, t.heartbeat))
             polled = _control(link, {"session": sid, "op": "poll", "ticket": ticket}) or {}
