@@ -38,11 +38,12 @@ def test_dry_run_writes_one_script_per_shard_and_learner_and_submits_nothing(tmp
         text = scripts[f"learner{m}"]
         assert "#SBATCH --requeue" in text and "#SBATCH --nodes=2" in text and "#SBATCH --gpus-per-node=4" in text
         assert "torch.distributed.run --nnodes 2 --nproc-per-node 2 --max-restarts 2" in text
-        assert f"learner --connect \"$ADDRESSES\" --id {m} " in text and "--term-grace 20" in text
-        assert all(f"sync-{s}/address" in text for s in range(2))
+        files = ",".join(f"@{tmp_path}/run/sync-{s}/address" for s in range(2))
+        assert f"learner --connect {files} --id {m} " in text and "--term-grace 20" in text
     for s in range(2):
-        assert "#SBATCH --no-requeue" in scripts[f"sync{s}"]
-        assert f"--shard {s} --num-shards 2" in scripts[f"sync{s}"]
+        text = scripts[f"sync{s}"]
+        assert "#SBATCH --requeue" in text and f"--shard {s} --num-shards 2" in text
+        assert '--port "$PORT"' in text and "seq 0 2" in text  # restarted in its job, on the port it had
 
 
 def test_one_rank_learners_run_without_torchrun_and_chaos_flags_are_refused(tmp_path):
@@ -63,7 +64,8 @@ def test_bad_options_are_errors():
 
 
 def test_scratch_learner_state_is_new_at_every_job_start_and_peer_recovery_can_be_turned_off(tmp_path):
-    result = dry_run(tmp_path, "--learner-state", "scratch", "--no-peer-recovery")
+    result = dry_run(tmp_path, "--learner-state", "scratch", "--no-peer-recovery", "--max-restarts", "0")
+    assert "for attempt in $(seq 0 0)" in open(result["scripts"]["sync0"]).read()  # no restart inside the job
     text = open(result["scripts"]["learner1"]).read()
     assert 'SCRATCH="${TMPDIR:-/tmp}/ddiloco-run-learner1-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"' in text
     assert '--inner-state-dir "$SCRATCH"' in text and "--no-peer-recovery" in text

@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,10 +45,10 @@ def launch(run, shakespeare, budget: int, *extra: str, timeout: float = 120) -> 
 
 
 @contextlib.contextmanager
-def detached(run, shakespeare, budget: int = 10**9, merges: int = 0):  # noqa: ANN001
-    """A detached run: (jobs, address) once the synchronizer answers and has merged `merges` times;
+def detached(run, shakespeare, budget: int = 10**9, *extra: str, merges: int = 0):  # noqa: ANN001
+    """A detached run: (jobs, shard 0's address) once shard 0 answers and has merged `merges` times;
     every job is cancelled on the way out."""
-    submit = launch(run, shakespeare, budget, "--detach")
+    submit = launch(run, shakespeare, budget, "--detach", *extra)
     assert submit.returncode == 0, submit.stderr[-3000:]
     jobs = json.loads(submit.stdout.strip().splitlines()[-1])["jobs"]
     try:
@@ -58,12 +60,27 @@ def detached(run, shakespeare, budget: int = 10**9, merges: int = 0):  # noqa: A
         jobs_api.cancel(jobs)
 
 
-@pytest.mark.timeout(420)
-def test_requeued_learner_job_rejoins_and_the_run_reaches_its_budget(slurm, tmp_path, shakespeare):
+def shard_pid(run, shard: int) -> int | None:
+    """The PID of shard `shard`'s synchronizer process (started by this test's run, through Slurm)."""
+    want = f"{run / f'sync-{shard}'}".encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"synchronizer" in args and b"--checkpoint-dir" in args and want in args:
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.timeout(480)
+def test_requeued_learner_and_shard_jobs_and_a_killed_shard_all_recover_and_the_run_reaches_its_budget(
+        slurm, tmp_path, shakespeare):
     run = tmp_path / "run"
-    budget = 2 * 500 * TOKENS_PER_STEP
-    with detached(run, shakespeare, budget) as (jobs, address):
-        assert set(jobs) == {"sync0", "learner0", "learner1"}
+    budget = 2 * 700 * TOKENS_PER_STEP
+    with detached(run, shakespeare, budget, "--sync-shards", "2") as (jobs, address):
+        assert set(jobs) == {"sync0", "sync1", "learner0", "learner1"}
+        addr = {s: (run / f"sync-{s}" / "address").read_text() for s in range(2)}
         wait_for(lambda: all(status(address).get("books", {}).get(str(m), {}).get("contributions", 0) >= 2
                              for m in range(2)), 120, message="both learner jobs to contribute")
         before = status(address)
@@ -71,18 +88,39 @@ def test_requeued_learner_job_rejoins_and_the_run_reaches_its_budget(slurm, tmp_
         wait_for(lambda: len(journals(run, 1)) >= 2, 120, message="the requeued learner's new process")
         wait_for(lambda: status(address).get("books", {}).get("1", {}).get("contributions", 0)
                  >= before["books"]["1"]["contributions"] + 2, 120, message="contributions of the requeued learner")
-        wait_for(lambda: jobs_api.states(jobs)["sync0"] in jobs_api.FINISHED | {"GONE"}, 240,
-                 message="the synchronizer job to end at the budget")
-    final = json.loads((run / "sync-0" / "summary.json").read_text())
-    assert final["finished"] and final["tokens_reported"] >= budget
-    assert final["version_sum"] > before["version_sum"] and final["double_merged_steps"] == 0
-    first, second = sorted(journals(run, 1), key=lambda j: j["started"])
+        # shard 0's process killed with kill -9: its job restarts it from the checkpoint, on the same port
+        pid = wait_for(lambda: shard_pid(run, 0), 10, message="shard 0's process")
+        killed = status(address)["version_sum"]
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: status(address).get("restored_from") is not None and status(address)["version_sum"]
+                 >= killed + 2, 120, message="shard 0 restarted from its checkpoint and merging again")
+        assert (run / "sync-0" / "address").read_text() == addr[0]
+        # shard 1's job requeued (another node, a new port): learners read its address file again
+        jobs_api.requeue(jobs["sync1"])
+        moved = wait_for(lambda: (lambda a: a if a and a != addr[1] else None)(
+            (run / "sync-1" / "address").read_text() if (run / "sync-1" / "address").is_file() else ""), 120,
+            message="shard 1's requeued job to write its new address")
+        after = status(moved)
+        wait_for(lambda: status(moved).get("version_sum", 0) >= after.get("version_sum", 0) + 2 and all(
+            status(moved).get("books", {}).get(str(m), {}).get("contributions", 0) >= 1 for m in range(2)), 120,
+            message="both learners to follow shard 1 to its new address")
+        wait_for(lambda: all(jobs_api.states(jobs)[f"sync{s}"] in jobs_api.FINISHED | {"GONE"} for s in range(2)),
+                 300, message="the synchronizer jobs to end at the budget")
+    finals = [json.loads((run / f"sync-{s}" / "summary.json").read_text()) for s in range(2)]
+    final = finals[0]
+    assert all(f["finished"] and f["double_merged_steps"] == 0 for f in finals)
+    assert final["tokens_reported"] >= budget and final["version_sum"] > before["version_sum"]
+    first, second = sorted(journals(run, 1), key=lambda j: j["started"])[:2]
     assert first["incarnation"] != second["incarnation"] and second["start_position"] <= first["position"]
     assert first["state"] == "done"  # SIGTERM: it sent what it held and left, within --term-grace
     log = "".join(p.read_text() for p in (run / "learner-1").glob("slurm-*.out"))
     assert "start 0 on" in log and "start 1 on" in log  # the same job, restarted by Slurm
+    sync_log = "".join(p.read_text() for s in range(2) for p in (run / f"sync-{s}").glob("slurm-*.out"))
+    assert "restart 1 from its checkpoint" in sync_log and "synchronizer job" in sync_log
     trained = 0
     for m in range(2):
+        learner_log = "".join(p.read_text() for p in (run / f"learner-{m}").glob("slurm-*.out"))
+        assert "moved from" in learner_log and "older than our" not in learner_log  # followed; never dragged back
         for j in journals(run, m):
             assert j["tokens"] == (j["position"] - j["start_position"]) * TOKENS_PER_STEP
             trained += j["tokens"]

@@ -68,10 +68,12 @@ def test_killed_learner_is_not_waited_for_rejoins_and_every_token_is_accounted(p
 
 
 @pytest.mark.timeout(150)
-def test_killed_synchronizer_restarts_from_its_checkpoint_and_learners_never_stop(procs, tmp_path, shakespeare):
+def test_killed_synchronizer_restarts_from_its_checkpoint_on_a_new_port_and_learners_follow(procs, tmp_path,
+                                                                                             shakespeare):
     sync, address = start_synchronizer(procs, tmp_path, shakespeare, 2)
-    port = int(address.rsplit(":", 1)[1])
-    learners = [start_learner(procs, tmp_path, shakespeare, 2, address, m) for m in range(2)]
+    # learners know the synchronizer only by its address file (as on Slurm, where a requeued shard moves)
+    spec = f"@{tmp_path / 'sync' / 'address'}"
+    learners = [start_learner(procs, tmp_path, shakespeare, 2, spec, m) for m in range(2)]
     wait_for(lambda: status(address).get("merges", 0) >= 6 and all(
         status(address).get("books", {}).get(str(m), {}).get("contributions", 0) > 0 for m in range(2)), 90,
         message="merges with both learners")
@@ -90,8 +92,9 @@ def test_killed_synchronizer_restarts_from_its_checkpoint_and_learners_never_sto
         for j in journals(tmp_path, m):
             assert all(v <= committed[p] for p, v in enumerate(j["versions"]))
 
-    sync, address2 = start_synchronizer(procs, tmp_path, shakespeare, 2, port)
-    assert address2 == address
+    first = address
+    sync, address = start_synchronizer(procs, tmp_path, shakespeare, 2)
+    assert address != first  # a new port: learners must read the file again
     restored = status(address)
     assert {int(p): v for p, v in restored["versions"].items()} == committed
     assert restored["restored_from"] is not None
@@ -102,6 +105,9 @@ def test_killed_synchronizer_restarts_from_its_checkpoint_and_learners_never_sto
     stop_run(address)
     assert wait_exit([*learners, sync], 60) == [0, 0, 0]
     assert held  # journals were read
+    for m in range(2):
+        log = (tmp_path / f"learner-{m}" / "stderr.log").read_text()
+        assert "moved from" in log and "older than our" not in log  # followed the file; nobody dragged back
 
 
 def test_kill_tree_ends_the_child_and_the_processes_it_started(tmp_path):

@@ -4,6 +4,7 @@ shards, the synchronizer receives whole fragments."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -48,3 +49,54 @@ def test_fsdp_learner_trains_the_same_global_model_as_one_process(tmp_path, shak
         assert not torch.allclose(single[name], initial[name].detach()), f"{name} never changed"
         assert torch.allclose(sharded[name], single[name], atol=1e-5, rtol=1e-5), (
             name, float((sharded[name] - single[name]).abs().max()), log[-1500:])
+
+
+PEER_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "fsdp_peer_learner.py"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not TORCHRUN.exists() and shutil.which("torchrun") is None, reason="torchrun not installed")
+def test_an_fsdp_learner_takes_a_peers_inner_state_in_shards_and_donates_its_own_gathered(procs, tmp_path,
+                                                                                          shakespeare):
+    from ..support.runtime import wait_for
+
+    torchrun = str(TORCHRUN) if TORCHRUN.exists() else shutil.which("torchrun")
+
+    def start(name: str, learner: int, ranks: int):
+        out = tmp_path / f"{name}.json"
+        launcher = [sys.executable] if ranks == 1 else [torchrun, "--standalone", "--nproc-per-node", str(ranks)]
+        child = procs.start(name, [*launcher, str(PEER_SCRIPT), sync.address, str(shakespeare), str(learner),
+                                   str(out)], tmp_path / f"{name}.err", tmp_path / f"{name}.out")
+        return child, out
+
+    def ended(child, out):
+        wait_for(lambda: not child.alive(), 90, message=f"{out.stem} to finish")
+        assert out.is_file(), (tmp_path / f"{out.stem}.err").read_text()[-3000:]
+        return json.loads(out.read_text())
+
+    with ddiloco.Synchronizer(model(), learners=2, fragments=3, sync_every=4, overlap=1) as sync:
+        first, first_out = start("plain-1", 1, 1)
+        wait_for(lambda: sync.status().get("learners", {}).get("1", {}).get("step", 0) >= 20, 90,
+                 message="the first donor to train")
+        # an FSDP learner on an empty machine: rank 0 takes the donor's state, each rank keeps its shards
+        fsdp, fsdp_out = start("fsdp-0", 0, 2)
+        wait_for(lambda: sync.status().get("books", {}).get("0", {}).get("contributions", 0) >= 2, 120,
+                 message="the FSDP learner to contribute")
+        Path(str(first_out) + ".stop").touch()
+        plain = ended(first, first_out)
+        # a new learner 1, empty: the only live donor is the FSDP learner, which gathers its shards
+        second, second_out = start("plain-1b", 1, 1)
+        wait_for(lambda: second_out.with_name("plain-1b.err").is_file() and "took its inner state" in
+                 second_out.with_name("plain-1b.err").read_text(), 90, message="the new learner to recover")
+        wait_for(lambda: sync.status().get("books", {}).get("1", {}).get("contributions", 0)
+                 >= plain["accepted"] + 2, 90, message="the new learner's contributions")
+        sync.request_stop("test is done")
+        got_fsdp, got_second = ended(fsdp, fsdp_out), ended(second, second_out)
+    assert got_fsdp["world"] == 2 and got_fsdp["recovered"]["donor"] == 1 and got_fsdp["recovered"]["step"] > 0
+    # what the two ranks hold together, gathered right after start, is exactly what was donated
+    assert got_fsdp["after_start"] == got_fsdp["recovered"]["checksum"]
+    assert got_second["recovered"]["donor"] == 0 and got_second["recovered"]["step"] > got_fsdp["recovered"]["step"]
+    assert got_second["after_start"] == got_second["recovered"]["checksum"]
+    donated = (tmp_path / "fsdp-0.err").read_text()
+    assert f"checksum {got_second['recovered']['checksum']}" in donated and len(got_fsdp["donations"]) == 1
+    assert got_fsdp["accepted"] > 0 and got_second["accepted"] > 0

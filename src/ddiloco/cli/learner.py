@@ -15,7 +15,8 @@ from .output import user_error
 
 @app.command("learner")
 def learner(
-    connect: str = typer.Option("127.0.0.1:7070", help="Synchronizer address(es), comma-separated, one per shard."),
+    connect: str = typer.Option("127.0.0.1:7070", help="Synchronizer address(es), comma-separated, one per shard; "
+                                "@FILE reads a shard's --address-file, again whenever the shard stops answering."),
     learner_id: int = typer.Option(..., "--id", min=0, help="This learner's id (0..M-1)."),
     learners: int = typer.Option(4, "--learners", "-M", min=1, help="Learners M: the data is split into M shards."),
     model: options.Model = typer.Option("gpt", help="Must match the synchronizer's."),
@@ -55,13 +56,13 @@ def learner(
 ) -> None:
     """Train until the synchronizer says the run is over; communication never blocks the training loop."""
 
+    from ..learner.addresses import check_spec
     from ..learner.link import SynchronizerError
     from ..learner.trainer import LearnerSettings, train
     from ..records import logsetup
     from ..train.device import resolve_device
     from ..train.inner import InnerConfig
     from ..wire import auth
-    from ..wire.rpc import check_address
 
     codec = options.Codec(codec).value
     model, model_size = options.plain(model, model_size)
@@ -79,7 +80,7 @@ def learner(
         )
         resolve_device(device)
         for address in connect.split(","):
-            check_address(address.strip())
+            check_spec(address.strip())
         if not 0 <= learner_id < learners:
             raise ValueError(f"--id must be in 0..{learners - 1} (the data has {learners} shards)")
     except (ValueError, OSError) as exc:

@@ -90,6 +90,9 @@ def run(
                                   "first address (a token is then generated unless given)."),
     term_grace: float = typer.Option(20.0, min=0.1, max=86400.0, help="slurm: seconds a preempted learner has "
                                      "to send its work and exit (below Slurm's KillWait)."),
+    max_restarts: int = typer.Option(2, min=0, max=100, help="slurm: restarts inside one job of a synchronizer "
+                                     "shard that died (from its checkpoint) or of a torchrun group, before the job "
+                                     "fails."),
     peer_recovery: bool = typer.Option(True, help="A learner restarted without its inner optimizer state copies a "
                                        "live learner's (docs/cluster.md)."),
     learner_state: options.LearnerState = typer.Option("shared", help="slurm: where a learner keeps its inner "
@@ -154,7 +157,7 @@ def run(
                   "--time": time_limit, "--nodes-per-learner": nodes_per_learner != 1,
                   "--procs-per-node": procs_per_node != 1, "--gpus-per-node": gpus_per_node,
                   "--cpus-per-task": cpus_per_task, "--sync-host": sync_host != "auto", "--sbatch-arg": sbatch_arg,
-                  "--learner-state": options.plain(learner_state)[0] != "shared"}
+                  "--learner-state": options.plain(learner_state)[0] != "shared", "--max-restarts": max_restarts != 2}
     given = [flag for flag, value in slurm_only.items() if value]
     if options.plain(backend)[0] == "local" and given:
         raise user_error(ValueError(f"{', '.join(given)}: only with --backend slurm"))
@@ -169,7 +172,7 @@ def run(
             opts = SlurmOptions(partition=partition, account=account, time_limit=time_limit,
                                 nodes_per_learner=nodes_per_learner, procs_per_node=procs_per_node,
                                 gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, host=sync_host,
-                                term_grace=term_grace, extra=tuple(sbatch_arg or ()),
+                                term_grace=term_grace, extra=tuple(sbatch_arg or ()), max_restarts=max_restarts,
                                 learner_state=options.plain(learner_state)[0])
             result = run_on_slurm(dataclasses.replace(config, threads=threads), opts, dry_run, detach)
         except (ValueError, SlurmError) as exc:

@@ -6,7 +6,8 @@ and the other learners go on. The scripts run exactly the commands `ddiloco run`
 machine (`RunConfig.synchronizer_args` / `learner_args`), so both backends train the same run.
 
 Learners find the synchronizer through the address files its shards write on the shared run
-directory, read again whenever a learner job (re)starts. The auth token is in `RUN_DIR/token` (mode
+directory (`--connect @FILE`), read again whenever a shard stops answering, so a shard whose job is
+requeued onto another node is found again without restarting any learner. The auth token is in `RUN_DIR/token` (mode
 0600) and reaches the processes through $DDILOCO_TOKEN, never on a command line.
 """
 
@@ -19,7 +20,6 @@ from pathlib import Path
 
 from ..launch.config import RunConfig
 
-ADDRESSES = "__DDILOCO_ADDRESSES__"  # replaced by "$ADDRESSES" in the learner scripts
 SCRATCH = "__DDILOCO_SCRATCH__"  # replaced by a node-local folder new at every job start
 LEARNER_STATES = ("shared", "scratch")
 
@@ -37,7 +37,7 @@ class SlurmOptions:
     python: str = sys.executable
     term_grace: float = 20.0  # a learner told to stop (SIGTERM) sends its work and exits within this
     address_wait: int = 600  # seconds a learner job waits for the synchronizer's address files
-    max_restarts: int = 2  # torchrun's restarts of a multi-process learner before the job fails
+    max_restarts: int = 2  # restarts inside one job of a crashed shard or torchrun group, before the job fails
     extra: tuple[str, ...] = field(default_factory=tuple)  # more #SBATCH lines, e.g. "--qos=preempt"
     learner_state: str = "shared"  # or scratch: the inner state on node-local disk, new at every start
 
@@ -46,6 +46,8 @@ class SlurmOptions:
             raise ValueError("--nodes-per-learner and --procs-per-node must be >= 1, --gpus-per-node >= 0")
         if self.learner_state not in LEARNER_STATES:
             raise ValueError(f"learner state must be one of {LEARNER_STATES}, got {self.learner_state!r}")
+        if self.max_restarts < 0:
+            raise ValueError("--max-restarts must be >= 0")
         if self.term_grace <= 0 or self.address_wait < 1:
             raise ValueError("--term-grace must be > 0 and the address wait >= 1 s")
         for arg in self.extra:
@@ -76,7 +78,7 @@ def _token_lines(config: RunConfig) -> list[str]:
 
 
 def _command(args: list[str]) -> str:
-    special = {ADDRESSES: '"$ADDRESSES"', SCRATCH: '"$SCRATCH"'}
+    special = {SCRATCH: '"$SCRATCH"'}
     return " ".join(special.get(a) or shlex.quote(a) for a in args)
 
 
@@ -85,17 +87,34 @@ def job_name(config: RunConfig, role: str) -> str:
 
 
 def synchronizer_script(config: RunConfig, opts: SlurmOptions, shard: int) -> str:
+    """A requeueable job that restarts its shard from the checkpoint when the process dies (kill -9, OOM),
+    on the port it had, so learners keep the address; a requeued job (another node) writes a new
+    address file, which learners read again when the shard stops answering."""
     d = config.sync_dir(shard).resolve()
+    address = shlex.quote(str(d / "address"))
     host = '"$(hostname -I | cut -d" " -f1)"' if opts.host == "auto" else shlex.quote(opts.host)
     args = [a for a in config.synchronizer_args(shard, 0)]
-    i = args.index("--host")
-    args[i + 1] = "__HOST__"
-    command = _command([opts.python, "-m", "ddiloco", *args]).replace("__HOST__", host)
+    args[args.index("--host") + 1] = "__HOST__"
+    args[args.index("--port") + 1] = "__PORT__"
+    command = _command([opts.python, "-m", "ddiloco", *args]).replace("__HOST__", host).replace("__PORT__", '"$PORT"')
     return "\n".join([
-        *_header(job_name(config, f"sync{shard}"), d, opts, 1, False, 0),
+        *_header(job_name(config, f"sync{shard}"), d, opts, 1, True, 0),
         *_token_lines(config),
-        f"rm -f {shlex.quote(str(d / 'address'))}",
-        f"exec srun --ntasks=1 {command}",
+        'echo "synchronizer job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date +%T)" >&2',
+        f"rm -f {address}",
+        "PORT=0",
+        "STOPPING=0",
+        "trap 'STOPPING=1' TERM INT  # scancel, requeue or preemption: no restart inside this job",
+        f"for attempt in $(seq 0 {opts.max_restarts}); do",
+        f"    srun --ntasks=1 {command} &",
+        "    wait $!",
+        "    rc=$?",
+        '    if [ "$STOPPING" = 1 ]; then wait; exit "$rc"; fi',
+        '    [ "$rc" = 0 ] && exit 0',
+        f'    [ -s {address} ] && PORT="$(sed -n \'s/.*:\\([0-9]*\\)$/\\1/p\' {address})"',
+        '    echo "synchronizer exited with $rc; restart $((attempt + 1)) from its checkpoint on port $PORT" >&2',
+        "done",
+        'exit "$rc"',
     ]) + "\n"
 
 
@@ -105,10 +124,9 @@ def learner_script(config: RunConfig, opts: SlurmOptions, m: int) -> str:
     wait = [f"for f in {' '.join(shlex.quote(str(f)) for f in files)}; do",
             f"    for _ in $(seq {opts.address_wait}); do [ -s \"$f\" ] && break; sleep 1; done",
             '    [ -s "$f" ] || { echo "no synchronizer address in $f" >&2; exit 1; }',
-            "done",
-            'ADDRESSES="$(for f in ' + " ".join(shlex.quote(str(f)) for f in files)
-            + '; do cat "$f"; echo; done | paste -sd, -)"']
-    args = [*config.learner_args(m, [ADDRESSES]), "--term-grace", f"{opts.term_grace:g}"]
+            "done"]
+    # @FILE: the learner reads the address files again whenever a shard stops answering (a shard moved)
+    args = [*config.learner_args(m, [f"@{f}" for f in files]), "--term-grace", f"{opts.term_grace:g}"]
     scratch: list[str] = []
     if opts.learner_state == "scratch":
         args += ["--inner-state-dir", SCRATCH]

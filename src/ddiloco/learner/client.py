@@ -43,8 +43,8 @@ import torch
 from ..core import AlgorithmConfig, Contribution, Decline, LearnerCore, Schedule
 from ..wire import framing
 from ..wire.protocol import signature
-from ..wire.rpc import check_address
 from ..wire.timeouts import Timeouts
+from . import addresses as addresses_
 from . import peerstate, reporting
 from .fanout import RankFanout, active_group_size
 from .joining import await_global, check_replies
@@ -82,7 +82,7 @@ class LearnerClient:
         self.params = dict(model.named_parameters()) if isinstance(model, torch.nn.Module) else dict(model)
         self.addresses = [a.strip() for a in addresses.split(",")] if isinstance(addresses, str) else list(addresses)
         for address in self.addresses:
-            check_address(address)
+            addresses_.check_spec(address)
         if not self.addresses or not all(self.addresses):
             raise ValueError("give at least one synchronizer address host:port")
         self.learner = int(learner_id)
@@ -94,6 +94,8 @@ class LearnerClient:
         self.optimizer = optimizer
         self.recovered: dict | None = None  # what peer recovery brought: donor, step, checksum
         self.donations: list[str] = []  # tickets this learner donated for
+        self._recovered_state: peerstate.Recovered | None = None  # rank 0's, until every rank has it
+        self._donate_to: list[tuple[int, str]] = []  # (link, ticket): a sharded learner gathers at a boundary
         self._last_report = time.monotonic()
         self.fanout = RankFanout(self.params, process_group) if active_group_size(process_group) > 1 else None
         self.is_leader = self.fanout is None or self.fanout.is_leader
@@ -143,7 +145,8 @@ class LearnerClient:
             self.names, self._blocking, position = shared["names"], bool(shared["blocking"]), int(shared["position"])
             self.fanout.push([n for names in self.names for n in names])
             if self.recovered is not None:  # rank 0 took a peer's inner state: every rank takes the same
-                peerstate.share_state(self.fanout, self.optimizer, self.params)
+                peerstate.share_state(self.fanout, self.optimizer, self.params, self._recovered_state)
+                self._recovered_state = None
         self.position = self.start_position = self.counted_position = position
         self.state = "training"
         self._last_boundary = time.perf_counter()
@@ -151,6 +154,7 @@ class LearnerClient:
 
     def _start_leader(self) -> int:
         deadline = time.monotonic() + self.start_timeout
+        addresses_.wait_resolved(self.addresses, deadline)  # address files may not be written yet
         self.links = [ShardLink(i, a, self.ctx, self.timeouts) for i, a in enumerate(self.addresses)]
         replies = [link.register(fresh=True, deadline=deadline) for link in self.links]
         plan, self.config, self.owner = check_replies(self.addresses, replies, self.params)
@@ -168,11 +172,13 @@ class LearnerClient:
             self.core.request(r)
         self._span_start = [time.time()] * plan.num_fragments
         if self.optimizer is not None and not self.optimizer.state:
-            if self.fanout is None or not self.fanout.sharded:
-                self.recovered = peerstate.recover(self.links[0], self.optimizer, self.params, self.learner)
-            else:
-                log.warning("learner %d starts its inner optimizer cold: peer recovery does not take "
-                            "FSDP-sharded learners yet", self.learner)
+            got = peerstate.recover(self.links[0], self.params, self.learner)
+            if got is not None:
+                self.recovered = got.info()
+                if self.fanout is None:
+                    peerstate.load(self.optimizer, self.params, got.tensors, got.scalars)
+                else:  # every rank loads it in start(): its shard (FSDP2) or the whole state (DDP)
+                    self._recovered_state = got
         self._progress = max(float(r.get("progress", 0.0)) for r in replies)
         if any(r.get("stopping") for r in replies):
             self.ctx.stop_requested.set()
@@ -200,13 +206,18 @@ class LearnerClient:
         self.position = self.position + 1 if position is None else int(position)
         applied, due = self._leader_begin(tokens_here, seconds) if self.is_leader else ([], [])
         if self.fanout is not None:
-            applied, due, self._stop, self._progress = self.fanout.share_step(
-                applied, due, self._stop, self._progress, len(self.names))
+            applied, due, self._stop, self._progress, donate = self.fanout.share_step(
+                applied, due, self._stop, self._progress, len(self.names), bool(self._donate_to))
             self.fanout.push(self._names_of(applied))
             self.fanout.pull(self._names_of(due))
+            if donate:  # collective: every rank gathers its shards of the inner state, rank 0 uploads
+                state = peerstate.snapshot(self.optimizer, self.params)
+                for link, ticket in self._donate_to:
+                    peerstate.start_upload(self.links[link], ticket, *state)
+                self._donate_to = []
         waited = self._leader_end(due) if self.is_leader else []
         if self.fanout is not None and self._blocking:
-            waited, _, self._stop, self._progress = self.fanout.share_step(
+            waited, _, self._stop, self._progress, _ = self.fanout.share_step(
                 waited, [], self._stop, self._progress, len(self.names))
             self.fanout.push(self._names_of(waited))
         if self.journal is not None:
@@ -309,9 +320,11 @@ class LearnerClient:
         elif kind == "fatal":
             self._fatal = event[2]
         elif kind == "donate" and self.optimizer is not None and event[2] not in self.donations:
-            if self.fanout is None or not self.fanout.sharded:  # a sharded rank 0 holds only its shard
-                self.donations.append(event[2])
-                peerstate.start_upload(self.links[event[1]], event[2], self.optimizer, self.params)
+            self.donations.append(event[2])
+            if self.fanout is not None and self.fanout.sharded:  # rank 0 holds only its own shards
+                self._donate_to.append((event[1], event[2]))
+            else:
+                peerstate.start_upload(self.links[event[1]], event[2], *peerstate.snapshot(self.optimizer, self.params))
 
     def _send(self, messages: list, gathered: list[int]) -> None:
         """`gathered`: fragments whose sharded parameters were just pulled; only those may be snapshotted."""

@@ -97,6 +97,15 @@ class RankFanout:
         mine = distribute_tensor(full, mesh, p.placements, src_data_rank=0)
         p.to_local().copy_(mine.to_local())
 
+    def scatter(self, name: str, full: torch.Tensor) -> torch.Tensor:
+        """Rank 0's full fp32 `full` as a DTensor laid out like sharded parameter `name`: each rank gets
+        its own shard (for optimizer state such as AdamW's moments)."""
+        p = self.params[name]
+        mesh = p.device_mesh
+        full = full.to(mesh.device_type, torch.float32) if self.is_leader else torch.empty(
+            p.shape, dtype=torch.float32, device=mesh.device_type)
+        return distribute_tensor(full, mesh, p.placements, src_data_rank=0)
+
     def broadcast(self, t: torch.Tensor) -> torch.Tensor:
         """Rank 0's `t` on every rank (in place on rank 0's device copy); returns it on the CPU."""
         buf = t.to(self.device)
@@ -113,19 +122,21 @@ class RankFanout:
                         self.mirror[name].copy_(full)
 
     def share_step(self, applied: Sequence[int], due: Sequence[int], stop: bool, progress: float,
-                   num_fragments: int) -> tuple[list[int], list[int], bool, float]:
-        """Rank 0's view of this boundary on every rank: applied and due fragments, stop, progress."""
+                   num_fragments: int, donate: bool = False) -> tuple[list[int], list[int], bool, float, bool]:
+        """Rank 0's view of this boundary on every rank: applied and due fragments, stop, progress, and
+        whether to gather the inner state for a donation."""
         n = num_fragments
-        flags = torch.zeros(2 * n + 2, dtype=torch.float64, device=self.device)
+        flags = torch.zeros(2 * n + 3, dtype=torch.float64, device=self.device)
         if self.is_leader:
-            values = [0.0] * (2 * n + 2)
+            values = [0.0] * (2 * n + 3)
             for p in applied:
                 values[p] = 1.0
             for p in due:
                 values[n + p] = 1.0
             values[2 * n], values[2 * n + 1] = (1.0 if stop else 0.0), float(progress)
+            values[2 * n + 2] = 1.0 if donate else 0.0
             flags.copy_(torch.tensor(values, dtype=torch.float64))
         dist.broadcast(flags, self.src, group=self.group)
         v = flags.cpu().tolist()
         return ([p for p in range(n) if v[p] > 0.5], [p for p in range(n) if v[n + p] > 0.5],
-                v[2 * n] > 0.5, v[2 * n + 1])
+                v[2 * n] > 0.5, v[2 * n + 1], v[2 * n + 2] > 0.5)

@@ -28,6 +28,7 @@ import grpc
 from ..core import Contribution, Decline, FragmentRequest, FragmentUpdate
 from ..wire import framing, rpc
 from ..wire.timeouts import Timeouts
+from . import addresses
 
 log = logging.getLogger(__name__)
 PERMANENT = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
@@ -48,6 +49,7 @@ class LinkStats:
     bytes_pushed: int = 0
     bytes_received: int = 0
     last_rejection: str = ""
+    moves: int = 0  # times the shard's address file named a new address
 
 
 @dataclass
@@ -70,15 +72,15 @@ class LinkContext:
 
 
 class ShardLink:
-    def __init__(self, index: int, address: str, ctx: LinkContext, timeouts: Timeouts) -> None:
+    def __init__(self, index: int, spec: str, ctx: LinkContext, timeouts: Timeouts) -> None:
+        """`spec`: host:port, or @FILE, an address file read again whenever the shard stops answering."""
         self.index = index
-        self.address = address
+        self.spec = spec
+        self.address = addresses.resolve(spec)
         self.ctx = ctx
         self.timeouts = timeouts
         self.stats = LinkStats()
-        backoff = (timeouts.backoff_min, timeouts.backoff_max)
-        self.control = rpc.Stubs(rpc.open_channel(address, "control", ctx.max_frame, ctx.credentials, backoff), ctx.token)
-        self.bulk = rpc.Stubs(rpc.open_channel(address, "bulk", ctx.max_frame, ctx.credentials, backoff), ctx.token)
+        self.control, self.bulk = self._open(self.address)
         self.info: dict = {}
         self._session: str | None = None
         self._session_cond = threading.Condition()
@@ -88,6 +90,24 @@ class ShardLink:
         self._threads: list[threading.Thread] = []
         self.chunk_bytes = framing.DEFAULT_CHUNK_BYTES
         self._last_register_log = 0.0
+
+    def _open(self, address: str) -> tuple[rpc.Stubs, rpc.Stubs]:
+        backoff = (self.timeouts.backoff_min, self.timeouts.backoff_max)
+        return tuple(rpc.Stubs(rpc.open_channel(address, kind, self.ctx.max_frame, self.ctx.credentials, backoff),
+                               self.ctx.token) for kind in ("control", "bulk"))
+
+    def _follow_address(self) -> None:
+        """Move to the address the shard's file names now, if it moved (calls on the old channels end)."""
+        moved = addresses.reread(self.spec, self.address)
+        if moved is None:
+            return
+        log.warning("synchronizer shard %d moved from %s to %s", self.index, self.address, moved)
+        old = (self.control, self.bulk)
+        self.address = moved
+        self.control, self.bulk = self._open(moved)
+        self.stats.moves += 1
+        for stubs in old:
+            stubs._channel.close()
 
     # --- sessions -------------------------------------------------------------------------------
     @property
@@ -131,6 +151,7 @@ class ShardLink:
                     left = "" if deadline is None else f" for {max(0.0, deadline - now):.0f} s more"
                     log.warning("synchronizer %s does not answer yet (%s: %s); retrying%s", self.address,
                                 exc.code().name, exc.details(), left)
+                self._follow_address()
                 given_up = self.ctx.closing.is_set() or (fresh and self.ctx.stop_requested.is_set())
                 if given_up or (deadline is not None and now + delay > deadline):
                     raise ConnectionError(f"no answer from synchronizer {self.address} ({exc.code().name}: "

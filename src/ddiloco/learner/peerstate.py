@@ -16,6 +16,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import grpc
@@ -23,6 +24,7 @@ import torch
 
 from ..wire import framing
 from ..wire.protocol import state_checksum
+from .fanout import is_sharded
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 3
@@ -31,17 +33,20 @@ ATTEMPTS = 3
 def snapshot(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor],
              ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, float]]]:
     """The optimizer's per-parameter state by parameter name: tensors shaped like the parameter (the
-    moments) as fp32 copies, one-element tensors and numbers (the step) as scalars."""
-    names = {id(p): n for n, p in params.items()}
+    moments) as full fp32 host copies, one-element tensors and numbers (the step) as scalars.
+    Collective when the state is sharded (FSDP2): every rank calls it, in the same order of
+    parameters, and each gets the whole state."""
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, float]] = {}
-    for p, state in optimizer.state.items():
-        name = names.get(id(p))
-        if name is None:
+    for name, p in params.items():
+        state = optimizer.state.get(p)
+        if not state:
             continue
-        for key, value in state.items():
+        for key in sorted(state):
+            value = state[key]
             if torch.is_tensor(value) and value.shape == p.shape and key != "step":
-                tensors[f"{name}/{key}"] = value.detach().to("cpu", torch.float32, copy=True)
+                full = value.detach().full_tensor() if is_sharded(value) else value.detach()
+                tensors[f"{name}/{key}"] = full.to("cpu", torch.float32, copy=True)
             elif torch.is_tensor(value) and value.numel() == 1:
                 scalars.setdefault(name, {})[key] = float(value)
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -56,7 +61,10 @@ def load(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor], t
     for full, value in tensors.items():
         name, _, key = full.rpartition("/")
         p = params[name]
-        optimizer.state[p][key] = value.to(p.device, p.dtype, copy=True)
+        if is_sharded(value):  # this rank's shard, already laid out like the parameter (`share_state`)
+            optimizer.state[p][key] = value if value.dtype == p.dtype else value.to(dtype=p.dtype)
+        else:
+            optimizer.state[p][key] = value.to(p.device, p.dtype, copy=True)
     for name, values in scalars.items():
         p = params[name]
         for key, v in values.items():
@@ -89,17 +97,32 @@ def upload(link, ticket: str, tensors: dict[str, torch.Tensor], scalars: dict) -
         log.warning("donation for ticket %s failed (%s: %s)", ticket, exc.code().name, exc.details())
 
 
-def start_upload(link, ticket: str, optimizer: torch.optim.Optimizer,  # noqa: ANN001
-                 params: Mapping[str, torch.Tensor]) -> threading.Thread:
-    tensors, scalars = snapshot(optimizer, params)
+def start_upload(link, ticket: str, tensors: dict[str, torch.Tensor], scalars: dict,  # noqa: ANN001
+                 ) -> threading.Thread:
+    """Upload a `snapshot` in a background thread, so training goes on at once."""
     t = threading.Thread(target=upload, args=(link, ticket, tensors, scalars), name="ddiloco-donate", daemon=True)
     t.start()
     return t
 
 
-def recover(link, optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor],  # noqa: ANN001
-            learner: int) -> dict | None:
-    """Ask for donors until one's state arrives intact (at most ATTEMPTS); None: start cold (logged)."""
+@dataclass
+class Recovered:
+    """A donated state that arrived intact, not yet loaded."""
+
+    donor: int
+    step: int
+    checksum: str
+    attempts: int
+    tensors: dict[str, torch.Tensor] = field(repr=False)
+    scalars: dict[str, dict[str, float]] = field(repr=False)
+
+    def info(self) -> dict:
+        return {"donor": self.donor, "step": self.step, "checksum": self.checksum, "attempts": self.attempts}
+
+
+def recover(link, params: Mapping[str, torch.Tensor], learner: int) -> Recovered | None:  # noqa: ANN001
+    """Ask for donors until one's state arrives intact (at most ATTEMPTS); None: start cold (logged).
+    The caller loads it (`load`, or `share_state` in a multi-rank learner)."""
     t = link.timeouts
     model_bytes = sum(p.numel() * 4 for p in params.values())
     for attempt in range(1, ATTEMPTS + 1):
@@ -122,10 +145,10 @@ def recover(link, optimizer: torch.optim.Optimizer, params: Mapping[str, torch.T
             got = _download(link, sid, ticket, params)
             if got is not None:
                 tensors, scalars, checksum = got
-                step = load(optimizer, params, tensors, scalars)
+                step = int(max((v.get("step", 0.0) for v in scalars.values()), default=0.0))
                 log.info("learner %d took its inner state from learner %d (step %d, checksum %s)", learner, donor,
                          step, checksum)
-                return {"donor": donor, "step": step, "checksum": checksum, "attempts": attempt}
+                return Recovered(donor, step, checksum, attempt, tensors, scalars)
         else:
             log.warning("learner %d: inner state from learner %d did not arrive (%s)%s", learner, donor,
                         polled.get("reason") or state, "; asking another" if attempt < ATTEMPTS else "")
@@ -134,22 +157,26 @@ def recover(link, optimizer: torch.optim.Optimizer, params: Mapping[str, torch.T
 
 
 def share_state(fanout, optimizer: torch.optim.Optimizer | None,  # noqa: ANN001
-                params: Mapping[str, torch.Tensor]) -> None:
-    """Rank 0's inner state onto every rank of a replicated (DDP) learner, after rank 0 recovered it:
-    the layout as JSON, then each tensor broadcast. Collective: every rank calls it."""
-    layout, tensors = None, {}
-    if fanout.is_leader and optimizer is not None:
-        tensors, scalars = snapshot(optimizer, params)
-        layout = {"tensors": sorted(tensors), "scalars": scalars}
+                params: Mapping[str, torch.Tensor], given: Recovered | None) -> None:
+    """Rank 0's recovered state (`given`) onto every rank of a multi-rank learner, which each load
+    it: replicated parameters get the whole tensor (broadcast), sharded ones (FSDP2) their own shard
+    (`distribute_tensor`). The layout travels as JSON first. Collective: every rank calls it."""
+    layout = None
+    if fanout.is_leader and given is not None:
+        layout = {"tensors": sorted(given.tensors), "scalars": given.scalars}
     layout = json.loads(fanout.share_bytes(json.dumps(layout).encode() if fanout.is_leader else None))
     if not layout:
         return
     received = {}
     for full in layout["tensors"]:
-        shape = params[full.rpartition("/")[0]].shape
-        value = tensors[full] if fanout.is_leader else torch.empty(shape, dtype=torch.float32)
-        received[full] = fanout.broadcast(value)
-    if not fanout.is_leader and optimizer is not None:
+        name = full.rpartition("/")[0]
+        shape = params[name].shape
+        value = given.tensors[full] if fanout.is_leader else torch.empty(shape, dtype=torch.float32)
+        if name in fanout.sharded:
+            received[full] = fanout.scatter(name, value)
+        else:
+            received[full] = fanout.broadcast(value)
+    if optimizer is not None:
         load(optimizer, params, received, layout["scalars"])
 
 
