@@ -135,6 +135,25 @@ def test_flush_sends_all_unsent_work():
     assert core.flush() == []  # all pending now
 
 
+def test_a_stopped_blocking_learner_declines_requests_it_cannot_answer():
+    core, _ = make(overlap=0, period=2)
+    core.after_step(1, 1.0)
+    core.after_step(1, 1.0)  # fragment 0 sent (due), fragment 1 holds one unsent step
+    core.receive(FragmentUpdate(1, 1, {"b": torch.zeros(2)}, (7,)))
+    core.receive(FragmentUpdate(0, 1, {"a": torch.zeros(4)}, (7,)))
+    core.apply_arrivals()  # both came back: nothing left to send
+    core.request(FragmentRequest(0, 1, (7,)))  # another learner's final flush opened a round for all
+    [decline] = core.flush()
+    assert isinstance(decline, Decline) and (decline.fragment, decline.version) == (0, 1)
+    core.request(FragmentRequest(1, 1, (7,)))  # a request after the flush is declined too
+    [late] = core.collect()
+    assert isinstance(late, Decline) and late.fragment == 1
+    # while training, a blocking learner still ignores requests (its own schedule decides)
+    core, _ = make(overlap=0, period=2)
+    core.request(FragmentRequest(1, 0, (7,)))
+    assert core.collect() == []
+
+
 def test_force_reapplies_a_held_version_and_retry_resends_lost_work():
     core, params = make(overlap=1, period=4)
     for _ in range(3):

@@ -236,3 +236,56 @@ def test_finite_contributions_that_overflow_are_not_merged():
     out = core.receive(contribution(1, [-1.0, 0.0], version=1), now=2.1)
     assert "Merged" in kinds(out) and core.versions[0] == 2
     assert torch.isfinite(core.params["w"]).all()
+
+
+def test_k1_without_grace_admits_every_contribution_queued_at_the_quorum_by_hand():
+    core = make(quorum=1, grace=0.0)
+    # three contributions reach the synchronizer at the same instant; the driver says more are queued
+    out = core.receive(contribution(0, [-1.0, 0.0], tokens=100), now=1.0, hold=True)
+    assert kinds(out) == ["FragmentRequest"]  # quorum K = 1 is met, but the merge waits for the queue
+    assert core.receive(contribution(1, [0.0, -1.0], tokens=100), now=1.0, hold=True) == []
+    out = core.receive(contribution(2, [-1.0, -1.0], tokens=200), now=1.0)  # the last one queued
+    assert kinds(out) == ["Merged", "FragmentUpdate"]
+    merged, update = out
+    assert [w.learner for w in merged.admitted] == [0, 1, 2] and core.versions[0] == 1
+    # weights tokens^2/steps: 2500, 2500, 10000 -> delta = (2500*[-1,0] + 2500*[0,-1] + 10000*[-1,-1]) / 15000
+    delta = torch.tensor([-12500.0, -12500.0]) / 15000
+    assert torch.allclose(update.tensors["w"], -0.7 * delta)
+    # without hold the first one merges alone and the others are refused as stale, as before
+    core = make(quorum=1, grace=0.0)
+    assert kinds(core.receive(contribution(0, [-1.0, 0.0]), now=1.0)) == ["FragmentRequest", "Merged",
+                                                                           "FragmentUpdate"]
+    assert kinds(core.receive(contribution(1, [0.0, -1.0]), now=1.0))[0] == "Rejected"
+
+
+def test_a_held_round_merges_at_the_next_poll_when_nothing_else_comes():
+    core = make(quorum=1, grace=0.0)
+    core.receive(contribution(0, [-1.0, 0.0]), now=1.0, hold=True)
+    assert core.next_deadline() == pytest.approx(1.0)
+    assert kinds(core.poll(1.0)) == ["Merged", "FragmentUpdate"]
+
+
+def test_step_time_estimate_comes_from_the_learners_that_form_quorums_not_late_admissions():
+    core = make(quorum=1, grace=0.5)  # ema = 1: the estimate is the last value that counted
+    core.receive(contribution(0, [-1.0, 0.0], step_time=1.0), now=0.0)
+    assert core.grace.step_time.get() == 1.0
+    # slack = 2 * 1.0 - (0 + 0) = 2; grace 1.0: a slow learner (step time 10 s) is admitted in it
+    out = core.receive(contribution(1, [0.0, -1.0], step_time=10.0), now=0.5)
+    assert core.grace.step_time.get() == 1.0  # it did not stretch the next window
+    out += core.poll(1.0)
+    assert [w.learner for w in out[-2].admitted] == [0, 1]
+    # the next round's window is still sized by the quorum's 1 s steps: 2 * 1 - 0 = 2, times 0.5
+    core.receive(contribution(0, [-1.0, 0.0], step_time=1.0, version=1), now=5.0)
+    assert core.next_deadline() == pytest.approx(6.0)
+
+
+def test_the_learner_smooths_its_step_time_with_the_configured_ema():
+    from ddiloco.core import FragmentUpdate, LearnerCore, Schedule
+
+    plan = balanced_fragments([("w", 2)], 1)
+    core = LearnerCore(0, {"w": torch.zeros(2)}, plan, Schedule(1, 2, 1), ema=1.0)
+    core.join([FragmentUpdate(0, 0, {"w": torch.zeros(2)}, (0,))])
+    [c] = core.after_step(1, 1.0)
+    assert c.step_time == 1.0
+    core.after_step(1, 3.0)
+    assert core.step_time.get() == 3.0  # ema 1: the last step alone (the default 0.2 would give 1.4)

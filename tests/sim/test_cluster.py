@@ -28,7 +28,7 @@ def test_k1_alone_merges_the_opener_grace_admits_the_slower_learners_and_k_m_adm
     km = run(tiny_task, quorum=4, grace=0.0)
     per_merge = {name: s["contributions"] / s["outer_steps"] for name, s in
                  [("k1", k1), ("k1_grace", k1_grace), ("km", km)]}
-    assert per_merge["k1"] < 1.3  # only the final drain merges more than one
+    assert per_merge["k1"] < 2.0  # mostly the opener: with jitter, few contributions arrive at once
     assert per_merge["k1_grace"] > 3.0
     assert per_merge["km"] > 3.7  # all but learners that declined (an update still in flight to them)
     # Nobody waits in any of them: the learners compute all the time...
@@ -36,6 +36,14 @@ def test_k1_alone_merges_the_opener_grace_admits_the_slower_learners_and_k_m_adm
         assert stats["utilization"] > 0.9
     # ...but K=1 alone throws most of that work away, which is what the grace window recovers.
     assert k1["goodput"] < 0.45 < 0.8 < k1_grace["goodput"]
+
+
+def test_k1_without_grace_admits_every_contribution_that_arrives_with_the_quorum(tiny_task):
+    # identical learners: all four snapshots of a fragment reach the synchronizer at the same instant
+    stats = run(tiny_task, quorum=1, grace=0.0, steps=StepTimeModel())
+    assert stats["rejected_contributions"] == 0
+    assert stats["contributions"] >= 3.5 * stats["outer_steps"]
+    assert stats["goodput"] > 0.85 and stats["tokens_merged"] <= stats["tokens_trained"]
 
 
 def test_failures_cost_the_failed_learners_work_but_the_global_model_keeps_advancing(tiny_task):
@@ -72,3 +80,20 @@ def test_plain_averaging_shrinks_the_merged_outer_gradient_rda_does_not(tiny_tas
                             task=tiny_task)["outer_norm_ratio"] for merge in ("mean", "rda")}
     assert ratio["rda"] == pytest.approx(1.0, abs=0.02)  # RDA keeps the contributions' mean norm
     assert ratio["mean"] < 0.9 * ratio["rda"]
+
+
+def test_a_restarted_learners_refused_duplicate_does_not_relabel_its_dead_incarnations_merged_work(tiny_task):
+    from ddiloco.chaos.trace import FailureTrace, Outage
+
+    # blocking syncs, learner 1 three times slower: learner 0's first snapshot waits in the round
+    # while it dies and comes back; its new incarnation's snapshot for the same round is a duplicate
+    algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=0, quorum=2, grace=0.0)
+    config = sim_config(learners=2, steps_per_learner=12, algorithm=algorithm, steps=StepTimeModel(speeds=(1.0, 3.0)),
+                        failures=FailureTrace.of([Outage(4.2, 0, 4.5)]))
+    cluster = DecoupledCluster(config, tiny_task)
+    stats = cluster.run()
+    assert any("duplicate" in r for r in cluster.rejections)
+    runs = cluster.ledger._runs
+    assert runs[(0, 0)].share == [1.0] * 4  # the dead incarnation's four steps were merged: credited to it
+    assert runs[(0, 1)].share[:4] == [0.0] * 4  # not to the steps its successor took at the same indices
+    assert stats["tokens_merged"] <= stats["tokens_trained"]

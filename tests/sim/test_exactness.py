@@ -122,3 +122,95 @@ def test_a_run_is_deterministic_from_its_seed(tiny_task):
     assert results[0][0] == results[1][0]
     for name, t in results[0][1].items():
         assert torch.equal(t, results[1][1][name])
+
+
+def test_several_fragments_overlap_unequal_learners_and_rda_match_a_replay_written_out_here(tiny_task,
+                                                                                             monkeypatch):
+    """The schedule (who stepped, snapshotted, applied, merged, in what order) is recorded from the
+    run; the arithmetic is redone here independently: per-learner training, outer gradients
+    Theta - theta, weights tokens^2 / steps, RDA (plain mean for embeddings) and Nesterov."""
+    from ddiloco.core import LearnerCore, SynchronizerCore
+    from ddiloco.sim.hardware import StepTimeModel
+
+    trace = []
+    originals = {k: getattr(LearnerCore, k) for k in ("begin_step", "_overwrite", "_snapshot")}
+    merge = SynchronizerCore._merge
+    monkeypatch.setattr(LearnerCore, "begin_step", lambda self, tokens, seconds: (
+        trace.append(("step", self.id, tokens)), originals["begin_step"](self, tokens, seconds))[1])
+    monkeypatch.setattr(LearnerCore, "_overwrite", lambda self, u: (
+        trace.append(("apply", self.id, u.fragment, u.version)), originals["_overwrite"](self, u))[1])
+    monkeypatch.setattr(LearnerCore, "_snapshot", lambda self, p: (
+        trace.append(("snapshot", self.id, p, self.versions[p])), originals["_snapshot"](self, p))[1])
+    monkeypatch.setattr(SynchronizerCore, "_merge", lambda self, p, now: (
+        trace.append(("merge", p, self.rounds[p].version, sorted(self.rounds[p].contributions))),
+        merge(self, p, now))[1])
+
+    learners, lr, mu, batches = 3, 0.7, 0.9, (4, 2, 6)  # unequal speeds and batches: tokens per step differ
+    config = sim_config(
+        learners=learners, steps_per_learner=16, steps=StepTimeModel(speeds=(1.0, 1.5, 2.2)), batch_sizes=batches,
+        algorithm=AlgorithmConfig(fragments=2, sync_every=4, overlap=1, quorum=2, grace=0.5, merge="rda",
+                                  outer_lr=lr, outer_momentum=mu),
+    )
+    cluster = DecoupledCluster(config, tiny_task)
+    stats = cluster.run()
+    assert stats["rejected_contributions"] == 0
+
+    names = cluster.plan.names
+    init = dict(tiny_task.build_model(config.seed).named_parameters())
+    theta = {(p, 0): {n: init[n].detach().clone() for n in names[p]} for p in range(2)}  # (fragment, version)
+    momentum = {n: torch.zeros_like(t) for n, t in init.items()}
+    replicas = [tiny_task.build_model(config.seed) for _ in range(learners)]
+    opts = [adamw(r) for r in replicas]
+    streams = [tiny_task.stream(m, learners, batches[m], config.seed) for m in range(learners)]
+    base = [[None, None] for _ in range(learners)]
+    since = [[[0, 0], [0, 0]] for _ in range(learners)]  # [m][p] = [steps, tokens] since m last received p
+    snapshots, weights_seen = {}, []
+
+    def unit(x):
+        n = torch.linalg.vector_norm(x)
+        return x / n if float(n) > 0 else torch.zeros_like(x)
+
+    for event in trace:
+        kind, *rest = event
+        if kind == "step":
+            m, tokens = rest
+            plain_step(tiny_task, replicas[m], opts[m], streams[m])
+            for p in range(2):
+                since[m][p][0] += 1
+                since[m][p][1] += tokens
+        elif kind == "apply":
+            m, p, v = rest
+            params = dict(replicas[m].named_parameters())
+            with torch.no_grad():
+                for n in names[p]:
+                    params[n].copy_(theta[(p, v)][n])
+            base[m][p] = theta[(p, v)]
+            since[m][p] = [0, 0]
+        elif kind == "snapshot":
+            m, p, v = rest
+            params = dict(replicas[m].named_parameters())
+            grads = {n: base[m][p][n] - params[n].detach() for n in names[p]}
+            snapshots[(m, p, v)] = (grads, *since[m][p])
+        else:
+            p, v, who = rest
+            contributions = [snapshots[(m, p, v)] for m in who]
+            w = torch.tensor([tokens * tokens / steps for _, steps, tokens in contributions], dtype=torch.float64)
+            w = (w / w.sum()).tolist()
+            weights_seen.append(w)
+            new = {}
+            for n in names[p]:
+                vs = [g[n] for g, _, _ in contributions]
+                if n in tiny_task.embedding_names:
+                    delta = sum(wi * x for wi, x in zip(w, vs))
+                else:
+                    delta = unit(sum(wi * unit(x) for wi, x in zip(w, vs))) * sum(
+                        wi * float(torch.linalg.vector_norm(x)) for wi, x in zip(w, vs))
+                momentum[n] = mu * momentum[n] + delta
+                new[n] = theta[(p, v)][n] - lr * (delta + mu * momentum[n])
+            theta[(p, v + 1)] = new
+    assert {e[1] for e in trace if e[0] == "merge"} == {0, 1}  # both fragments merged
+    assert any(len(w) >= 2 and max(w) - min(w) > 0.05 for w in weights_seen)  # unequal weights
+    for p in range(2):
+        final = theta[(p, cluster.sync.versions[p])]
+        for n in names[p]:
+            assert torch.allclose(cluster.sync.params[n], final[n], atol=2e-5, rtol=1e-4), (p, n)

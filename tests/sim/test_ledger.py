@@ -22,12 +22,18 @@ def test_goodput_utilization_uptime_by_hand():
     assert s["tokens_merged"] == pytest.approx(5 + 10 + 2.5)
 
 
-def test_shares_never_exceed_one_and_bad_ranges_fail():
+def test_work_merged_twice_is_an_error_not_a_silent_cap_and_bad_ranges_fail():
     ledger = WorkLedger(1)
     ledger.step(0, 0, 0.0, 1.0, 4)
-    for _ in range(3):
+    for _ in range(2):
         ledger.reached_model(0, 0, 1, 1, 0.5)
     assert ledger.summary(1.0)["goodput"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="double-merged"):
+        ledger.reached_model(0, 0, 1, 1, 0.5)
+    ledger.step(0, 0, 1.0, 2.0, 4)
+    for share in (0.1, 0.2, 0.7):  # shares that add up to 1 only up to float rounding
+        ledger.reached_model(0, 0, 2, 1, share)
+    assert ledger.summary(2.0)["tokens_merged"] == pytest.approx(8.0)
     with pytest.raises(ValueError):
         ledger.reached_model(0, 0, last_step=2, steps=1, share=0.5)
     with pytest.raises(ValueError):

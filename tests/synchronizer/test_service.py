@@ -116,3 +116,33 @@ def test_quantised_outer_gradients_are_accepted_and_merged(tiny_task, tmp_path, 
     assert service.status()["merges"] > 0
     assert all(t.result["accepted"] > 0 for t in learners)
     assert service.status()["rejected_contributions"] == sum(t.result["rejected"] for t in learners)
+
+
+def test_contributions_queued_behind_the_service_lock_join_a_k1_round_instead_of_going_stale(tiny_task, tmp_path):
+    import threading
+
+    import torch
+
+    from ddiloco.core import AlgorithmConfig, Contribution
+    from ddiloco.synchronizer.ledger import PendingWork
+
+    algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=1, grace=0.0)
+    with synchronizer(tiny_task, tmp_path, algorithm=algorithm, max_learners=3) as (service, _):
+        sessions = [service.session(service.register(m, f"inc{m}", True)["session"]) for m in range(3)]
+        grads = {n: torch.full(service.shapes[n], 1e-3) for n in service.core.plan.names[0]}
+        replies = {}
+
+        def push(m: int) -> None:
+            c = Contribution(m, 0, 0, grads, steps=4, tokens=256, seconds=1.0, step_time=0.25, step=4)
+            replies[m] = service.contribute(sessions[m], c, PendingWork(4, f"inc{m}", 0.0, 1.0), None)
+
+        threads = [threading.Thread(target=push, args=(m,)) for m in range(3)]
+        with service.cond:  # the service is busy: all three contributions arrive and queue behind it
+            for t in threads:
+                t.start()
+            wait_for(lambda: service.arrivals._queued[0] == 3, 10, message="three queued contributions")
+        for t in threads:
+            t.join(10)
+        status = service.status()
+    assert replies == {m: {"ok": True} for m in range(3)}
+    assert status["merges"] == 1 and status["contributions"] == 3 and service.core.versions[0] == 1

@@ -63,7 +63,9 @@ class LearnerCore:
         schedule: Schedule,
         answer_requests: bool | None = None,
         base_device: torch.device | str = "cpu",
+        ema: float = 0.2,
     ) -> None:
+        """`ema`: smoothing of the step time sent with each contribution (`AlgorithmConfig.ema`)."""
         missing = set(plan.all_names()) - set(params)
         if missing:
             raise KeyError(f"model lacks parameters named in the fragment plan: {sorted(missing)[:5]}")
@@ -87,7 +89,8 @@ class LearnerCore:
         self.pending: list[int | None] = [None] * num  # version we contributed against, awaiting its update
         self.requested: dict[int, int] = {}
         self.inbox: dict[int, FragmentUpdate] = {}
-        self.step_time = Ema(0.2)
+        self.step_time = Ema(ema)
+        self.stopped = False  # flushed at the end of training: requests are answered or declined
 
     # --- arrivals -------------------------------------------------------------------------------
     def join(self, updates: list[FragmentUpdate]) -> None:
@@ -189,7 +192,7 @@ class LearnerCore:
 
     def _decide(self, p: int, asked: int | None) -> Decline | str | None:
         """None: snapshot p now; a Decline: answer a request with it; a string: nothing to send."""
-        if not self.answer_requests:
+        if not self.answer_requests and not self.stopped:
             asked = None
         if self.pending[p] is not None:
             if asked is not None and asked != self.pending[p]:
@@ -217,12 +220,19 @@ class LearnerCore:
         return out
 
     def flush(self) -> list[LearnerMessage]:
-        """At the end of training: send every fragment that holds unsent work, due or not."""
+        """At the end of training: send every fragment that holds unsent work, due or not, and decline
+        requests for the others. From now on every request is answered (`collect`), blocking mode
+        too: a stopped learner that stayed silent would hold a round that waits for all (K = M) open."""
+        self.stopped = True
         out: list[LearnerMessage] = []
         for p in range(self.plan.num_fragments):
-            self.requested.pop(p, None)
+            asked = self.requested.pop(p, None)
             if self.pending[p] is None and self.counters[p].steps > 0:
                 out.append(self._snapshot(p))
+                continue
+            decision = self._decide(p, asked)
+            if isinstance(decision, Decline):
+                out.append(decision)
         return out
 
     def _snapshot(self, p: int) -> Contribution:

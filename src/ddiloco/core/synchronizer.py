@@ -110,6 +110,7 @@ class SynchronizerCore:
         self.live: set[int] = set()
         self.rounds: dict[int, Round] = {}
         self.rejections: dict[str, int] = {}
+        self._holding = False  # see receive(hold=...)
 
     # --- membership -----------------------------------------------------------------------------
     def join(self, learner: int, now: float) -> list[SyncAction]:
@@ -130,12 +131,19 @@ class SynchronizerCore:
         self.grace.sync_time.update(seconds)
 
     # --- messages -------------------------------------------------------------------------------
-    def receive(self, message: LearnerMessage, now: float) -> list[SyncAction]:
-        if isinstance(message, Decline):
-            return self._decline(message, now)
-        if isinstance(message, Contribution):
-            return self._contribute(message, now)
-        raise TypeError(f"unexpected message {type(message).__name__}")
+    def receive(self, message: LearnerMessage, now: float, hold: bool = False) -> list[SyncAction]:
+        """`hold`: the driver has more messages queued behind this one at this instant. A round whose
+        quorum and grace are met then waits for them instead of merging, so that with K = 1 (or no
+        grace) every contribution already queued when the quorum is reached is admitted, not refused
+        as stale a moment later. The next receive without `hold`, or `poll`, merges it."""
+        if not isinstance(message, (Decline, Contribution)):
+            raise TypeError(f"unexpected message {type(message).__name__}")
+        self._holding = hold
+        try:
+            actions = self._decline(message, now) if isinstance(message, Decline) else self._contribute(message, now)
+        finally:
+            self._holding = False
+        return actions if hold else actions + self._advance_all(now)
 
     def _decline(self, decline: Decline, now: float) -> list[SyncAction]:
         current = self.rounds.get(decline.fragment)
@@ -158,7 +166,6 @@ class SynchronizerCore:
             return self._reject(
                 c.learner, c.fragment, f"unknown version {c.base_version}: current is {current_version}"
             )
-        self.grace.step_time.update(c.step_time)
         current = self.rounds.get(c.fragment)
         requests: list[SyncAction] = []
         if current is None:
@@ -169,6 +176,8 @@ class SynchronizerCore:
                 requests.append(FragmentRequest(c.fragment, current_version, others))
         elif c.learner in current.contributions:
             return self._reject(c.learner, c.fragment, "duplicate contribution for this round")
+        if current.quorum_at is None:  # xi_step: the learners that form quorums (see `timing`)
+            self.grace.step_time.update(c.step_time)
         current.contributions[c.learner] = c
         current.declined.discard(c.learner)
         return requests + self._advance(c.fragment, now)
@@ -270,12 +279,9 @@ class SynchronizerCore:
         need = self._need(r)
         if r.quorum_at is None and len(r.contributions) >= need:
             r.quorum_at = now
-            quorum_time = now - r.opened_at
-            self.grace.quorum_time.update(quorum_time)
-            r.deadline = now + self.grace.length(quorum_time)
-        if r.quorum_at is not None and (not waiting_for or (r.deadline is not None and now >= r.deadline)):
-            return self._merge(p, now)
-        return []
+            r.deadline = now + self.grace.length(now - r.opened_at)
+        due = r.quorum_at is not None and (not waiting_for or (r.deadline is not None and now >= r.deadline))
+        return self._merge(p, now) if due and not self._holding else []
 
     def _merge(self, p: int, now: float) -> list[SyncAction]:
         r = self.rounds.pop(p)

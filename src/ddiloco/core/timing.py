@@ -1,9 +1,16 @@
-"""Online estimates of step, quorum and sync times, and the adaptive grace window built on them.
+"""Online estimates of step and sync times, and the adaptive grace window built on them.
 
     slack = tau * step_time - (quorum_time + sync_time);  grace = gamma * max(0, slack)
 
 Inside that window more learners are admitted without any learner ever waiting: the merged fragment
-still reaches the learners within tau steps of the snapshot.
+still reaches the learners within tau steps of the snapshot. What each term means here:
+
+* step_time (xi_step): an EMA of the step times of the learners that *formed quorums*, the ones
+  whose tau-step budget the window spends. Slower learners admitted during the grace window do not
+  count: their longer steps would stretch the window past what the fast learners can hide.
+* quorum_time (xi_quorum): this round's own time from opening to quorum, known exactly when the
+  window opens, so it is used as measured rather than averaged.
+* sync_time (xi_sync): an EMA of merge + outer step + send, measured by the driver.
 """
 
 from __future__ import annotations
@@ -36,12 +43,10 @@ class GraceWindow:
     gamma: float
     alpha: float = 0.2
     step_time: Ema = field(init=False)
-    quorum_time: Ema = field(init=False)
     sync_time: Ema = field(init=False)
 
     def __post_init__(self) -> None:
         self.step_time = Ema(self.alpha)
-        self.quorum_time = Ema(self.alpha)
         self.sync_time = Ema(self.alpha)
 
     def slack(self, quorum_time: float) -> float:
@@ -54,9 +59,8 @@ class GraceWindow:
         return self.gamma * max(0.0, self.slack(quorum_time))
 
     def state_dict(self) -> dict[str, float | None]:
-        return {"step": self.step_time.value, "quorum": self.quorum_time.value, "sync": self.sync_time.value}
+        return {"step": self.step_time.value, "sync": self.sync_time.value}
 
     def load_state_dict(self, state: dict[str, float | None]) -> None:
         self.step_time.value = state.get("step")
-        self.quorum_time.value = state.get("quorum")
-        self.sync_time.value = state.get("sync")
+        self.sync_time.value = state.get("sync")  # older checkpoints also hold "quorum": unused

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..chaos.injector import ChaosSettings
+from ..core.config import AlgorithmConfig
+
+_D = AlgorithmConfig()  # the algorithm's defaults live there, once
 
 
 @dataclass(frozen=True)
@@ -18,14 +21,14 @@ class RunConfig:
     data: str | None = None
     seq_len: int = 128
     learners: int = 4
-    fragments: int = 24
-    sync_every: int = 24
-    overlap: int = 2
-    quorum: int = 1
-    grace: float = 0.9
+    fragments: int = _D.fragments
+    sync_every: int = _D.sync_every
+    overlap: int = _D.overlap
+    quorum: int = _D.quorum
+    grace: float = _D.grace
     merge: str | None = None
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
+    outer_lr: float = _D.outer_lr
+    outer_momentum: float = _D.outer_momentum
     inner_lr: float = 3e-3
     batch_size: int = 16
     seed: int = 0

@@ -163,7 +163,7 @@ class LearnerClient:
         schedule = Schedule(self.config.fragments, self.config.sync_every, self.config.overlap)
         self._blocking = self.config.overlap == 0
         held = self.fanout.algorithm_params() if self.fanout is not None else self.params
-        self.core = LearnerCore(self.learner, held, plan, schedule)
+        self.core = LearnerCore(self.learner, held, plan, schedule, ema=self.config.ema)
         for link in self.links:
             link.start()
         updates, requests = await_global(self.inbound, plan.num_fragments, deadline)

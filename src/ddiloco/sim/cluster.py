@@ -83,7 +83,7 @@ class DecoupledCluster:
                     id=m,
                     model=model,
                     optimizer=make_inner_optimizer(model, config.inner),
-                    stream=task.stream(m, config.learners, config.inner.batch_size, config.seed),
+                    stream=task.stream(m, config.learners, config.batch_size(m), config.seed),
                     sample_step_time=config.steps.sampler(m, config.seed),
                 )
             )
@@ -157,7 +157,8 @@ class DecoupledCluster:
         learner.state = "joining"
         learner.joining = {}
         learner.inner_steps = 0
-        learner.core = LearnerCore(m, dict(learner.model.named_parameters()), self.plan, self.schedule)
+        learner.core = LearnerCore(m, dict(learner.model.named_parameters()), self.plan, self.schedule,
+                                   ema=self.algorithm.ema)
         if now > 0:
             learner.optimizer = self._rejoin_optimizer(learner)
         self._dispatch(self.sync.join(m, now), now)
@@ -282,9 +283,22 @@ class DecoupledCluster:
     def _on_at_sync(self, now: float, m: int, incarnation: int, message: Contribution | Decline) -> None:
         if incarnation != self.learners[m].incarnation:
             return  # the sender died before its message got through
-        if isinstance(message, Contribution):
-            self._senders[(m, message.fragment, message.base_version)] = incarnation
-        self._dispatch(self.sync.receive(message, now), now)
+        nxt = self.queue.peek()
+        hold = nxt is not None and nxt[0] == now and nxt[1][0] == "at_sync"  # more arrive at this instant
+        if not isinstance(message, Contribution):
+            self._dispatch(self.sync.receive(message, now, hold), now)
+            return
+        key = (m, message.fragment, message.base_version)
+        before = self._senders.get(key)
+        self._senders[key] = incarnation  # who sent it, for the ledger when it is merged
+        actions = self.sync.receive(message, now, hold)
+        if any(isinstance(a, Rejected) and a.learner == m and a.fragment == message.fragment for a in actions):
+            # refused (a duplicate, stale work): the round keeps crediting whoever it admitted
+            if before is None:
+                self._senders.pop(key, None)
+            else:
+                self._senders[key] = before
+        self._dispatch(actions, now)
 
     def _on_poll(self, now: float) -> None:
         self._polls.discard(now)

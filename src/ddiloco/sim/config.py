@@ -39,8 +39,15 @@ class SimConfig:
     # None: outer gradients arrive exact (and take wire_bytes_per_param on the link); a codec name
     # (fp32, bf16, int8, int4): they go through that wire codec, values and bytes, as in the runtime.
     codec: str | None = None
+    # per-learner batch sizes (mixed hardware runs different batches); missing entries: inner.batch_size
+    batch_sizes: tuple[int, ...] = ()
+
+    def batch_size(self, learner: int) -> int:
+        return self.batch_sizes[learner] if learner < len(self.batch_sizes) else self.inner.batch_size
 
     def __post_init__(self) -> None:
+        if any(b < 1 for b in self.batch_sizes) or len(self.batch_sizes) > self.learners:
+            raise ValueError(f"batch_sizes must be >= 1, one per learner at most, got {self.batch_sizes}")
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         if self.learners < 1:

@@ -23,6 +23,10 @@ class EventQueue:
         self.now = time
         return time, event
 
+    def peek(self) -> tuple[float, Any] | None:
+        """The next (time, event) without removing it."""
+        return (self._heap[0][0], self._heap[0][2]) if self._heap else None
+
     def __len__(self) -> int:
         return len(self._heap)
 

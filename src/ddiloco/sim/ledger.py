@@ -48,8 +48,13 @@ class WorkLedger:
         run = self._runs.get((learner, incarnation))
         if run is None or not 1 <= last_step <= len(run.starts) or steps > last_step:
             raise ValueError(f"learner {learner}/{incarnation} has no steps {last_step - steps + 1}..{last_step}")
-        for i in range(last_step - steps, last_step):
-            run.share[i] = min(1.0, run.share[i] + share)
+        span = range(last_step - steps, last_step)
+        over = [i + 1 for i in span if run.share[i] + share > 1.0 + 1e-9]
+        if over:  # the same work merged twice: a driver defect that a silent cap would hide
+            raise ValueError(f"learner {learner}/{incarnation}: steps {over[:5]} would reach the model for more "
+                             f"than all of it (double-merged work)")
+        for i in span:
+            run.share[i] = min(1.0, run.share[i] + share)  # only float rounding is cut
 
     def summary(self, end_time: float) -> dict[str, float]:
         allocated = self.num_learners * end_time

@@ -24,6 +24,7 @@ from ..records.ratelimit import RateLimit
 from ..wire import framing
 from ..wire.protocol import rejection_action
 from . import status
+from .arrivals import Arrivals
 from .budget import RunBudget
 from .checkpoint import CheckpointStore, Snapshot
 from .commit import CommitLog
@@ -59,6 +60,7 @@ class SynchronizerService:
         self.events = events or EventLog(None)
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
+        self.arrivals = Arrivals()  # contributions decoded and waiting for the lock, per fragment
         self.t0 = time.monotonic()
         self.ledger = MergeLedger(core.plan, time.time())
         self.sessions = SessionTable()
@@ -271,6 +273,18 @@ class SynchronizerService:
 
     # --- contributions --------------------------------------------------------------------------
     def contribute(self, s: Session, c: Contribution, work: PendingWork, tokens_total: int | None) -> dict:
+        self.arrivals.arrive(c.fragment)
+        with self.cond:
+            # contributions queued behind this one join its round even when K = 1 is met now
+            hold = self.arrivals.enter(c.fragment)
+            reply = self._contribute(s, c, work, tokens_total, hold)
+            if not hold:  # the last of a queue merges what the others held, even if it was itself refused
+                now = self.now()
+                self._dispatch(self.core.poll(now), now)
+            return reply
+
+    def _contribute(self, s: Session, c: Contribution, work: PendingWork, tokens_total: int | None,
+                    hold: bool) -> dict:
         with self.cond:
             if self.sessions.get(s.id) is not s:
                 return self.reject(None, c.fragment, "unknown session: register again", c.learner)
@@ -282,7 +296,7 @@ class SynchronizerService:
             self.ledger.contributed(c.learner, c.fragment, c.base_version, work)
             started = time.perf_counter()
             now = self.now()
-            actions = self.core.receive(c, now)
+            actions = self.core.receive(c, now, hold)
             mine = [a for a in actions if isinstance(a, Rejected) and a.learner == c.learner]
             if mine:
                 if previous is None:
