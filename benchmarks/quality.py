@@ -47,6 +47,9 @@ def rows(learners: int, period: int) -> list[tuple[str, dict]]:
         ("diloco", dict(method="diloco", algorithm=replace(decoupled, merge="mean"))),
         ("decoupled", dict(method="decoupled", algorithm=decoupled)),
         ("decoupled-failures", dict(method="decoupled", algorithm=decoupled, failures=True)),
+        ("decoupled-rebase", dict(method="decoupled", algorithm=replace(decoupled, arrival="rebase"))),
+        ("decoupled-rebase-failures", dict(method="decoupled", algorithm=replace(decoupled, arrival="rebase"),
+                                           failures=True)),
         ("decoupled-hetero-km", dict(method="decoupled", algorithm=replace(decoupled, quorum=learners, grace=0.0), steps=hetero)),
         ("decoupled-hetero-k1", dict(method="decoupled", algorithm=replace(decoupled, grace=0.0), steps=hetero)),
         ("decoupled-hetero-k1-grace", dict(method="decoupled", algorithm=decoupled, steps=hetero)),
@@ -161,7 +164,7 @@ def judge(results: list[dict]) -> list[dict]:
 def print_table(results: list[dict], verdicts: list[dict]) -> None:
     table = Table(title="Quality at equal tokens (virtual clock)")
     for col in ("model", "name", "eval loss", "eval acc", "vs ddp", "goodput", "utilization", "uptime",
-                "merges", "contrib/merge", "sim s", "wall s"):
+                "merged tokens", "merges", "contrib/merge", "sim s", "wall s"):
         table.add_column(col, justify="left" if col in ("model", "name") else "right")
     ddp = {r["model"]: r["eval_loss"] for r in results if r["name"] == "ddp"}
     for r in results:
@@ -170,7 +173,8 @@ def print_table(results: list[dict], verdicts: list[dict]) -> None:
         table.add_row(
             r["model"], r["name"], f"{r['eval_loss']:.4f}", "" if acc is None else f"{acc:.3f}",
             f"{r['eval_loss'] / ddp[r['model']]:.3f}" if r["model"] in ddp else "",
-            f"{r['goodput']:.3f}", f"{r['utilization']:.3f}", f"{r['uptime']:.3f}", str(r["outer_steps"]),
+            f"{r['goodput']:.3f}", f"{r['utilization']:.3f}", f"{r['uptime']:.3f}",
+            f"{r['tokens_merged'] / r['tokens']:.3f}" if r.get("tokens") else "", str(r["outer_steps"]),
             f"{per_merge:.2f}", f"{r['sim_seconds']:.0f}", f"{r['wall_seconds']:.1f}",
         )
     Console(file=sys.stdout, width=200).print(table)

@@ -198,3 +198,42 @@ def test_base_copy_lives_on_the_base_device_in_fp32():
     core.join([FragmentUpdate(0, 0, {"a": torch.ones(3)}, (0,))])
     assert core.base[0]["a"].device.type == "meta" and core.base[0]["a"].dtype == torch.float32
     assert params["a"].dtype == torch.bfloat16 and torch.equal(params["a"], torch.ones(3, dtype=torch.bfloat16))
+
+
+def rebasing(rebase: bool):
+    params = {"a": torch.zeros(2)}
+    core = LearnerCore(0, params, balanced_fragments([("a", 2)], 1), Schedule(1, 2, 1), rebase=rebase)
+    core.join([FragmentUpdate(0, 0, {"a": torch.tensor([1.0, 1.0])}, (0,))])
+    return core, params
+
+
+def test_rebase_keeps_the_steps_taken_since_the_snapshot_by_hand():
+    for rebase, expected, steps in ((False, [2.0, 2.0], 0), (True, [2.0, 2.3], 2)):
+        core, params = rebasing(rebase)
+        params["a"] += torch.tensor([0.1, 0.0])  # one inner step
+        [c] = core.after_step(1, 1.0)  # snapshot at theta = [1.1, 1.0]: v = [-0.1, 0]
+        assert torch.allclose(c.outer_gradient["a"], torch.tensor([-0.1, 0.0]))
+        params["a"] += torch.tensor([0.0, 0.2])
+        assert core.after_step(1, 1.0) == []  # in flight
+        core.receive(FragmentUpdate(0, 1, {"a": torch.tensor([2.0, 2.0])}, (0,)))
+        params["a"] += torch.tensor([0.0, 0.1])  # the step during which the update arrives
+        core.begin_step(1, 1.0)
+        # overwrite: theta = Theta_new; rebase: Theta_new + (theta - theta_at_snapshot) = 2 + [0, 0.3]
+        assert torch.allclose(params["a"], torch.tensor(expected)), rebase
+        assert core.counters[0].steps == steps and core.versions == [1] and core.pending == [None]
+        assert torch.equal(core.base[0]["a"], torch.tensor([2.0, 2.0]))
+
+
+def test_rebase_without_a_pending_snapshot_keeps_all_unsent_work_and_repairs_still_overwrite():
+    core, params = rebasing(True)
+    core.answer_requests = False
+    params["a"] += torch.tensor([0.5, 0.0])
+    core.pending[0] = None
+    core.counters[0].add(1, 1.0)
+    core.inbox[0] = FragmentUpdate(0, 1, {"a": torch.tensor([3.0, 3.0])}, (0,))
+    core.apply_arrivals()
+    assert torch.allclose(params["a"], torch.tensor([3.5, 3.0]))  # Theta_new + (theta - Theta_old)
+    assert core.counters[0].steps == 1  # the work is still ours to send
+    core.force(FragmentUpdate(0, 1, {"a": torch.tensor([3.0, 3.0])}, (0,)))
+    core.apply_arrivals()
+    assert torch.equal(params["a"], torch.tensor([3.0, 3.0])) and core.counters[0].steps == 0

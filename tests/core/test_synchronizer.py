@@ -289,3 +289,19 @@ def test_the_learner_smooths_its_step_time_with_the_configured_ema():
     assert c.step_time == 1.0
     core.after_step(1, 3.0)
     assert core.step_time.get() == 3.0  # ema 1: the last step alone (the default 0.2 would give 1.4)
+
+
+def test_without_final_momentum_the_final_flush_takes_a_plain_outer_step_by_hand():
+    def run(final_momentum: bool) -> torch.Tensor:
+        config = AlgorithmConfig(fragments=1, sync_every=4, overlap=2, quorum=1, grace=0.0, outer_lr=0.5,
+                                 outer_momentum=0.9, ema=1.0, max_outer_norm_ratio=0.0, final_momentum=final_momentum)
+        core = SynchronizerCore(config, balanced_fragments([("w", 2)], 1), {"w": torch.zeros(2)})
+        core.join(0, 0.0)
+        core.receive(contribution(0, [-1.0, 0.0]), now=1.0)  # buf = d; Theta = 0 - 0.5 * (d + 0.9 d)
+        core.begin_final_flush()
+        core.receive(contribution(0, [-1.0, 0.0], version=1), now=2.0)
+        return core.params["w"]
+
+    # first step: -0.5 * 1.9 * (-1) = 0.95; with momentum: buf = 0.9 * -1 - 1 = -1.9, update -1 + 0.9 * -1.9
+    assert torch.allclose(run(True), torch.tensor([0.95 + 0.5 * 2.71, 0.0]))
+    assert torch.allclose(run(False), torch.tensor([0.95 + 0.5 * 1.0, 0.0]))  # lr * delta alone

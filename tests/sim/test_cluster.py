@@ -97,3 +97,16 @@ def test_a_restarted_learners_refused_duplicate_does_not_relabel_its_dead_incarn
     assert runs[(0, 0)].share == [1.0] * 4  # the dead incarnation's four steps were merged: credited to it
     assert runs[(0, 1)].share[:4] == [0.0] * 4  # not to the steps its successor took at the same indices
     assert stats["tokens_merged"] <= stats["tokens_trained"]
+
+
+def test_rebase_keeps_the_work_that_overwrite_throws_away(tiny_task):
+    runs = {}
+    for arrival in ("overwrite", "rebase"):
+        algorithm = AlgorithmConfig(fragments=2, sync_every=8, overlap=2, quorum=4, grace=0.0, arrival=arrival)
+        config = sim_config(learners=4, steps_per_learner=40, algorithm=algorithm, steps=StepTimeModel())
+        runs[arrival] = DecoupledCluster(config, tiny_task).run()
+    overwrite, rebase = runs["overwrite"], runs["rebase"]
+    # identical learners, no failures: every trained token reaches the model once (the ledger raises on twice)
+    assert rebase["tokens_merged"] == pytest.approx(rebase["tokens_trained"])
+    assert overwrite["tokens_merged"] < 0.97 * overwrite["tokens_trained"]  # tau of every H steps overwritten
+    assert rebase["goodput"] > overwrite["goodput"]

@@ -26,6 +26,11 @@ GRACE = typer.Option(
 MERGE = typer.Option(None, "--merge", help="Default: rda; mean for --method diloco.")
 OUTER_LR = typer.Option(_D.outer_lr, "--outer-lr", help="Outer Nesterov learning rate.")
 OUTER_MOMENTUM = typer.Option(_D.outer_momentum, "--outer-momentum", help="Outer Nesterov momentum.")
+ARRIVAL = typer.Option(_D.arrival, "--arrival", help="When a global fragment arrives: overwrite (the paper's; the "
+                      "steps since the snapshot are lost) or rebase (keep them: Theta + theta - theta_snapshot).")
+FINAL_MOMENTUM = typer.Option(_D.final_momentum, "--final-momentum/--no-final-momentum",
+                              help="Whether the merges of the final flush take the outer momentum (off: a plain "
+                              "lr * delta step, no end-of-run kick).")
 MAX_OUTER_NORM_RATIO = typer.Option(
     _D.max_outer_norm_ratio, "--max-outer-norm-ratio", min=0.0, max=1e12,
     help="Refuse a contribution whose outer gradient's norm exceeds this multiple of its fragment's (0: off).")
@@ -63,7 +68,8 @@ RuntimeMethod = _choices("RuntimeMethod", ("decoupled", "diloco"))
 Backend = _choices("Backend", ("local", "slurm"))
 LearnerState = _choices("LearnerState", ("shared", "scratch"))  # cluster.sbatch.LEARNER_STATES
 Precision = _choices("Precision", ("fp32", "bf16"))  # train.device.PRECISIONS
-BudgetCounts = _choices("BudgetCounts", ("trained", "merged"))  # synchronizer.settings.BUDGET_COUNTS
+BudgetCounts = _choices("BudgetCounts", ("trained", "merged"))
+Arrival = _choices("Arrival", ("overwrite", "rebase"))  # core.config.ArrivalMode  # synchronizer.settings.BUDGET_COUNTS
 
 
 def plain(*values: object) -> tuple:

@@ -34,6 +34,8 @@ def run(
     merge: Optional[options.Merge] = options.MERGE,
     outer_lr: float = options.OUTER_LR,
     outer_momentum: float = options.OUTER_MOMENTUM,
+    arrival: options.Arrival = options.ARRIVAL,
+    final_momentum: bool = options.FINAL_MOMENTUM,
     inner_lr: float = typer.Option(3e-3, min=0.0, help="Peak inner AdamW learning rate."),
     batch_size: int = typer.Option(16, min=1, help="Sequences (or images) per learner step."),
     tokens: Optional[int] = typer.Option(None, **options.TOKENS_BUDGET, help="Stop once the learners trained this many tokens "
@@ -140,7 +142,8 @@ def run(
             run_dir=run_dir or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"),
             method=method, model=model, model_size=model_size, data=data, seq_len=seq_len, learners=learners,
             fragments=fragments, sync_every=sync_every, overlap=overlap, quorum=quorum, grace=grace, merge=merge,
-            outer_lr=outer_lr, outer_momentum=outer_momentum, inner_lr=inner_lr, batch_size=batch_size, seed=seed,
+            outer_lr=outer_lr, outer_momentum=outer_momentum, arrival=options.plain(arrival)[0], final_momentum=final_momentum,
+            inner_lr=inner_lr, batch_size=batch_size, seed=seed,
             tokens=tokens if tokens is not None or duration is not None else 400_000, duration=duration,
             sync_shards=sync_shards, codec=codec, heartbeat=heartbeat, checkpoint_every=checkpoint_every,
             threads=options.shared_threads(threads, learners + sync_shards), min_step_seconds=min_step_seconds, eval_batches=eval_batches, eval_every=eval_every, token=auth.resolve_token(token),

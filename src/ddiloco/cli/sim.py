@@ -76,6 +76,8 @@ def sim(
     merge: Optional[options.Merge] = options.MERGE,
     outer_lr: float = options.OUTER_LR,
     outer_momentum: float = options.OUTER_MOMENTUM,
+    arrival: options.Arrival = options.ARRIVAL,
+    final_momentum: bool = options.FINAL_MOMENTUM,
     inner_lr: float = typer.Option(3e-3, help="Inner AdamW learning rate (peak; cosine decay over the run)."),
     batch_size: int = typer.Option(16, help="Sequences (or images) per learner step."),
     tokens: int = typer.Option(400_000, help="Token budget: training stops when the learners have trained on this many."),
@@ -138,6 +140,8 @@ def sim(
             outer_lr=outer_lr,
             outer_momentum=outer_momentum,
             merge=merge or ("mean" if method == "diloco" else "rda"),
+            arrival=options.plain(arrival)[0],
+            final_momentum=final_momentum,
         )
         steps = StepTimeModel(step_time, parse_speeds(speeds, learners, hetero), jitter, straggle_prob, straggle_factor)
         # A generous horizon for random failures: the run cannot take longer than this at speed 1.

@@ -56,6 +56,8 @@ def synchronizer(
     merge: Optional[options.Merge] = options.MERGE,
     outer_lr: float = options.OUTER_LR,
     outer_momentum: float = options.OUTER_MOMENTUM,
+    arrival: options.Arrival = options.ARRIVAL,
+    final_momentum: bool = options.FINAL_MOMENTUM,
     max_outer_norm_ratio: float = options.MAX_OUTER_NORM_RATIO,
     shard: int = typer.Option(0, min=0, help="This process's shard index."),
     num_shards: int = typer.Option(1, min=1, help="Shards in all: fragment p lives on shard p mod num_shards."),
@@ -125,8 +127,8 @@ def synchronizer(
             plain = frozenset(task.embedding_names)
         algorithm = algorithm_for(method, learners, fragments=fit_fragments(len(params), fragments, sync_every),
                                   sync_every=sync_every, overlap=overlap, quorum=quorum, grace=grace, merge=merge,
-                                  outer_lr=outer_lr, outer_momentum=outer_momentum,
-                                  max_outer_norm_ratio=max_outer_norm_ratio)
+                                  outer_lr=outer_lr, outer_momentum=outer_momentum, arrival=options.plain(arrival)[0],
+                                  final_momentum=final_momentum, max_outer_norm_ratio=max_outer_norm_ratio)
         note = balance_note(params, algorithm.fragments)
         if note:
             logging.getLogger(__name__).warning(note)

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 MergeMode = Literal["rda", "mean"]
+ArrivalMode = Literal["overwrite", "rebase"]
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,13 @@ class AlgorithmConfig:
     max_outer_norm_ratio bounds one contribution: its outer gradient's norm may be at most this
     multiple of the fragment's norm (floored at an RMS of 0.1 per value, so a fragment of zeros can
     still learn), so no single learner can move the global model by orders of magnitude; 0 disables.
+    final_momentum False: merges of the final flush (after the run's budget is reached) take a plain
+    outer step lr * delta, without the momentum that would kick the last global model past the
+    learners' own (`benchmarks/outer_sweep.py`, group last-merge).
+    arrival: what a learner does with its fragment when a new global value arrives. "overwrite" (the
+    paper's): theta <- Theta_new, and the steps taken since the snapshot are lost. "rebase" keeps
+    them: theta <- Theta_new + (theta - theta_at_snapshot), counters keep the steps since the snapshot
+    (a learner that did not contribute keeps all its unsent work: theta - its last Theta).
     quorum is capped at the number of live learners, so K >= M means "wait for every live learner".
     overlap 0 means blocking syncs: a learner waits at the boundary for the fragment it just sent
     (classic synchronous DiLoCo).
@@ -37,6 +45,8 @@ class AlgorithmConfig:
     merge: MergeMode = "rda"
     ema: float = 0.2
     max_outer_norm_ratio: float = 10.0
+    final_momentum: bool = True
+    arrival: ArrivalMode = "overwrite"
 
     def __post_init__(self) -> None:
         problems = []
@@ -61,6 +71,10 @@ class AlgorithmConfig:
             problems.append(f"outer_momentum must be in [0, 1), got {self.outer_momentum}")
         if self.merge not in ("rda", "mean"):
             problems.append(f"merge must be 'rda' or 'mean', got {self.merge!r}")
+        if self.arrival not in ("overwrite", "rebase"):
+            problems.append(f"arrival must be 'overwrite' or 'rebase', got {self.arrival!r}")
+        if not isinstance(self.final_momentum, bool):
+            problems.append(f"final_momentum must be true or false, got {self.final_momentum!r}")
         if not 0 < self.ema <= 1:
             problems.append(f"ema must be in (0, 1], got {self.ema}")
         if not (self.max_outer_norm_ratio >= 0 and math.isfinite(self.max_outer_norm_ratio)):

@@ -6,6 +6,7 @@ fragment arrives, so the user's inner optimizer (and its state) is untouched.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -64,8 +65,10 @@ class LearnerCore:
         answer_requests: bool | None = None,
         base_device: torch.device | str = "cpu",
         ema: float = 0.2,
+        rebase: bool = False,
     ) -> None:
-        """`ema`: smoothing of the step time sent with each contribution (`AlgorithmConfig.ema`)."""
+        """`ema`: smoothing of the step time sent with each contribution (`AlgorithmConfig.ema`);
+        `rebase`: keep local progress when a global value arrives (`AlgorithmConfig.arrival`)."""
         missing = set(plan.all_names()) - set(params)
         if missing:
             raise KeyError(f"model lacks parameters named in the fragment plan: {sorted(missing)[:5]}")
@@ -91,6 +94,9 @@ class LearnerCore:
         self.inbox: dict[int, FragmentUpdate] = {}
         self.step_time = Ema(ema)
         self.stopped = False  # flushed at the end of training: requests are answered or declined
+        self.rebase = rebase
+        self.at_snapshot: list[tuple[dict[str, torch.Tensor], FragmentCounters] | None] = [None] * num
+        self.forced: set[int] = set()  # repairs always overwrite (the local value may be broken)
 
     # --- arrivals -------------------------------------------------------------------------------
     def join(self, updates: list[FragmentUpdate]) -> None:
@@ -123,6 +129,7 @@ class LearnerCore:
         boundary like any update: overwrite, counters reset, pending cleared.
         """
         self.inbox[update.fragment] = update
+        self.forced.add(update.fragment)
 
     def retry(self, fragment: int, version: int) -> bool:
         """Forget a contribution against `version` that was refused or lost, and make it due now.
@@ -147,12 +154,44 @@ class LearnerCore:
         for fragment in sorted(self.inbox):
             update = self.inbox.pop(fragment)
             contributed = self.pending[fragment] is not None
-            self._overwrite(update)
+            if self.rebase and fragment not in self.forced:
+                self._rebase(update)
+            else:
+                self._overwrite(update)
+            self.forced.discard(fragment)
             if not contributed:
                 # Align with the cadence of those who did contribute: as if we had sent tau steps ago.
                 self.anchors[fragment] = self.step - self.schedule.overlap
             applied.append(fragment)
         return applied
+
+    def _rebase(self, update: FragmentUpdate) -> None:
+        """theta <- Theta_new + (theta - reference): the reference is theta at our pending snapshot
+        (its work went to the synchronizer), else the last global value (all our work is unsent)."""
+        p = update.fragment
+        names = self.plan.names[p]
+        if set(update.tensors) != set(names):
+            raise ValueError(f"update for fragment {p} carries {sorted(update.tensors)}, expected {sorted(names)}")
+        snap = self.at_snapshot[p] if self.pending[p] is not None else None
+        reference = snap[0] if snap is not None else self.base[p]
+        kept = FragmentCounters()
+        if snap is None:
+            kept = dataclasses.replace(self.counters[p])
+        else:
+            c, s = self.counters[p], snap[1]
+            kept = FragmentCounters(c.steps - s.steps, c.tokens - s.tokens, c.seconds - s.seconds)
+        with torch.no_grad():
+            for name in names:
+                value = update.tensors[name]
+                param = self.params[name]
+                local = param.detach().to(self.base_device, torch.float32) - reference[name]
+                new = value.detach().to(self.base_device, torch.float32) + local
+                param.copy_(new.to(param.device, param.dtype))
+                self.base[p][name] = value.detach().to(self.base_device, torch.float32, copy=True)
+        self.versions[p] = update.version
+        self.counters[p] = kept
+        self.pending[p] = None
+        self.at_snapshot[p] = None
 
     def _overwrite(self, update: FragmentUpdate) -> None:
         p = update.fragment
@@ -167,6 +206,7 @@ class LearnerCore:
         self.versions[p] = update.version
         self.counters[p].reset()
         self.pending[p] = None
+        self.at_snapshot[p] = None
 
     # --- steps ----------------------------------------------------------------------------------
     def after_step(self, tokens: int, seconds: float) -> list[LearnerMessage]:
@@ -240,6 +280,9 @@ class LearnerCore:
             grads = {name: outer_gradient(base, self.params[name].detach().to(base.device))
                      for name, base in ((n, self.base[p][n]) for n in self.plan.names[p])}
         c = self.counters[p]
+        if self.rebase:  # what arrives later is re-based from here
+            self.at_snapshot[p] = ({name: self.params[name].detach().to(self.base_device, torch.float32, copy=True)
+                                    for name in self.plan.names[p]}, dataclasses.replace(c))
         self.pending[p] = self.versions[p]
         self.anchors[p] = self.step
         return Contribution(

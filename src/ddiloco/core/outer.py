@@ -24,8 +24,10 @@ class NesterovOuterOptimizer:
         self.buffers: dict[str, torch.Tensor] = {}
 
     @torch.no_grad()
-    def step(self, params: MutableMapping[str, torch.Tensor], delta: Mapping[str, torch.Tensor]) -> None:
+    def step(self, params: MutableMapping[str, torch.Tensor], delta: Mapping[str, torch.Tensor],
+             use_momentum: bool = True) -> None:
         """Apply the merged outer gradient `delta` to `params` in place, all or nothing.
+        `use_momentum=False`: a plain step lr * delta, momentum neither applied nor updated.
 
         Raises FloatingPointError, with `params` and the momentum untouched, when the result would
         hold NaN or Inf (finite inputs can still overflow): a global model must never become
@@ -42,7 +44,7 @@ class NesterovOuterOptimizer:
             if d.shape != p.shape:
                 raise ValueError(f"{name}: outer gradient shape {tuple(d.shape)} != parameter {tuple(p.shape)}")
             update = d
-            if self.momentum > 0:
+            if self.momentum > 0 and use_momentum:
                 buf = self.buffers.get(name)
                 buf = d.clone() if buf is None else buf * self.momentum + d
                 new_buffers[name] = buf

@@ -111,6 +111,7 @@ class SynchronizerCore:
         self.rounds: dict[int, Round] = {}
         self.rejections: dict[str, int] = {}
         self._holding = False  # see receive(hold=...)
+        self.final_flush = False  # the run's budget is reached: what merges now is the final flush
 
     # --- membership -----------------------------------------------------------------------------
     def join(self, learner: int, now: float) -> list[SyncAction]:
@@ -122,6 +123,10 @@ class SynchronizerCore:
         """A learner failed or left: it is no longer waited for; rounds may now complete."""
         self.live.discard(learner)
         return self._advance_all(now)
+
+    def begin_final_flush(self) -> None:
+        """The run's budget is reached; with `final_momentum` off, later merges take no momentum."""
+        self.final_flush = True
 
     def observe_step_time(self, seconds: float) -> None:
         self.grace.step_time.update(seconds)
@@ -294,7 +299,7 @@ class SynchronizerCore:
             [c.outer_gradient for c in contributions], weights, self.plain_names & set(names), self.config.merge
         )
         try:
-            self.outer[p].step(self.params, delta)
+            self.outer[p].step(self.params, delta, use_momentum=self.config.final_momentum or not self.final_flush)
         except FloatingPointError as exc:
             # Finite inputs that overflow together: nothing is committed, the version stays, and
             # every contributor is reset to the global value (the round's work is counted lost).

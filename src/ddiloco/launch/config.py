@@ -29,6 +29,8 @@ class RunConfig:
     merge: str | None = None
     outer_lr: float = _D.outer_lr
     outer_momentum: float = _D.outer_momentum
+    arrival: str = _D.arrival
+    final_momentum: bool = _D.final_momentum
     inner_lr: float = 3e-3
     batch_size: int = 16
     seed: int = 0
@@ -80,7 +82,8 @@ class RunConfig:
                 *self._model_args(), "--method", self.method, "--fragments", str(self.fragments),
                 "--sync-every", str(self.sync_every), "--overlap", str(self.overlap), "--quorum", str(self.quorum),
                 "--grace", str(self.grace), "--outer-lr", str(self.outer_lr),
-                "--outer-momentum", str(self.outer_momentum), "--shard", str(shard),
+                "--outer-momentum", str(self.outer_momentum), "--arrival", self.arrival,
+                "--final-momentum" if self.final_momentum else "--no-final-momentum", "--shard", str(shard),
                 "--num-shards", str(self.sync_shards), "--max-learners", str(self.learners),
                 "--checkpoint-dir", str(d), "--checkpoint-every", str(self.checkpoint_every), "--threads", str(self.threads),
                 "--heartbeat", str(self.heartbeat), "--event-log", str(d / "events.jsonl"),

@@ -40,14 +40,14 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..core import AlgorithmConfig, Contribution, Decline, LearnerCore, Schedule
+from ..core import AlgorithmConfig, Contribution, Decline, LearnerCore
 from ..wire import framing
 from ..wire.protocol import signature
 from ..wire.timeouts import Timeouts
 from . import addresses as addresses_
 from . import peerstate, reporting
 from .fanout import RankFanout, active_group_size
-from .joining import await_global, check_replies
+from .joining import await_global, check_replies, make_core
 from .journal import Journal
 from .link import LinkContext, ShardLink, SynchronizerError
 
@@ -160,10 +160,9 @@ class LearnerClient:
         plan, self.config, self.owner = check_replies(self.addresses, replies, self.params)
         self.timeouts = self.links[0].timeouts
         self.names = [list(n) for n in plan.names]
-        schedule = Schedule(self.config.fragments, self.config.sync_every, self.config.overlap)
         self._blocking = self.config.overlap == 0
         held = self.fanout.algorithm_params() if self.fanout is not None else self.params
-        self.core = LearnerCore(self.learner, held, plan, schedule, ema=self.config.ema)
+        self.core = make_core(self.learner, held, plan, self.config, bool(self.fanout and self.fanout.sharded))
         for link in self.links:
             link.start()
         updates, requests = await_global(self.inbound, plan.num_fragments, deadline)
@@ -211,9 +210,7 @@ class LearnerClient:
             self.fanout.push(self._names_of(applied))
             self.fanout.pull(self._names_of(due))
             if donate:  # collective: every rank gathers its shards of the inner state, rank 0 uploads
-                state = peerstate.snapshot(self.optimizer, self.params)
-                for link, ticket in self._donate_to:
-                    peerstate.start_upload(self.links[link], ticket, *state)
+                peerstate.donate_gathered(self.optimizer, self.params, self.links, self._donate_to)
                 self._donate_to = []
         waited = self._leader_end(due) if self.is_leader else []
         if self.fanout is not None and self._blocking:

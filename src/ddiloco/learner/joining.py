@@ -9,7 +9,14 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..core import AlgorithmConfig, FragmentPlan, FragmentRequest, FragmentUpdate
+from ..core import (
+    AlgorithmConfig,
+    FragmentPlan,
+    FragmentRequest,
+    FragmentUpdate,
+    LearnerCore,
+    Schedule,
+)
 from ..wire.protocol import plan_from_json
 from ..wire.routing import check_cover
 from .link import SynchronizerError
@@ -55,3 +62,14 @@ def await_global(inbound: queue.Queue, num_fragments: int, deadline: float,
         elif event[0] == "fatal":
             raise SynchronizerError(event[2])
     return list(updates.values()), requests
+
+
+def make_core(learner: int, held: Mapping[str, torch.Tensor], plan: FragmentPlan, config: AlgorithmConfig,
+              sharded: bool) -> LearnerCore:
+    """The algorithm's learner side, as the run's config says (`sharded`: an FSDP learner)."""
+    rebase = config.arrival == "rebase"
+    if rebase and sharded:
+        raise SynchronizerError("arrival 'rebase' is not supported with FSDP-sharded learners yet (rank 0's copy of "
+                                "a fragment is current only when it is snapshotted): run with 'overwrite'")
+    schedule = Schedule(config.fragments, config.sync_every, config.overlap)
+    return LearnerCore(learner, held, plan, schedule, ema=config.ema, rebase=rebase)

@@ -105,6 +105,15 @@ def start_upload(link, ticket: str, tensors: dict[str, torch.Tensor], scalars: d
     return t
 
 
+def donate_gathered(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor], links: list,
+                    tickets: list[tuple[int, str]]) -> None:
+    """A sharded learner's donation at a step boundary: every rank gathers (collective), rank 0
+    (the one holding `tickets`: (link index, ticket)) uploads."""
+    state = snapshot(optimizer, params)
+    for link, ticket in tickets:
+        start_upload(links[link], ticket, *state)
+
+
 @dataclass
 class Recovered:
     """A donated state that arrived intact, not yet loaded."""

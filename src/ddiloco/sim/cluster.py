@@ -158,7 +158,7 @@ class DecoupledCluster:
         learner.joining = {}
         learner.inner_steps = 0
         learner.core = LearnerCore(m, dict(learner.model.named_parameters()), self.plan, self.schedule,
-                                   ema=self.algorithm.ema)
+                                   ema=self.algorithm.ema, rebase=self.algorithm.arrival == "rebase")
         if now > 0:
             learner.optimizer = self._rejoin_optimizer(learner)
         self._dispatch(self.sync.join(m, now), now)
@@ -217,6 +217,7 @@ class DecoupledCluster:
     def _drain(self, now: float) -> None:
         """Training is over: every live learner sends the work it still holds, then the merges finish."""
         self.draining = True
+        self.sync.begin_final_flush()
         for learner in self.learners:
             if learner.state in ("stepping", "waiting"):
                 learner.state = "stopped"

@@ -141,6 +141,7 @@ class SynchronizerService:
             if self.stopping:
                 return
             self.stopping = True
+            self.core.begin_final_flush()
             self.stop_reason = reason
             self._stop_mono = time.monotonic()
             log.info("stopping: %s", reason)
