@@ -61,7 +61,7 @@ def algorithm(method: str, lr: float, momentum: float, period: int) -> Algorithm
 
 def jobs(groups: list[str], spec: dict, seeds: list[int], data: str, period: int, best: tuple[float, float],
          lrs: tuple[float, ...] = LRS, momenta: tuple[float, ...] = MOMENTA, methods: tuple[str, ...] = ("diloco", "decoupled"),
-         ) -> list[tuple[dict, SimConfig]]:
+         ddp_lrs: tuple[float, ...] = DDP_LRS) -> list[tuple[dict, SimConfig]]:
     """(label, config) for every run of these groups; `best`: (lr, momentum) for sync-every."""
     out = []
     for seed in seeds:
@@ -75,7 +75,7 @@ def jobs(groups: list[str], spec: dict, seeds: list[int], data: str, period: int
                         add({"group": "grid", "method": method, "outer_lr": lr, "outer_momentum": mu},
                             base_config(spec, seed, data, method=method, algorithm=algorithm(method, lr, mu, period)))
         if "ddp-lr" in groups:
-            for inner_lr in DDP_LRS:
+            for inner_lr in ddp_lrs:
                 add({"group": "ddp-lr", "method": "ddp", "inner_lr": inner_lr},
                     base_config(spec, seed, data, method="ddp", inner_lr=inner_lr))
         if "one-learner" in groups:
@@ -140,10 +140,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lrs", nargs="+", type=float, default=list(LRS), help="the grid's outer learning rates")
     parser.add_argument("--momenta", nargs="+", type=float, default=list(MOMENTA), help="the grid's outer momenta")
     parser.add_argument("--methods", nargs="+", default=["diloco", "decoupled"], choices=["diloco", "decoupled"])
+    parser.add_argument("--ddp-lrs", nargs="+", type=float, default=list(DDP_LRS), help="data-parallel inner lrs")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the sweep runs one sim at a time)")
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--load", nargs="+", type=Path, default=None,
+                        help="summarize these result files (from runs split over processes) instead of running")
+    parser.add_argument("--markdown", action="store_true", help="print the summary as a Markdown table")
     args = parser.parse_args(argv)
+    if args.load:
+        rows = [r for path in args.load for r in json.loads(path.read_text())["rows"]]
+        summary = summarize(rows)
+        (print_markdown if args.markdown else print_table)(summary)
+        if args.json:
+            print(json.dumps({"summary": summary, "best": {m: best_outer(summary, m) for m in {r["model"] for r in rows}}},
+                             sort_keys=True))
+        return 0
     torch.set_num_threads(args.threads)
     seeds = args.seeds or ([0, 1] if args.quick else [0, 1, 2])
     out_path = args.out or ROOT / "benchmarks" / "results" / ("outer-sweep-quick.json" if args.quick else "outer-sweep.json")
@@ -154,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         first = [g for g in args.groups if g != "sync-every"]
         todo = jobs(first, spec, seeds, args.data, args.sync_every, (1.0, 0.0), tuple(args.lrs), tuple(args.momenta),
-                    tuple(args.methods))
+                    tuple(args.methods), tuple(args.ddp_lrs))
         task = build_task(todo[0][1]) if todo else None
         for i, (label, config) in enumerate(todo):
             rows.append(run_one(label, config, task, i, len(todo)))
@@ -166,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(run_one(label, config, task, i, len(later)))
         _write(out_path, args, seeds, rows, started)  # after each model: a long sweep keeps what it has
     summary = summarize(rows)
-    print_table(summary)
+    (print_markdown if args.markdown else print_table)(summary)
     report = _write(out_path, args, seeds, rows, started)
     console.log(f"wrote {out_path}")
     if args.json:
@@ -203,6 +215,18 @@ def print_table(summary: list[dict]) -> None:
                       fmt(s["sync_every"], "d"), fmt(s["inner_lr"], "g"), f"{s['eval_loss']:.4f}",
                       f"{s['eval_loss_std']:.4f}", fmt(s.get("vs_tuned_ddp"), ".3f"), f"{s['goodput']:.3f}")
     Console(file=sys.stdout, width=200).print(table)
+
+
+def print_markdown(summary: list[dict]) -> None:
+    print("| model | group | method | outer lr | momentum | H | inner lr | eval loss (mean ± std) | vs tuned ddp | goodput |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
+    order = {g: i for i, g in enumerate(GROUPS)}
+    for s in sorted(summary, key=lambda s: (s["model"], order.get(s["group"], 9), s["method"], s["eval_loss"])):
+        print(f"| {s['model']} | {s['group']} | {s['method']} | {fmt(s['outer_lr'], 'g')} | "
+              f"{fmt(s['outer_momentum'], 'g')} | {fmt(s['sync_every'], 'd')} | {fmt(s['inner_lr'], 'g')} | "
+              f"{s['eval_loss']:.4f} ± {s['eval_loss_std']:.4f} | {fmt(s.get('vs_tuned_ddp'), '.3f')} | "
+              f"{s['goodput']:.3f} |")
 
 
 if __name__ == "__main__":

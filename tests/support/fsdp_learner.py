@@ -28,7 +28,8 @@ def model() -> torch.nn.Module:
                                torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 256))
 
 
-def main(address: str, data: str, steps: int, out: str) -> None:
+def sharded_model() -> tuple[torch.nn.Module, int, int]:
+    """(model, rank, world): sharded with FSDP2 over a gloo group under torchrun, whole otherwise."""
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = 0
@@ -42,6 +43,11 @@ def main(address: str, data: str, steps: int, out: str) -> None:
             if isinstance(layer, torch.nn.Linear):
                 fully_shard(layer)
         fully_shard(net)
+    return net, rank, world
+
+
+def main(address: str, data: str, steps: int, out: str) -> None:
+    net, rank, world = sharded_model()
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3)
     text = np.frombuffer(open(data, "rb").read(), dtype=np.uint8)
     # fp32 up: bf16 rounding would turn float-order noise between the runs into ulp-sized differences

@@ -9,7 +9,6 @@ Usage: [torchrun --nproc-per-node 2] fsdp_peer_learner.py ADDRESS DATA ID OUT"""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fsdp_learner import model  # noqa: E402
+from fsdp_learner import sharded_model  # noqa: E402
 
 import ddiloco  # noqa: E402
 from ddiloco.learner import peerstate  # noqa: E402
@@ -30,20 +29,8 @@ BATCH, SEQ, MAX_STEPS, STEP_SECONDS = 4, 32, 5000, 0.04
 
 
 def main(address: str, data: str, learner: int, out: str) -> None:
-    torch.set_num_threads(1)
     ddiloco.log_to_stderr()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = 0
-    net = model()
-    if world > 1:
-        from torch.distributed.fsdp import fully_shard
-
-        dist.init_process_group("gloo")
-        rank = dist.get_rank()
-        for layer in net:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        fully_shard(net)
+    net, rank, world = sharded_model()
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3)
     text = np.frombuffer(open(data, "rb").read(), dtype=np.uint8)
     client = ddiloco.LearnerClient(net, address, learner, codec="fp32", timeouts=Timeouts.derive(0.2),
