@@ -218,14 +218,17 @@ def print_table(summary: list[dict]) -> None:
 
 
 def print_markdown(summary: list[dict]) -> None:
-    print("| model | group | method | outer lr | momentum | H | inner lr | eval loss (mean ± std) | vs tuned ddp | goodput |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | group | method | outer lr | momentum | H | inner lr | seeds | eval loss (mean ± std) | vs tuned ddp "
+          "| goodput |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
     order = {g: i for i, g in enumerate(GROUPS)}
     for s in sorted(summary, key=lambda s: (s["model"], order.get(s["group"], 9), s["method"], s["eval_loss"])):
+        spread = f" ± {s['eval_loss_std']:.4f}" if s["seeds"] > 1 else ""
         print(f"| {s['model']} | {s['group']} | {s['method']} | {fmt(s['outer_lr'], 'g')} | "
               f"{fmt(s['outer_momentum'], 'g')} | {fmt(s['sync_every'], 'd')} | {fmt(s['inner_lr'], 'g')} | "
-              f"{s['eval_loss']:.4f} ± {s['eval_loss_std']:.4f} | {fmt(s.get('vs_tuned_ddp'), '.3f')} | "
+              f"{s['seeds']} | {s['eval_loss']:.4f}{spread} | "
+              f"{fmt(s.get('vs_tuned_ddp'), '.3f')} | "
               f"{s['goodput']:.3f} |")
 
 

@@ -41,7 +41,7 @@ class AlgorithmConfig:
     quorum: int = 1
     grace: float = 0.9
     outer_lr: float = 0.7
-    outer_momentum: float = 0.9
+    outer_momentum: float = 0.5  # benchmarks/outer_sweep.py; docs/results.md, "Choosing the outer step"
     merge: MergeMode = "rda"
     ema: float = 0.2
     max_outer_norm_ratio: float = 10.0

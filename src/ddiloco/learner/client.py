@@ -47,7 +47,7 @@ from ..wire.timeouts import Timeouts
 from . import addresses as addresses_
 from . import peerstate, reporting
 from .fanout import RankFanout, active_group_size
-from .joining import await_global, check_replies, make_core
+from .joining import await_global, check_replies, make_core, resync
 from .journal import Journal
 from .link import LinkContext, ShardLink, SynchronizerError
 
@@ -305,15 +305,7 @@ class LearnerClient:
             if action == "retry":
                 core.retry(p, base)
         elif kind == "resync":
-            _, shard, versions = event
-            for p, v in versions.items():
-                held = core.versions[p]
-                if v < held:
-                    log.warning("synchronizer shard %d holds fragment %d at version %d, older than our %d: "
-                                "taking its value", shard, p, v, held)
-                    self._force[p] = v
-                elif v == held:
-                    core.retry(p, v)
+            resync(core, event[1], event[2], self._force)
         elif kind == "fatal":
             self._fatal = event[2]
         elif kind == "donate" and self.optimizer is not None and event[2] not in self.donations:

@@ -3,6 +3,7 @@ the global value of every fragment awaited before the first step."""
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from typing import Mapping, Sequence
@@ -20,6 +21,8 @@ from ..core import (
 from ..wire.protocol import plan_from_json
 from ..wire.routing import check_cover
 from .link import SynchronizerError
+
+log = logging.getLogger(__name__)
 
 
 def check_replies(addresses: Sequence[str], replies: Sequence[dict], params: Mapping[str, torch.Tensor],
@@ -73,3 +76,16 @@ def make_core(learner: int, held: Mapping[str, torch.Tensor], plan: FragmentPlan
                                 "a fragment is current only when it is snapshotted): run with 'overwrite'")
     schedule = Schedule(config.fragments, config.sync_every, config.overlap)
     return LearnerCore(learner, held, plan, schedule, ema=config.ema, rebase=rebase)
+
+
+def resync(core: LearnerCore, shard: int, versions: Mapping[int, int], force: dict[int, int]) -> None:
+    """After registering again with a shard: resend what it lacks, take its value where it is older
+    than ours (a synchronizer restored from an older checkpoint: `force` collects those versions)."""
+    for p, v in versions.items():
+        held = core.versions[p]
+        if v < held:
+            log.warning("synchronizer shard %d holds fragment %d at version %d, older than our %d: taking its value",
+                        shard, p, v, held)
+            force[p] = v
+        elif v == held:
+            core.retry(p, v)
