@@ -23,6 +23,7 @@ from ..support.processes import (
 from ..support.runtime import wait_for
 
 
+@pytest.mark.slow  # kill -9 of learners stays in the default suite (tests/launch/test_run.py)
 @pytest.mark.timeout(150)
 def test_killed_learner_is_not_waited_for_rejoins_and_every_token_is_accounted(procs, tmp_path, shakespeare):
     sync, address = start_synchronizer(procs, tmp_path, shakespeare, 3)

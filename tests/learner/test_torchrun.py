@@ -17,6 +17,7 @@ from ..support.processes import (
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
+@pytest.mark.slow  # the default suite keeps the restart and peer-recovery tests, which train 2-rank learners too
 @pytest.mark.timeout(150)
 @pytest.mark.skipif(not TORCHRUN.exists() and shutil.which("torchrun") is None, reason="torchrun not installed")
 def test_two_rank_torchrun_learner_trains_and_syncs(procs, tmp_path, shakespeare):
