@@ -165,16 +165,19 @@ class LearnerCore:
             applied.append(fragment)
         return applied
 
+    def _checked_names(self, update: FragmentUpdate) -> list[str]:
+        names = self.plan.names[update.fragment]
+        if set(update.tensors) != set(names):
+            raise ValueError(f"update for fragment {update.fragment} carries {sorted(update.tensors)}, "
+                             f"expected {sorted(names)}")
+        return names
+
     def _rebase(self, update: FragmentUpdate) -> None:
         """theta <- Theta_new + (theta - reference): the reference is theta at our pending snapshot
         (its work went to the synchronizer), else the last global value (all our work is unsent)."""
-        p = update.fragment
-        names = self.plan.names[p]
-        if set(update.tensors) != set(names):
-            raise ValueError(f"update for fragment {p} carries {sorted(update.tensors)}, expected {sorted(names)}")
+        p, names = update.fragment, self._checked_names(update)
         snap = self.at_snapshot[p] if self.pending[p] is not None else None
         reference = snap[0] if snap is not None else self.base[p]
-        kept = FragmentCounters()
         if snap is None:
             kept = dataclasses.replace(self.counters[p])
         else:
@@ -194,10 +197,7 @@ class LearnerCore:
         self.at_snapshot[p] = None
 
     def _overwrite(self, update: FragmentUpdate) -> None:
-        p = update.fragment
-        names = self.plan.names[p]
-        if set(update.tensors) != set(names):
-            raise ValueError(f"update for fragment {p} carries {sorted(update.tensors)}, expected {sorted(names)}")
+        p, names = update.fragment, self._checked_names(update)
         with torch.no_grad():
             for name in names:
                 value = update.tensors[name]
