@@ -265,6 +265,16 @@ def test_a_held_round_merges_at_the_next_poll_when_nothing_else_comes():
     assert kinds(core.poll(1.0)) == ["Merged", "FragmentUpdate"]
 
 
+def test_a_held_round_waits_through_a_poll_or_a_leave_that_say_more_are_queued():
+    core = make(quorum=1, grace=0.0)
+    core.receive(contribution(0, [-1.0, 0.0]), now=1.0, hold=True)
+    assert core.poll(1.0, hold=True) == []  # a timer fires while another contribution is queued
+    core.join(5, now=1.0)
+    assert core.leave(5, now=1.0, hold=True) == [] and 5 not in core.live
+    out = core.receive(contribution(1, [0.0, -1.0]), now=1.0)  # the queued one arrives: both merge
+    assert kinds(out) == ["Merged", "FragmentUpdate"] and [w.learner for w in out[0].admitted] == [0, 1]
+
+
 def test_step_time_estimate_comes_from_the_learners_that_form_quorums_not_late_admissions():
     core = make(quorum=1, grace=0.5)  # ema = 1: the estimate is the last value that counted
     core.receive(contribution(0, [-1.0, 0.0], step_time=1.0), now=0.0)

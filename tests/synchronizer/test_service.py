@@ -146,3 +146,33 @@ def test_contributions_queued_behind_the_service_lock_join_a_k1_round_instead_of
         status = service.status()
     assert replies == {m: {"ok": True} for m in range(3)}
     assert status["merges"] == 1 and status["contributions"] == 3 and service.core.versions[0] == 1
+
+
+def test_the_timer_does_not_merge_a_round_while_contributions_are_queued_for_it(tiny_task, tmp_path):
+    import threading
+
+    import torch
+
+    from ddiloco.core import AlgorithmConfig, Contribution
+    from ddiloco.synchronizer.ledger import PendingWork
+
+    algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=1, grace=0.0)
+    with synchronizer(tiny_task, tmp_path, algorithm=algorithm, max_learners=2) as (service, _):
+        sessions = [service.session(service.register(m, f"inc{m}", True)["session"]) for m in range(2)]
+        grads = {n: torch.full(service.shapes[n], 1e-3) for n in service.core.plan.names[0]}
+
+        def push(m: int) -> dict:
+            c = Contribution(m, 0, 0, grads, steps=4, tokens=256, seconds=1.0, step_time=0.25, step=4)
+            return service.contribute(sessions[m], c, PendingWork(4, f"inc{m}", 0.0, 1.0), None)
+
+        replies = {}
+        late = threading.Thread(target=lambda: replies.update({1: push(1)}))
+        with service.cond:  # learner 1's contribution arrives and queues behind the busy service
+            late.start()
+            wait_for(lambda: service.arrivals._queued[0] == 1, 10, message="one queued contribution")
+            replies[0] = push(0)  # learner 0's enters first (the lock is re-entrant) and holds the round
+            service._tick()  # the timer runs before learner 1's gets the lock
+            assert service.core.versions[0] == 0
+        late.join(10)
+    assert replies == {0: {"ok": True}, 1: {"ok": True}}
+    assert service.core.versions[0] == 1

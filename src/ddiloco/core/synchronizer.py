@@ -119,10 +119,11 @@ class SynchronizerCore:
         self.live.add(learner)
         return [self._update(p, (learner,)) for p in self.owned]
 
-    def leave(self, learner: int, now: float) -> list[SyncAction]:
-        """A learner failed or left: it is no longer waited for; rounds may now complete."""
+    def leave(self, learner: int, now: float, hold: bool = False) -> list[SyncAction]:
+        """A learner failed or left: it is no longer waited for; rounds may now complete (unless
+        `hold`: see `receive`)."""
         self.live.discard(learner)
-        return self._advance_all(now)
+        return [] if hold else self._advance_all(now)
 
     def begin_final_flush(self) -> None:
         """The run's budget is reached; with `final_momentum` off, later merges take no momentum."""
@@ -235,9 +236,9 @@ class SynchronizerCore:
         return [Rejected(learner, fragment, reason)]
 
     # --- rounds ---------------------------------------------------------------------------------
-    def poll(self, now: float) -> list[SyncAction]:
-        """Close rounds whose grace window has ended."""
-        return self._advance_all(now)
+    def poll(self, now: float, hold: bool = False) -> list[SyncAction]:
+        """Close rounds whose grace window has ended (none while `hold`: see `receive`)."""
+        return [] if hold else self._advance_all(now)
 
     def next_deadline(self) -> float | None:
         deadlines = [r.deadline for r in self.rounds.values() if r.deadline is not None]

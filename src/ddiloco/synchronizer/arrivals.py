@@ -30,3 +30,9 @@ class Arrivals:
             if not others:
                 del self._queued[fragment]
             return others
+
+    def waiting(self) -> bool:
+        """Contributions are queued for the lock: a timer, decline or leave must not merge their
+        round first (the last of them merges it)."""
+        with self._lock:
+            return bool(self._queued)

@@ -182,7 +182,7 @@ class SynchronizerService:
                 self.sessions.close(old)
                 if old.incarnation != incarnation and learner in self.core.live:
                     # A restarted process: its predecessor is gone, do not wait for it.
-                    self._dispatch(self.core.leave(learner, now), now)
+                    self._dispatch(self.core.leave(learner, now, self.arrivals.waiting()), now)
             session = Session(secrets.token_hex(8), learner, incarnation, Outbox(), time.monotonic(), time.time())
             self.sessions.add(session)
             resume = self.ledger.resume_position(learner, self._open_positions(learner))
@@ -255,7 +255,8 @@ class SynchronizerService:
                 return {"ok": False, "reason": "unknown session: register again", "action": "reregister"}
             s.last_seen = time.monotonic()
             now = self.now()
-            self._dispatch(self.core.receive(Decline(s.learner, fragment, version, reason), now), now)
+            decline = Decline(s.learner, fragment, version, reason)
+            self._dispatch(self.core.receive(decline, now, self.arrivals.waiting()), now)
             return {"ok": True}
 
     def leave(self, session_id: object, tokens: int | None) -> dict:
@@ -269,7 +270,7 @@ class SynchronizerService:
             now = self.now()
             self.events.write("leave", learner=s.learner, incarnation=s.incarnation, reason="left")
             log.info("learner %d left", s.learner)
-            self._dispatch(self.core.leave(s.learner, now), now)
+            self._dispatch(self.core.leave(s.learner, now, self.arrivals.waiting()), now)
             return {"ok": True}
 
     # --- contributions --------------------------------------------------------------------------
@@ -360,8 +361,8 @@ class SynchronizerService:
                 reason = f"no heartbeat for {silent:.1f} s (failure timeout {failure:g} s)"
                 log.warning("learner %d declared gone: %s", s.learner, reason)
                 self.events.write("leave", learner=s.learner, incarnation=s.incarnation, reason=reason)
-                self._dispatch(self.core.leave(s.learner, now), now)
-        self._dispatch(self.core.poll(now), now)
+                self._dispatch(self.core.leave(s.learner, now, self.arrivals.waiting()), now)
+        self._dispatch(self.core.poll(now, self.arrivals.waiting()), now)
         open_now = {(r.fragment, r.version) for r in self.core.open_rounds()}
         self._quorum_logged &= open_now
         for p, version, reason in status.waiting_rounds(self.core, now, self.settings.timeouts.failure):
