@@ -4,13 +4,15 @@ moving the same bytes on loopback, measured side by side in one run.
 Every path starts from a float32 tensor and ends with a float32 tensor, with the same codec (push:
 bf16 outer gradient; pull: fp32 global fragment), so what differs is only how the bytes travel:
 
+* plain TCP, bytes only (the real limit): the same byte counts over one TCP connection, no
+  conversion and no copies on either side; `ratio_vs_raw` is the synchronizer's throughput over this;
 * plain TCP: tensor -> bytes -> one TCP connection (sendall / recv_into a preallocated buffer) ->
   tensor, between two Python processes; no header, no chunking;
 * ddiloco transport: tensor -> framed chunks with the JSON header -> gRPC bulk channel (HTTP/2) ->
   reassembly with the size limit -> shape-checked decode -> tensor (our `wire` + `rpc` modules in a
   server process, without the synchronizer's algorithm);
 * ddiloco service (for information): the same through a real `ddiloco synchronizer`, whose push also
-  runs the core's checks (shape, finiteness over every value); its quorum cannot be reached, so no
+  runs the core's checks (one norm pass over every tensor); its quorum cannot be reached, so no
   merge is timed.
 
 The ratio is ddiloco transport over plain TCP for push + pull together.
@@ -64,6 +66,11 @@ while True:
         recv_exact(n)
         torch.frombuffer(view[:n], dtype=torch.bfloat16).to(torch.float32)
         conn.sendall(b"k")
+    elif op == b"R":  # raw: the same bytes, no conversion
+        recv_exact(n)
+        conn.sendall(b"k")
+    elif op == b"Q":  # raw: n bytes out of a buffer, no conversion
+        conn.sendall(view[:n])
     else:  # send the float32 global value
         conn.sendall(memoryview(weights.numpy()).cast("B"))
 """
@@ -124,6 +131,32 @@ class Tcp:
                 raise ConnectionError("the TCP baseline server went away")
             got += k
         torch.frombuffer(self.view[:n], dtype=torch.float32).clone()
+        return n
+
+
+class Raw:
+    """The physical limit: the same byte counts over the same kind of socket, no conversion, no copies."""
+
+    def __init__(self, tcp: Tcp, push_bytes: int, pull_bytes: int) -> None:
+        self.tcp, self.push_bytes, self.pull_bytes = tcp, push_bytes, pull_bytes
+        self.data = memoryview(bytearray(push_bytes))
+
+    def push(self, grad: torch.Tensor) -> int:
+        self.tcp.sock.sendall(b"R" + struct.pack("<Q", self.push_bytes))
+        self.tcp.sock.sendall(self.data)
+        if self.tcp.sock.recv(1) != b"k":
+            raise ConnectionError("the TCP baseline server went away")
+        return self.push_bytes
+
+    def pull(self) -> int:
+        n = self.pull_bytes
+        self.tcp.sock.sendall(b"Q" + struct.pack("<Q", n))
+        got = 0
+        while got < n:
+            k = self.tcp.sock.recv_into(self.tcp.view[got:n])
+            if not k:
+                raise ConnectionError("the TCP baseline server went away")
+            got += k
         return n
 
 
@@ -204,8 +237,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         try:
+            tcp = Tcp(procs, numel, tmp)
             backends = {
-                "tcp": Tcp(procs, numel, tmp),
+                "raw": Raw(Tcp(procs, numel, tmp), 2 * numel, 4 * numel),
+                "tcp": tcp,
                 "transport": Ours(f"127.0.0.1:{_start_and_read_port(procs, 'wire', [sys.executable, '-c', WIRE_SERVER, str(numel), str(chunk)], tmp)}", numel, chunk),
                 "service": start_service(procs, tmp, numel, chunk),
             }
@@ -239,17 +274,23 @@ def main() -> None:
     result["pull_ratio"] = med["tcp"]["pull"] / med["transport"]["pull"]
     result["ratio"] = result["transport_MBps"] / result["tcp_MBps"]
     result["service_ratio"] = result["service_MBps"] / result["tcp_MBps"]
+    result["raw_MBps"] = both("raw")
+    result["ratio_vs_raw"] = result["service_MBps"] / result["raw_MBps"]
+    result["transport_vs_raw"] = result["transport_MBps"] / result["raw_MBps"]
     table = Table(title=f"fragment of {numel / 1e6:.1f}M parameters on loopback: MB/s of tensor data "
                         f"(median of {args.repeats})")
     for col in ("path", "push (bf16)", "pull (fp32)", "push + pull", "ratio to TCP"):
         table.add_column(col, justify="right")
-    for n, label in (("tcp", "plain TCP"), ("transport", "ddiloco wire + gRPC"), ("service", "ddiloco synchronizer")):
+    for n, label in (("raw", "plain TCP, bytes only"), ("tcp", "plain TCP + bf16/fp32 conversion"), ("transport", "ddiloco wire + gRPC"), ("service", "ddiloco synchronizer")):
         push = sizes["tcp"]["push"] / med[n]["push"] / 1e6
         pull = sizes["tcp"]["pull"] / med[n]["pull"] / 1e6
         table.add_row(label, f"{push:.0f}", f"{pull:.0f}", f"{both(n):.0f}", f"{both(n) / both('tcp'):.2f}")
     console.print(table)
     console.print(f"push + pull throughput ratio (wire + gRPC / plain TCP): [bold]{result['ratio']:.2f}[/bold] "
                   f"(aim: >= 0.5); through the synchronizer: {result['service_ratio']:.2f}")
+    console.print(f"against the same bytes over a plain socket with no conversion (the real limit): wire + gRPC "
+                  f"{result['transport_vs_raw']:.2f}, through the synchronizer [bold]{result['ratio_vs_raw']:.2f}[/bold] "
+                  f"(ratio_vs_raw; aim >= 0.5)")
     if args.json:
         print(json.dumps(result, sort_keys=True))
 

@@ -80,7 +80,9 @@ def test_requeued_learner_and_shard_jobs_and_a_killed_shard_all_recover_and_the_
     budget = 2 * 700 * TOKENS_PER_STEP
     with detached(run, shakespeare, budget, "--sync-shards", "2") as (jobs, address):
         assert set(jobs) == {"sync0", "sync1", "learner0", "learner1"}
-        addr = {s: (run / f"sync-{s}" / "address").read_text() for s in range(2)}
+        addr = {s: wait_for(lambda s=s: (run / f"sync-{s}" / "address").is_file()
+                            and (run / f"sync-{s}" / "address").read_text(), 120, message=f"shard {s}'s address")
+                for s in range(2)}  # Slurm may start shard 1's job after shard 0 already answers
         wait_for(lambda: all(status(address).get("books", {}).get(str(m), {}).get("contributions", 0) >= 2
                              for m in range(2)), 120, message="both learner jobs to contribute")
         before = status(address)

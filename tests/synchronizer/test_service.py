@@ -143,6 +143,7 @@ def test_contributions_queued_behind_the_service_lock_join_a_k1_round_instead_of
             wait_for(lambda: service.arrivals._queued[0] == 3, 10, message="three queued contributions")
         for t in threads:
             t.join(10)
+        wait_for(lambda: service.core.versions[0] == 1, 10, message="the merge (computed off the lock)")
         status = service.status()
     assert replies == {m: {"ok": True} for m in range(3)}
     assert status["merges"] == 1 and status["contributions"] == 3 and service.core.versions[0] == 1
@@ -174,5 +175,6 @@ def test_the_timer_does_not_merge_a_round_while_contributions_are_queued_for_it(
             service._tick()  # the timer runs before learner 1's gets the lock
             assert service.core.versions[0] == 0
         late.join(10)
+        wait_for(lambda: service.core.versions[0] == 1, 10, message="the merge (computed off the lock)")
     assert replies == {0: {"ok": True}, 1: {"ok": True}}
     assert service.core.versions[0] == 1

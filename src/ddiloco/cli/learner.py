@@ -32,6 +32,9 @@ def learner(
     state_dir: Optional[Path] = typer.Option(None, help="Folder for this learner's own state (inner optimizer, "
                                              "journal of trained tokens)."),
     net_delay: float = typer.Option(0.0, min=0.0, help="Added latency per message, milliseconds (chaos testing)."),
+    net_latency: float = options.NET_LATENCY,
+    net_bandwidth: float = options.NET_BANDWIDTH,
+    net_jitter: float = options.NET_JITTER,
     max_steps: Optional[int] = typer.Option(None, min=1, help="Stop after this many steps even if the run goes on."),
     save_state_every: int = typer.Option(24, min=1, help="Steps between saves of the inner optimizer state to "
                                           "--state-dir."),
@@ -59,6 +62,7 @@ def learner(
     from ..learner.addresses import check_spec
     from ..learner.link import SynchronizerError
     from ..learner.trainer import LearnerSettings, train
+    from ..learner.wan import WanSettings
     from ..records import logsetup
     from ..train.device import resolve_device
     from ..train.inner import InnerConfig
@@ -74,6 +78,7 @@ def learner(
             seq_len=seq_len, seed=seed, inner=InnerConfig(lr=inner_lr, batch_size=batch_size), codec=codec,
             token=auth.resolve_token(token), credentials=auth.channel_credentials(tls_ca),
             state_dir=str(state_dir) if state_dir else None, net_delay=net_delay / 1000.0, max_steps=max_steps,
+            wan=WanSettings(net_latency / 1000.0, net_bandwidth * 1e6, net_jitter / 1000.0),
             checkpoint_every=save_state_every, min_step_seconds=min_step_seconds, start_timeout=connect_timeout,
             device=device, precision=options.plain(precision)[0], term_grace=term_grace,
             peer_recovery=peer_recovery, inner_state_dir=str(inner_state_dir) if inner_state_dir else None,

@@ -52,6 +52,12 @@ class CodecDown(str, enum.Enum):
 
 
 CODEC = typer.Option(Codec.bf16, help="Outer-gradient codec.")
+NET_LATENCY = typer.Option(0.0, min=0.0, max=1e6, help="Emulated wide-area link: one-way latency per message, "
+                           "milliseconds.")
+NET_BANDWIDTH = typer.Option(0.0, min=0.0, max=1e6, help="Emulated wide-area link: megabytes per second each way "
+                             "for tensors (control messages are exempt); 0: no cap.")
+NET_JITTER = typer.Option(0.0, min=0.0, max=1e6, help="Emulated wide-area link: a uniform 0..J milliseconds added "
+                          "to each message's latency.")
 
 
 def _choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:

@@ -44,6 +44,8 @@ def run(
     seed: int = typer.Option(0, help="Seed of the model, the data order and the chaos schedule."),
     sync_shards: int = typer.Option(1, min=1, help="Synchronizer shard processes (fragments spread round-robin)."),
     codec: options.Codec = options.CODEC,
+    codec_down: options.CodecDown = typer.Option(options.CodecDown.bf16, help="Codec of global fragments sent to "
+                                                 "learners (the synchronizer's master copy stays fp32)."),
     heartbeat: float = options.HEARTBEAT,
     checkpoint_every: int = typer.Option(1, min=0, help="Synchronizer merges between checkpoints."),
     threads: int = options.THREADS,
@@ -62,6 +64,9 @@ def run(
     kill_every: float = typer.Option(5.0, min=0.01, max=1e6, help="Seconds between the kills of two shards."),
     synchronizer_down: float = typer.Option(1.0, min=0.0, help="Seconds before a killed synchronizer is restarted."),
     net_delay: float = typer.Option(0.0, min=0.0, help="Added latency per message, milliseconds."),
+    net_latency: float = options.NET_LATENCY,
+    net_bandwidth: float = options.NET_BANDWIDTH,
+    net_jitter: float = options.NET_JITTER,
     chaos_trace: Optional[Path] = typer.Option(None, help="Replay learner outages (CSV learner,down_at,up_at)."),
     eval_batches: int = typer.Option(20, min=1, help="Validation batches for the final evaluation."),
     eval_every: float = typer.Option(20.0, min=0.0, help="Seconds between evaluations of the global model (live view, metrics.jsonl; 0: none)."),
@@ -108,6 +113,7 @@ def run(
     from rich.live import Live
 
     codec = options.Codec(codec).value
+    codec_down = options.CodecDown(codec_down).value
     method, model, model_size, merge = options.plain(method, model, model_size, merge)
 
     from ..chaos.injector import ChaosSettings
@@ -145,7 +151,8 @@ def run(
             outer_lr=outer_lr, outer_momentum=outer_momentum, arrival=options.plain(arrival)[0], final_momentum=final_momentum,
             inner_lr=inner_lr, batch_size=batch_size, seed=seed,
             tokens=tokens if tokens is not None or duration is not None else 400_000, duration=duration,
-            sync_shards=sync_shards, codec=codec, heartbeat=heartbeat, checkpoint_every=checkpoint_every,
+            sync_shards=sync_shards, codec=codec, codec_down=codec_down,
+            wan=(net_latency, net_bandwidth, net_jitter), heartbeat=heartbeat, checkpoint_every=checkpoint_every,
             threads=options.shared_threads(threads, learners + sync_shards), min_step_seconds=min_step_seconds, eval_batches=eval_batches, eval_every=eval_every, token=auth.resolve_token(token),
             peer_recovery=peer_recovery,
             chaos=chaos,

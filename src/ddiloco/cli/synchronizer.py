@@ -78,8 +78,8 @@ def synchronizer(
     insecure_no_auth: bool = typer.Option(False, help="Allow listening beyond loopback without a token."),
     tls_cert: Optional[Path] = typer.Option(None, help="TLS certificate (PEM)."),
     tls_key: Optional[Path] = typer.Option(None, help="TLS private key (PEM)."),
-    codec_down: options.CodecDown = typer.Option(options.CodecDown.fp32, help="Codec of global fragments sent to "
-                                                 "learners."),
+    codec_down: options.CodecDown = typer.Option(options.CodecDown.bf16, help="Codec of global fragments sent to "
+                                                 "learners (the synchronizer's master copy stays fp32)."),
     chunk_bytes: int = typer.Option(1 << 20, min=1024, max=1 << 26, help="Bytes per wire chunk."),
     max_message_bytes: int = typer.Option(1 << 30, min=1024, max=1 << 40, help="Largest contribution accepted, in bytes."),
     event_log: Optional[Path] = typer.Option(None, help="Append events (merges, joins, rejections) as JSON lines."),

@@ -11,14 +11,14 @@ service drive exactly this code.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Collection, Iterable, Mapping, Sequence
 
 import torch
 
 from .config import AlgorithmConfig
 from .fragments import FragmentPlan
-from .merge import fragment_norm, merge_outer_gradients
+from .merge import norm
+from .merge_job import MergeDue, MergeJob, MergeResult, Workspace
 from .messages import (
     AdmittedWork,
     Contribution,
@@ -31,52 +31,12 @@ from .messages import (
     SyncAction,
 )
 from .outer import NesterovOuterOptimizer
+from .rounds import Round, RoundView
 from .timing import GraceWindow
 from .weights import token_weight
 
 #: Prefix of outer-optimizer buffers in `fragment_state`, so they can share a file with the parameters.
 OUTER_PREFIX = "outer/"
-
-
-@dataclass
-class Round:
-    """Collection of contributions for one (fragment, version)."""
-
-    version: int
-    opened_at: float
-    expected: set[int]
-    contributions: dict[int, Contribution] = field(default_factory=dict)
-    declined: set[int] = field(default_factory=set)
-    quorum_at: float | None = None
-    deadline: float | None = None
-
-
-@dataclass(frozen=True)
-class RoundView:
-    """A read-only picture of an open round, for status pages and "why no quorum yet" logs."""
-
-    fragment: int
-    version: int
-    opened_at: float
-    quorum_at: float | None
-    deadline: float | None
-    need: int
-    contributors: tuple[int, ...]
-    declined: tuple[int, ...]
-    waiting_for: tuple[int, ...]
-    live: tuple[int, ...]
-
-    def describe(self, now: float) -> str:
-        state = (
-            f"quorum at {self.quorum_at - self.opened_at:.2f} s, grace until {self.deadline - self.opened_at:.2f} s"
-            if self.quorum_at is not None and self.deadline is not None
-            else f"no quorum after {now - self.opened_at:.2f} s"
-        )
-        return (
-            f"fragment {self.fragment} version {self.version}: {state}: need {self.need} "
-            f"(K capped at the live learners asked), contributions from {list(self.contributors)}, "
-            f"waiting for {list(self.waiting_for)}, declined {list(self.declined)}, live {list(self.live)}"
-        )
 
 
 class SynchronizerCore:
@@ -89,7 +49,14 @@ class SynchronizerCore:
         params: Mapping[str, torch.Tensor],
         owned: Iterable[int] | None = None,
         plain_names: Collection[str] = (),
+        defer_merges: bool = False,
+        share_updates: bool = False,
     ) -> None:
+        """`defer_merges`: a closed round comes out as a `MergeDue` action, whose job the driver
+        computes (outside its lock, in another thread) and hands to `finish_merge`. Without it the
+        core does both at once. Either way the result is the same.
+        `share_updates`: a `FragmentUpdate` holds the live global tensors, not copies, for a driver
+        that encodes each update before anything else reaches the core (the service, under its lock)."""
         if plan.num_fragments != config.fragments:
             raise ValueError(f"plan has {plan.num_fragments} fragments, config says P={config.fragments}")
         self.config = config
@@ -111,6 +78,11 @@ class SynchronizerCore:
         self.rounds: dict[int, Round] = {}
         self.rejections: dict[str, int] = {}
         self._holding = False  # see receive(hold=...)
+        self.defer_merges = defer_merges
+        self.share_updates = share_updates
+        self.merging: dict[int, MergeJob] = {}  # fragments whose merge is being computed
+        self._workspace = Workspace()  # reused by merges computed here (not deferred)
+        self._param_norms: dict[int, tuple[int, float]] = {}  # fragment -> (version, its L2 norm)
         self.final_flush = False  # the run's budget is reached: what merges now is the final flush
 
     # --- membership -----------------------------------------------------------------------------
@@ -137,16 +109,19 @@ class SynchronizerCore:
         self.grace.sync_time.update(seconds)
 
     # --- messages -------------------------------------------------------------------------------
-    def receive(self, message: LearnerMessage, now: float, hold: bool = False) -> list[SyncAction]:
+    def receive(self, message: LearnerMessage, now: float, hold: bool = False,
+                norms: Mapping[str, float] | None = None) -> list[SyncAction]:
         """`hold`: the driver has more messages queued behind this one at this instant. A round whose
         quorum and grace are met then waits for them instead of merging, so that with K = 1 (or no
         grace) every contribution already queued when the quorum is reached is admitted, not refused
-        as stale a moment later. The next receive without `hold`, or `poll`, merges it."""
+        as stale a moment later. The next receive without `hold`, or `poll`, merges it.
+        `norms`: `measure(message)`, when the driver took it already (outside its lock)."""
         if not isinstance(message, (Decline, Contribution)):
             raise TypeError(f"unexpected message {type(message).__name__}")
         self._holding = hold
         try:
-            actions = self._decline(message, now) if isinstance(message, Decline) else self._contribute(message, now)
+            actions = (self._decline(message, now) if isinstance(message, Decline)
+                       else self._contribute(message, now, norms))
         finally:
             self._holding = False
         return actions if hold else actions + self._advance_all(now)
@@ -158,11 +133,25 @@ class SynchronizerCore:
         current.declined.add(decline.learner)
         return self._advance(decline.fragment, now)
 
-    def _contribute(self, c: Contribution, now: float) -> list[SyncAction]:
-        reason = self._invalid(c)
+    @staticmethod
+    def measure(c: Contribution) -> dict[str, float]:
+        """The L2 norm of each tensor of a contribution: one pass each, and a NaN or Inf anywhere
+        makes its norm non-finite. Pure, so a driver may take it before its lock."""
+        return {name: norm(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else math.nan
+                for name, t in c.outer_gradient.items()}
+
+    def _contribute(self, c: Contribution, now: float, norms: Mapping[str, float] | None) -> list[SyncAction]:
+        if norms is None or set(norms) != set(c.outer_gradient):
+            norms = self.measure(c)
+        reason = self._invalid(c, norms)
         if reason is not None:
             return self._reject(c.learner, c.fragment, reason)
         current_version = self.versions[c.fragment]
+        if c.fragment in self.merging and c.base_version == current_version:
+            # its round is closed and being merged: this work is stale against the coming version,
+            # which every live learner receives anyway
+            return self._reject(c.learner, c.fragment, f"stale: version {current_version} of fragment "
+                                f"{c.fragment} is being merged")
         if c.base_version < current_version:
             # Work against an older global value: merging it would apply a stale outer gradient.
             return self._reject(
@@ -185,10 +174,11 @@ class SynchronizerCore:
         if current.quorum_at is None:  # xi_step: the learners that form quorums (see `timing`)
             self.grace.step_time.update(c.step_time)
         current.contributions[c.learner] = c
+        current.norms[c.learner] = norms
         current.declined.discard(c.learner)
         return requests + self._advance(c.fragment, now)
 
-    def _invalid(self, c: Contribution) -> str | None:
+    def _invalid(self, c: Contribution, norms: Mapping[str, float]) -> str | None:
         """Why a contribution must be refused, or None. Nothing is changed by a refused message."""
         if c.learner not in self.live:
             return f"unknown learner {c.learner}: register (join) first"
@@ -211,24 +201,32 @@ class SynchronizerCore:
                 return f"{name}: expected a floating-point tensor"
             if tuple(t.shape) != tuple(self.params[name].shape):
                 return f"{name}: shape {tuple(t.shape)} != {tuple(self.params[name].shape)}"
-            if not bool(torch.isfinite(t).all()):
+            if not math.isfinite(norms[name]):
                 return f"{name}: NaN or Inf values"
-        return self._too_large(c)
+        return self._too_large(c, norms)
 
-    def _too_large(self, c: Contribution) -> str | None:
+    def _too_large(self, c: Contribution, norms: Mapping[str, float]) -> str | None:
         """The norm bound of `AlgorithmConfig.max_outer_norm_ratio`, over the whole fragment."""
         ratio = self.config.max_outer_norm_ratio
         if ratio <= 0:
             return None
         names = self.plan.names[c.fragment]
-        grad_sq = sum(float(c.outer_gradient[n].double().square().sum()) for n in names)
-        param_sq = sum(float(self.params[n].double().square().sum()) for n in names)
+        grad_sq = sum(norms[n] ** 2 for n in names)
+        param_sq = self._param_norm(c.fragment) ** 2
         floor_sq = 1e-2 * self.plan.sizes[c.fragment]  # an RMS of 0.1 per value
         limit = ratio * math.sqrt(max(param_sq, floor_sq))
         if not math.sqrt(grad_sq) <= limit:
             return (f"outer gradient too large: norm {math.sqrt(grad_sq):.3g} exceeds {ratio:g} x the fragment's "
                     f"norm ({limit:.3g}; max_outer_norm_ratio)")
         return None
+
+    def _param_norm(self, p: int) -> float:
+        """The fragment's global L2 norm, once per version."""
+        cached = self._param_norms.get(p)
+        if cached is None or cached[0] != self.versions[p]:
+            value = math.sqrt(sum(norm(self.params[n]) ** 2 for n in self.plan.names[p]))
+            cached = self._param_norms[p] = (self.versions[p], value)
+        return cached[1]
 
     def _reject(self, learner: int, fragment: int | None, reason: str) -> list[SyncAction]:
         kind = reason.split(":")[0]
@@ -291,63 +289,81 @@ class SynchronizerCore:
 
     def _merge(self, p: int, now: float) -> list[SyncAction]:
         r = self.rounds.pop(p)
-        contributions = [r.contributions[m] for m in sorted(r.contributions)]
+        learners = sorted(r.contributions)
+        contributions = tuple(r.contributions[m] for m in learners)
         weights = [token_weight(c.tokens, c.steps) for c in contributions]
         if sum(weights) <= 0:  # every contributor trained on zero tokens: nothing to learn from
             weights = [1.0] * len(contributions)
         names = self.plan.names[p]
-        delta = merge_outer_gradients(
-            [c.outer_gradient for c in contributions], weights, self.plain_names & set(names), self.config.merge
+        rda = frozenset(names) - self.plain_names if self.config.merge == "rda" else frozenset()
+        job = MergeJob(
+            fragment=p, version=r.version, contributions=contributions, weights=tuple(weights),
+            norms=tuple(r.norms[m] for m in learners), rda_names=rda,
+            use_momentum=self.config.final_momentum or not self.final_flush,
+            params={n: self.params[n] for n in names}, outer=self.outer[p],
+            opened_at=r.opened_at, quorum_at=r.quorum_at, deadline=r.deadline, expected=len(r.expected),
         )
-        try:
-            self.outer[p].step(self.params, delta, use_momentum=self.config.final_momentum or not self.final_flush)
-        except FloatingPointError as exc:
-            # Finite inputs that overflow together: nothing is committed, the version stays, and
-            # every contributor is reset to the global value (the round's work is counted lost).
-            reason = f"merge refused: fragment {p} would become non-finite ({exc})"
-            return [a for c in contributions for a in self._reject(c.learner, p, reason)]
+        self.merging[p] = job
+        if self.defer_merges:
+            return [MergeDue(job)]
+        return self.finish_merge(job, job.compute(self._workspace), now)
+
+    def finish_merge(self, job: MergeJob, result: MergeResult, now: float) -> list[SyncAction]:
+        """Apply a computed merge: the outer step in place, the new version, its update to every live
+        learner. A refused step (it would make the fragment non-finite) commits nothing, keeps the
+        version and resets every contributor to the global value (the round's work is counted lost)."""
+        p = job.fragment
+        if self.merging.get(p) is not job:
+            raise ValueError(f"fragment {p}: no merge of version {job.version} is pending")
+        del self.merging[p]
+        if result.error is not None:
+            reason = f"merge refused: fragment {p} would become non-finite ({result.error})"
+            return [a for c in job.contributions for a in self._reject(c.learner, p, reason)]
+        self.outer[p].apply(self.params, result.scaled, job.use_momentum)
         self.versions[p] += 1
         admitted = tuple(
-            AdmittedWork(c.learner, c.step, c.steps, c.tokens, c.seconds, w) for c, w in zip(contributions, weights)
+            AdmittedWork(c.learner, c.step, c.steps, c.tokens, c.seconds, w)
+            for c, w in zip(job.contributions, job.weights)
         )
-        quorum_time = (r.quorum_at or now) - r.opened_at
         record = Merged(
             fragment=p,
             version=self.versions[p],
             time=now,
-            opened_at=r.opened_at,
-            quorum_time=quorum_time,
-            grace=(r.deadline or now) - (r.quorum_at or now),
+            opened_at=job.opened_at,
+            quorum_time=(job.quorum_at if job.quorum_at is not None else now) - job.opened_at,
+            grace=(job.deadline if job.deadline is not None else now)
+            - (job.quorum_at if job.quorum_at is not None else now),
             admitted=admitted,
-            expected=len(r.expected),
-            merged_norm=fragment_norm(delta),
-            contribution_norm=sum(w * fragment_norm(c.outer_gradient) for c, w in zip(contributions, weights))
-            / sum(weights),
+            expected=job.expected,
+            merged_norm=result.merged_norm,
+            contribution_norm=job.contribution_norm(),
         )
         return [record, self._update(p, tuple(sorted(self.live)))]
 
-    def _update(self, p: int, learners: Sequence[int]) -> FragmentUpdate:
-        tensors = {name: self.params[name].clone() for name in self.plan.names[p]}
+    def _update(self, p: int, learners: Sequence[int], copy: bool | None = None) -> FragmentUpdate:
+        copy = not self.share_updates if copy is None else copy
+        tensors = {name: self.params[name].clone() if copy else self.params[name] for name in self.plan.names[p]}
         return FragmentUpdate(p, self.versions[p], tensors, tuple(learners))
 
     def current_update(self, p: int, learners: Sequence[int]) -> FragmentUpdate:
         """The current global value of fragment p, addressed to `learners` (a copy: safe to send)."""
         if p not in self.versions:
             raise KeyError(f"fragment {p} is not owned by this synchronizer")
-        return self._update(p, learners)
+        return self._update(p, learners, copy=True)
 
     # --- state ----------------------------------------------------------------------------------
     def global_params(self) -> dict[str, torch.Tensor]:
         return {name: t.clone() for name, t in self.params.items()}
 
-    def fragment_state(self, p: int) -> dict[str, torch.Tensor]:
-        """Copies of fragment p's global tensors and its outer-optimizer buffers (keys OUTER_PREFIX + name).
+    def fragment_state(self, p: int, copy: bool = True) -> dict[str, torch.Tensor]:
+        """Fragment p's global tensors and its outer-optimizer buffers (keys OUTER_PREFIX + name):
+        copies, or with `copy=False` the live tensors, which the next merge of p changes in place.
 
         One fragment at a time, so a checkpoint can write only the fragments whose version changed.
         """
-        state = {name: self.params[name].clone() for name in self.plan.names[p]}
-        for name, buf in self.outer[p].state_dict().items():
-            state[OUTER_PREFIX + name] = buf
+        state = {name: self.params[name].clone() if copy else self.params[name] for name in self.plan.names[p]}
+        for name, buf in self.outer[p].buffers.items():
+            state[OUTER_PREFIX + name] = buf.clone() if copy else buf
         return state
 
     def state_dict(self) -> dict:

@@ -38,6 +38,8 @@ class RunConfig:
     duration: float | None = None
     sync_shards: int = 1
     codec: str = "bf16"
+    codec_down: str = "bf16"
+    wan: tuple[float, float, float] = (0.0, 0.0, 0.0)  # emulated link: latency ms, MB/s, jitter ms
     heartbeat: float = 0.5
     checkpoint_every: int = 1
     threads: int = 1
@@ -87,7 +89,7 @@ class RunConfig:
                 "--num-shards", str(self.sync_shards), "--max-learners", str(self.learners),
                 "--checkpoint-dir", str(d), "--checkpoint-every", str(self.checkpoint_every), "--threads", str(self.threads),
                 "--heartbeat", str(self.heartbeat), "--event-log", str(d / "events.jsonl"),
-                "--summary", str(d / "summary.json")]
+                "--summary", str(d / "summary.json"), "--codec-down", self.codec_down]
         if self.merge:
             args += ["--merge", self.merge]
         if self.tokens is not None:
@@ -107,6 +109,9 @@ class RunConfig:
             args.append("--no-peer-recovery")
         if self.chaos.net_delay_ms:
             args += ["--net-delay", str(self.chaos.net_delay_ms)]
+        for flag, value in zip(("--net-latency", "--net-bandwidth", "--net-jitter"), self.wan):
+            if value:
+                args += [flag, str(value)]
         return args
 
     def as_dict(self) -> dict:

@@ -92,4 +92,22 @@ def summarize(
         "learner_processes": len(journals),
         "window_start": start,
         "window_stop": stop,
+        **bandwidth(statuses, sum(int(j.get("steps", 0)) for j in journals), learners),
     }
+
+
+def bandwidth(statuses: list[dict], steps: int, learners: int) -> dict:
+    """Bytes per learner per inner step each way (the shards' bulk frames), and how many times fewer
+    than a ring all-reduce of the same model in bf16 among as many workers: each worker sends and
+    receives 2 (W - 1) / W of the model per step."""
+    params = sum(int(s.get("params", 0)) for s in statuses)
+    up = sum(int(s.get("bytes_received", 0)) for s in statuses) / max(1, steps)
+    down = sum(int(s.get("bytes_sent", 0)) for s in statuses) / max(1, steps)
+    ring = 2 * (learners - 1) / learners * params * 2
+
+    def ratio(ours: float) -> float | None:
+        return ring / ours if ours > 0 and ring > 0 else None
+
+    return {"params": params, "bytes_up_per_step": up, "bytes_down_per_step": down, "allreduce_bf16_bytes_per_step": ring,
+            "bandwidth_ratio_up": ratio(up), "bandwidth_ratio_down": ratio(down),
+            "bandwidth_ratio_both_ways": ratio(up + down)}

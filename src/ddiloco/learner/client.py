@@ -36,6 +36,7 @@ import math
 import queue
 import secrets
 import time
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 import torch
@@ -50,6 +51,7 @@ from .fanout import RankFanout, active_group_size
 from .joining import await_global, check_replies, make_core, resync
 from .journal import Journal
 from .link import LinkContext, ShardLink, SynchronizerError
+from .wan import WanLink, WanSettings
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ class LearnerClient:
         codec: str = "bf16",
         credentials=None,  # grpc.ChannelCredentials for TLS
         net_delay: float = 0.0,
+        wan: WanSettings | None = None,
         journal_dir: str | None = None,
         timeouts: Timeouts | None = None,
         process_group=None,
@@ -75,7 +78,8 @@ class LearnerClient:
         """`report_every`: seconds between progress lines at INFO on the "ddiloco" logger
         (`ddiloco.log_to_stderr()` shows them). `optimizer`: the inner optimizer, for peer recovery:
         if it holds no state at `start()` (a new machine) it takes a live learner's, and it donates
-        its own when another learner joins empty (`peerstate`)."""
+        its own when another learner joins empty (`peerstate`). `wan`: emulate a wide-area link
+        (`wan`); `net_delay` (chaos testing) adds to its latency."""
         from ..wire import quant
 
         quant.get(codec)  # validate early
@@ -104,7 +108,7 @@ class LearnerClient:
         self.ctx = LinkContext(
             learner=self.learner, incarnation=self.incarnation, signature=signature(self.params), token=token,
             codec=codec, inbound=self.inbound, progress=lambda: reporting.progress(self), credentials=credentials,
-            net_delay=net_delay,
+            wan=WanLink(replace(wan or WanSettings(), latency=(wan.latency if wan else 0.0) + net_delay)),
         )
         self.links: list[ShardLink] = []
         self.core: LearnerCore | None = None

@@ -29,6 +29,7 @@ from ..core import Contribution, Decline, FragmentRequest, FragmentUpdate
 from ..wire import framing, rpc
 from ..wire.timeouts import Timeouts
 from . import addresses
+from .wan import WanLink
 
 log = logging.getLogger(__name__)
 PERMANENT = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
@@ -64,7 +65,7 @@ class LinkContext:
     inbound: "queue.Queue[tuple]"
     progress: Callable[[], dict]
     credentials: object = None
-    net_delay: float = 0.0
+    wan: WanLink = field(default_factory=WanLink)  # an emulated wide-area link (none by default)
     max_frame: int = 256 << 20  # what this side accepts per frame; the synchronizer's own limit protects it
     closing: threading.Event = field(default_factory=threading.Event)
     stop_requested: threading.Event = field(default_factory=threading.Event)
@@ -204,6 +205,7 @@ class ShardLink:
                 reassembler = framing.Reassembler(1 << 40, max_open=8)
                 for frame in self._stream:
                     self.stats.bytes_received += len(frame)
+                    self.ctx.wan.received(len(frame))
                     msg = reassembler.feed(frame)
                     if msg is not None:
                         self._deliver(msg)
@@ -221,8 +223,7 @@ class ShardLink:
                 delay = min(2 * delay, self.timeouts.backoff_max)
 
     def _deliver(self, msg: framing.Message) -> None:
-        if self.ctx.net_delay:
-            time.sleep(self.ctx.net_delay)
+        self.ctx.wan.delay()
         head = msg.head
         kind = head.get("kind")
         if kind == "update":
@@ -262,11 +263,11 @@ class ShardLink:
                     "step": c.step, **extra}
             frames = framing.tensor_frames(head, c.outer_gradient, self.ctx.codec, self.chunk_bytes)
             nbytes = sum(len(f) for f in frames)
-            if self.ctx.net_delay:
-                time.sleep(self.ctx.net_delay)
+            self.ctx.wan.delay()
             try:
-                reply = framing.read_message(self.bulk.push(iter(frames), timeout=self.timeouts.bulk(nbytes),
-                                                         metadata=self.bulk.metadata))
+                reply = framing.read_message(self.bulk.push(
+                    self.ctx.wan.paced_up(frames), timeout=self.timeouts.bulk(nbytes) + self.ctx.wan.transfer_seconds(nbytes),
+                    metadata=self.bulk.metadata))
             except grpc.RpcError as exc:
                 if self.ctx.closing.is_set():
                     return
@@ -322,8 +323,7 @@ class ShardLink:
                 self.ctx.inbound.put(("donate", self.index, reply["donate"]))
 
     def _call(self, method: str, head: dict, sid: str) -> dict | None:
-        if self.ctx.net_delay:
-            time.sleep(self.ctx.net_delay)
+        self.ctx.wan.delay()
         try:
             reply = framing.read_message(self.control.call(method, framing.message(head), self.timeouts.rpc))
         except grpc.RpcError as exc:

@@ -24,13 +24,16 @@ def write_journal(c: LearnerClient) -> None:
         "seconds": c.compute_seconds, "start_position": c.start_position, "position": c.position,
         "started": c.started_wall, "updated": time.time(), "state": c.state,
         "versions": list(c.core.versions) if c.core is not None else [],
+        "bytes_pushed": sum(link.stats.bytes_pushed for link in c.links),
+        "bytes_received": sum(link.stats.bytes_received for link in c.links),
     })
 
 
 def stats(c: LearnerClient) -> dict:
     links = [link.stats for link in c.links]
     totals = {k: sum(getattr(s, k) for s in links)
-              for k in ("pushed", "accepted", "rejected", "lost_in_transit", "registrations")}
+              for k in ("pushed", "accepted", "rejected", "lost_in_transit", "registrations", "bytes_pushed",
+                        "bytes_received")}
     return {"learner": c.learner, "incarnation": c.incarnation, "steps": c.steps, "tokens": c.tokens,
             "compute_seconds": c.compute_seconds, "start_position": c.start_position,
             "position": c.position, "counted_position": c.counted_position,

@@ -26,6 +26,7 @@ from ..wire.protocol import state_checksum
 from .client import LearnerClient
 from .peerstate import snapshot
 from .state import BackgroundSaver, load_optimizer
+from .wan import WanSettings
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class LearnerSettings:
     credentials: object = None
     state_dir: str | None = None
     net_delay: float = 0.0
+    wan: WanSettings = field(default_factory=WanSettings)  # an emulated wide-area link (`wan`)
     max_steps: int | None = None
     checkpoint_every: int = 24
     start_timeout: float = 120.0
@@ -100,7 +102,7 @@ def train(settings: LearnerSettings) -> dict:
     state_dir = Path(settings.state_dir) if settings.state_dir else None
     client = LearnerClient(
         model, settings.addresses, settings.learner, token=settings.token, codec=settings.codec,
-        credentials=settings.credentials, net_delay=settings.net_delay,
+        credentials=settings.credentials, net_delay=settings.net_delay, wan=settings.wan,
         journal_dir=str(state_dir) if state_dir else None, start_timeout=settings.start_timeout,
         optimizer=optimizer if settings.peer_recovery else None,  # empty at start: a live peer's state
     )

@@ -9,16 +9,29 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 
 def atomic_write(path: str | Path, data: bytes, durable: bool = True) -> None:
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    atomic_save(path, write, durable)
+
+
+def atomic_save(path: str | Path, write: Callable[[Path], None], durable: bool = True) -> None:
+    """`write(tmp)` creates the file's content at `tmp` (for a library that writes files itself, such
+    as safetensors' `save_file`, which skips building the whole file in memory first)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        if durable:
-            os.fsync(f.fileno())
+    write(tmp)
+    if durable:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     os.replace(tmp, path)
     if durable:
         fd = os.open(path.parent, os.O_RDONLY)

@@ -30,7 +30,9 @@ KINDS: dict[str, str] = {
     # the synchronizer service
     "started": "a synchronizer shard started: shard, num_shards, versions",
     "restored": "a shard restored its checkpoint: seq, versions",
-    "checkpoint": "a checkpoint is durable: seq, versions",
+    "checkpoint": "a checkpoint is durable: seq, versions, write_seconds (its fragment files and manifest)",
+    "sent": "a merged fragment was queued for every live learner: fragment, version, round_seconds (from "
+            "its round closing: merge, outer step, encoding and the write-ahead checkpoint)",
     "leave": "a learner left or was declared gone: learner, incarnation, reason",
     "replaced": "a learner id registered again and its old session was closed: learner, incarnation, previous",
     "no_quorum": "a round waited a failure timeout without a quorum: fragment, version, reason",

@@ -31,11 +31,11 @@ from typing import Iterable
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save
+from safetensors.torch import load_file, save_file
 
 from ..core import SynchronizerCore
 from ..core.synchronizer import OUTER_PREFIX
-from ..records.atomic import atomic_write, atomic_write_json, read_json
+from ..records.atomic import atomic_save, atomic_write_json, read_json
 
 FORMAT = 1
 
@@ -88,13 +88,15 @@ def load_tensors(path: Path, what: str = "checkpoint file") -> dict[str, torch.T
 
 @dataclass
 class Snapshot:
-    """Everything one checkpoint writes, copied out of the core so it can be written without its lock."""
+    """Everything one checkpoint writes, taken out of the core so it can be written without its lock
+    (copies, or the live tensors under write-ahead: see `CheckpointStore.snapshot`)."""
 
     seq: int
     versions: dict[int, int]
     files: dict[int, str]
     tensors: dict[int, dict[str, torch.Tensor]]  # only the fragment files not on disk yet
     manifest: dict
+    write_seconds: float = 0.0
 
 
 class CheckpointStore:
@@ -127,15 +129,19 @@ class CheckpointStore:
     def fragment_file(p: int, version: int) -> str:
         return f"p{p:04d}-v{version:08d}.safetensors"
 
-    def snapshot(self, core: SynchronizerCore, identity: dict, ledger: dict) -> Snapshot:
-        """Copy what the next checkpoint needs (cheap: only fragments whose current version is not on disk)."""
+    def snapshot(self, core: SynchronizerCore, identity: dict, ledger: dict, copy: bool = True) -> Snapshot:
+        """What the next checkpoint needs: only fragments whose current version is not on disk.
+
+        `copy=False` shares the live tensors instead of copying them, for a caller that knows they
+        cannot change before the write ends: under write-ahead (`commit`) no learner holds a version
+        before it is on disk, so no fragment can merge past a version that is still being written."""
         self.seq += 1
         files, tensors = {}, {}
         for p in core.owned:
             name = self.fragment_file(p, core.versions[p])
             files[p] = name
             if name not in self._on_disk:
-                tensors[p] = core.fragment_state(p)
+                tensors[p] = core.fragment_state(p, copy)
         manifest = {
             "format": FORMAT,
             "seq": self.seq,
@@ -151,9 +157,10 @@ class CheckpointStore:
         """Fragment files first (each atomic), then the manifest: its rename is the commit point."""
         for p, values in snap.tensors.items():
             name = snap.files[p]
-            data = save({n: t.contiguous() for n, t in values.items()},
-                        metadata={"fragment": str(p), "version": str(snap.versions[p])})
-            atomic_write(self.frag_dir / name, data)
+            tensors = {n: t.contiguous() for n, t in values.items()}
+            metadata = {"fragment": str(p), "version": str(snap.versions[p])}
+            atomic_save(self.frag_dir / name,
+                        lambda tmp, tensors=tensors, metadata=metadata: save_file(tensors, str(tmp), metadata))
             self._on_disk.add(name)
         atomic_write_json(self.manifest_path, snap.manifest)
         self._collect_garbage(snap.versions)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable
 
 from .checkpoint import CheckpointStore, Snapshot
@@ -66,7 +67,9 @@ class CommitLog:
                 ticket = self._wanted
                 snap = self.snapshot()
             try:
+                started = time.perf_counter()
                 self.store.write(snap)
+                snap.write_seconds = time.perf_counter() - started
             except OSError:
                 log.exception("checkpoint write failed; updates stay held until a write succeeds")
                 with self.cond:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Callable
 
 from ..core import FragmentRequest, FragmentUpdate, Merged, SynchronizerCore
+from ..core.merge_job import MergeDue, MergeJob
 from ..records.events import EventLog
 from ..wire import framing
 from .commit import CommitLog
@@ -24,7 +26,7 @@ class ActionDispatcher:
 
     def __init__(self, core: SynchronizerCore, settings: ServiceSettings, ledger: MergeLedger,
                  sessions: SessionTable, events: EventLog, commit: CommitLog | None,
-                 cond: threading.Condition) -> None:
+                 cond: threading.Condition, submit_merge: Callable[[MergeJob], None]) -> None:
         self.core = core
         self.settings = settings
         self.ledger = ledger
@@ -32,12 +34,17 @@ class ActionDispatcher:
         self.events = events
         self.commit = commit
         self.cond = cond
+        self.submit_merge = submit_merge  # a MergeDue's job is computed off the lock (`merger`)
         self._merges_since_checkpoint = 0
         self._last_merged: dict[str, int | None] = {}  # learner -> data position, sent with the next update
+        self._due: dict[tuple[int, int], float] = {}  # (fragment, new version) -> when its round closed
 
     def dispatch(self, actions: list, now: float) -> None:
         for a in actions:
-            if isinstance(a, Merged):
+            if isinstance(a, MergeDue):
+                self._due[(a.job.fragment, a.job.version + 1)] = time.perf_counter()
+                self.submit_merge(a.job)
+            elif isinstance(a, Merged):
                 self._merged(a)
             elif isinstance(a, FragmentUpdate):
                 head = {"kind": "update", "fragment": a.fragment, "version": a.version, "merged": self._last_merged}
@@ -47,6 +54,10 @@ class ActionDispatcher:
                     s = self.sessions.by_learner.get(m)
                     if s is not None:
                         self.send_update(s, a.fragment, a.version, frames)
+                due = self._due.pop((a.fragment, a.version), None)
+                if due is not None:  # after the sends: the round's time until its update is queued
+                    self._deliver(a.fragment, a.version, lambda a=a, due=due: self.events.write(
+                        "sent", fragment=a.fragment, version=a.version, round_seconds=time.perf_counter() - due))
             elif isinstance(a, FragmentRequest):
                 frame = framing.message({"kind": "request", "fragment": a.fragment, "version": a.version})
                 for m in a.learners:
@@ -68,7 +79,9 @@ class ActionDispatcher:
 
     def send_update(self, s: Session, fragment: int, version: float, frames: list[bytes]) -> None:
         """Queue an update once its version is durable (see `commit`)."""
-        send = lambda: s.outbox.put_update(fragment, version, frames)  # noqa: E731
+        self._deliver(fragment, version, lambda: s.outbox.put_update(fragment, version, frames))
+
+    def _deliver(self, fragment: int, version: float, send: Callable[[], None]) -> None:
         if self.commit is None:
             send()
         else:

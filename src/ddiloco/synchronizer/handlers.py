@@ -148,6 +148,7 @@ class Handlers:
         try:
             for data in request_iterator:
                 stream.waiting()  # the idle clock restarts with every frame
+                service.traffic.received(len(data))
                 if msg is not None:
                     raise framing.WireError("a push carries exactly one contribution")
                 if stream.session is None:
@@ -236,6 +237,7 @@ class Handlers:
                 frame = session.outbox.get(wait)
                 if frame is not None:
                     stream.waiting()  # until the learner takes the frame: one that never reads is cut off
+                    service.traffic.sent(len(frame))
                     yield frame
         finally:
             self.streams.close(key)

@@ -35,7 +35,8 @@ def build_service(
     holds a checkpoint. Only the owned fragments are kept; the rest of `params` can be dropped."""
     plan = plan_for_model(params, algorithm.fragments)
     owned = owned_fragments(settings.shard, settings.num_shards, plan.num_fragments)
-    core = SynchronizerCore(algorithm, plan, params, owned=owned, plain_names=plain_names & set(params))
+    core = SynchronizerCore(algorithm, plan, params, owned=owned, plain_names=plain_names & set(params),
+                            defer_merges=True, share_updates=True)
     plan_json = plan_to_json(plan, params)
     identity = {
         "signature": signature(params),

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import secrets
 import threading
 import time
 from collections import deque
 
-from ..core import Contribution, Decline, Merged, Rejected, SynchronizerCore
+from ..core import Contribution, Decline, Rejected, SynchronizerCore
+from ..core.merge_job import MergeJob, MergeResult
 from ..records.events import EventLog
 from ..records.ratelimit import RateLimit
 from ..wire import framing
 from ..wire.protocol import rejection_action
-from . import status
+from . import status, ticks
 from .arrivals import Arrivals
 from .budget import RunBudget
 from .checkpoint import CheckpointStore, Snapshot
@@ -31,10 +33,12 @@ from .commit import CommitLog
 from .dispatch import ActionDispatcher
 from .donations import DonationDesk
 from .ledger import MergeLedger, PendingWork
+from .merger import MergeWorkers
 from .outbox import Outbox
 from .sessions import Session, SessionTable
 from .settings import Refused, ServiceSettings
 from .timer import Timer
+from .traffic import Traffic
 
 __all__ = ["Refused", "ServiceSettings", "Session", "SynchronizerService"]
 
@@ -60,6 +64,7 @@ class SynchronizerService:
         self.events = events or EventLog(None)
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
+        self.traffic = Traffic()  # bulk bytes in and out (status, run summaries)
         self.arrivals = Arrivals()  # contributions decoded and waiting for the lock, per fragment
         self.t0 = time.monotonic()
         self.ledger = MergeLedger(core.plan, time.time())
@@ -70,14 +75,14 @@ class SynchronizerService:
         self.budget = RunBudget(settings.tokens, settings.duration, self.ledger.started_wall)
         self.stopping = False
         self.stop_reason = ""
-        self._stop_mono = 0.0
+        self.stop_mono = 0.0
         self.finished = threading.Event()
         self.closed = False
         self.bulk_slots = threading.BoundedSemaphore(settings.workers - settings.reserved_control_workers)
         self.recent_rejections: deque[str] = deque(maxlen=20)
         self.refused_rpcs = 0
         self._refusal_log = RateLimit(per_second=5.0, burst=20)
-        self._quorum_logged: set[tuple[int, int]] = set()  # rounds whose missing quorum was logged
+        self.quorum_logged: set[tuple[int, int]] = set()  # rounds whose missing quorum was logged
         self.restored_from: int | None = None
         if store is not None and store.exists():
             manifest = store.load(core, identity)
@@ -92,8 +97,9 @@ class SynchronizerService:
                       on_written=self._written)
             if store is not None and settings.checkpoint_every > 0 else None
         )
+        self.merger = MergeWorkers(self._finish_merge, min(len(core.owned), os.cpu_count() or 1))
         self.dispatcher = ActionDispatcher(core, settings, self.ledger, self.sessions, self.events, self.commit,
-                                           self.cond)
+                                           self.cond, self.merger.submit)
         self._timer = Timer(self.cond, self._tick, core.next_deadline, self.now, lambda: self.closed,
                             period=settings.timeouts.heartbeat / 2)
 
@@ -113,6 +119,7 @@ class SynchronizerService:
                 return
             self.closed = True
             self.cond.notify_all()
+        self.merger.close()  # merges already due are applied, so the final checkpoint holds them
         if self.commit is not None:
             self.commit.close()
         with self.cond:
@@ -131,10 +138,12 @@ class SynchronizerService:
         self._written(snap)
 
     def _snapshot(self) -> Snapshot:
-        return self.store.snapshot(self.core, self.identity, self.ledger.state_dict())
+        # Under write-ahead the fragments cannot change while they are written: no copies (see `commit`).
+        return self.store.snapshot(self.core, self.identity, self.ledger.state_dict(),
+                                   copy=self.settings.checkpoint_every != 1)
 
     def _written(self, snap: Snapshot) -> None:
-        self.events.write("checkpoint", seq=snap.seq, versions=snap.versions)
+        self.events.write("checkpoint", seq=snap.seq, versions=snap.versions, write_seconds=snap.write_seconds)
 
     def begin_stop(self, reason: str) -> None:
         with self.cond:
@@ -143,7 +152,7 @@ class SynchronizerService:
             self.stopping = True
             self.core.begin_final_flush()
             self.stop_reason = reason
-            self._stop_mono = time.monotonic()
+            self.stop_mono = time.monotonic()
             log.info("stopping: %s", reason)
             self.events.write("stop", reason=reason)
             frame = framing.message({"kind": "stop", "reason": reason})
@@ -182,13 +191,13 @@ class SynchronizerService:
                 self.sessions.close(old)
                 if old.incarnation != incarnation and learner in self.core.live:
                     # A restarted process: its predecessor is gone, do not wait for it.
-                    self._dispatch(self.core.leave(learner, now, self.arrivals.waiting()), now)
+                    self.dispatch(self.core.leave(learner, now, self.arrivals.waiting()), now)
             session = Session(secrets.token_hex(8), learner, incarnation, Outbox(), time.monotonic(), time.time())
             self.sessions.add(session)
             resume = self.ledger.resume_position(learner, self._open_positions(learner))
             self.ledger.book(learner)
             self.ledger.on_join(time.time())
-            self._dispatch(self.core.join(learner, now), now)
+            self.dispatch(self.core.join(learner, now), now)
             if self.stopping:
                 session.outbox.put_control(framing.message({"kind": "stop", "reason": self.stop_reason}))
             self.events.write("join", learner=learner, incarnation=incarnation, fresh=fresh, resume_position=resume,
@@ -226,21 +235,34 @@ class SynchronizerService:
             return self.sessions.get(session_id)
 
     def heartbeat(self, session_id: object, progress: dict) -> dict:
-        with self.cond:
-            s = self.sessions.get(session_id)
-            if s is None:
-                return {"ok": False, "reason": "unknown session: the synchronizer restarted or declared this "
-                        "learner gone; register again", "action": "reregister"}
-            s.last_seen = time.monotonic()
-            s.progress = {k: progress[k] for k in ("step", "tokens", "position", "step_time", "state", "loss")
-                          if k in progress}
-            if isinstance(progress.get("tokens"), int):
-                self.ledger.report_tokens(s.learner, s.incarnation, progress["tokens"])
-            reply = {"ok": True, "stopping": self.stopping, "progress": self.progress()}
+        """Answered without waiting for the service lock, so a learner is never declared gone because
+        the synchronizer was busy: the session's clock and progress are plain assignments; its token
+        count is booked now if the lock is free, else by the next tick (`book_tokens`)."""
+        s = self.sessions.get(session_id)  # one dict read
+        if s is None:
+            return {"ok": False, "reason": "unknown session: the synchronizer restarted or declared this "
+                    "learner gone; register again", "action": "reregister"}
+        s.last_seen = time.monotonic()
+        s.progress = {k: progress[k] for k in ("step", "tokens", "position", "step_time", "state", "loss")
+                      if k in progress}
+        if isinstance(progress.get("tokens"), int):
+            s.unbooked_tokens = progress["tokens"]
+            if self.lock.acquire(blocking=False):
+                try:
+                    self.book_tokens(s)
+                finally:
+                    self.lock.release()
+        reply = {"ok": True, "stopping": self.stopping, "progress": self.progress()}
         ticket = self.donations.due_for(s.id)
         if ticket is not None:
             reply["donate"] = ticket
         return reply
+
+    def book_tokens(self, s: Session) -> None:
+        """Book a heartbeat's token count (caller holds the lock)."""
+        tokens, s.unbooked_tokens = s.unbooked_tokens, None
+        if tokens is not None and self.sessions.get(s.id) is s:
+            self.ledger.report_tokens(s.learner, s.incarnation, tokens)
 
     def donor_candidates(self) -> list[tuple[int, str, float]]:
         """(learner, session, steps) of every live learner that is training: who could donate inner state."""
@@ -256,7 +278,7 @@ class SynchronizerService:
             s.last_seen = time.monotonic()
             now = self.now()
             decline = Decline(s.learner, fragment, version, reason)
-            self._dispatch(self.core.receive(decline, now, self.arrivals.waiting()), now)
+            self.dispatch(self.core.receive(decline, now, self.arrivals.waiting()), now)
             return {"ok": True}
 
     def leave(self, session_id: object, tokens: int | None) -> dict:
@@ -270,23 +292,24 @@ class SynchronizerService:
             now = self.now()
             self.events.write("leave", learner=s.learner, incarnation=s.incarnation, reason="left")
             log.info("learner %d left", s.learner)
-            self._dispatch(self.core.leave(s.learner, now, self.arrivals.waiting()), now)
+            self.dispatch(self.core.leave(s.learner, now, self.arrivals.waiting()), now)
             return {"ok": True}
 
     # --- contributions --------------------------------------------------------------------------
     def contribute(self, s: Session, c: Contribution, work: PendingWork, tokens_total: int | None) -> dict:
+        norms = self.core.measure(c)  # the one pass over its values that validation needs, off the lock
         self.arrivals.arrive(c.fragment)
         with self.cond:
             # contributions queued behind this one join its round even when K = 1 is met now
             hold = self.arrivals.enter(c.fragment)
-            reply = self._contribute(s, c, work, tokens_total, hold)
+            reply = self._contribute(s, c, work, tokens_total, hold, norms)
             if not hold:  # the last of a queue merges what the others held, even if it was itself refused
                 now = self.now()
-                self._dispatch(self.core.poll(now), now)
+                self.dispatch(self.core.poll(now), now)
             return reply
 
     def _contribute(self, s: Session, c: Contribution, work: PendingWork, tokens_total: int | None,
-                    hold: bool) -> dict:
+                    hold: bool, norms: dict[str, float]) -> dict:
         with self.cond:
             if self.sessions.get(s.id) is not s:
                 return self.reject(None, c.fragment, "unknown session: register again", c.learner)
@@ -296,18 +319,15 @@ class SynchronizerService:
             key = (c.learner, c.fragment, c.base_version)
             previous = self.ledger.pending.get(key)
             self.ledger.contributed(c.learner, c.fragment, c.base_version, work)
-            started = time.perf_counter()
             now = self.now()
-            actions = self.core.receive(c, now, hold)
+            actions = self.core.receive(c, now, hold, norms)
             mine = [a for a in actions if isinstance(a, Rejected) and a.learner == c.learner]
             if mine:
                 if previous is None:
                     self.ledger.forget(*key)
                 else:
                     self.ledger.pending[key] = previous
-            self._dispatch(actions, now)
-            if any(isinstance(a, Merged) for a in actions):
-                self.core.observe_sync_time(time.perf_counter() - started)
+            self.dispatch(actions, now)
             if mine:
                 return self.reject(s, c.fragment, mine[0].reason, c.learner)
             return {"ok": True}
@@ -347,40 +367,20 @@ class SynchronizerService:
         log.warning("refused %s: %s", method, reason)
         self.events.write("refused", method=method, reason=reason, not_logged_before=dropped)
 
-    def _dispatch(self, actions: list, now: float) -> None:
+    def dispatch(self, actions: list, now: float) -> None:
         self.dispatcher.dispatch(actions, now)
+
+    def _finish_merge(self, job: MergeJob, result: MergeResult, seconds: float) -> None:
+        """A merge computed by `merger`: apply and send it (in the merge thread)."""
+        with self.cond:
+            now = self.now()
+            self.dispatch(self.core.finish_merge(job, result, now), now)
+            self.core.observe_sync_time(seconds)
+            self.dispatch(self.core.poll(now, self.arrivals.waiting()), now)
 
     # --- the timer's work -----------------------------------------------------------------------
     def _tick(self) -> None:
-        now, mono = self.now(), time.monotonic()
-        failure = self.settings.timeouts.failure
-        for s in self.sessions:
-            silent = mono - s.last_seen
-            if silent > failure:
-                self.sessions.close(s)
-                reason = f"no heartbeat for {silent:.1f} s (failure timeout {failure:g} s)"
-                log.warning("learner %d declared gone: %s", s.learner, reason)
-                self.events.write("leave", learner=s.learner, incarnation=s.incarnation, reason=reason)
-                self._dispatch(self.core.leave(s.learner, now, self.arrivals.waiting()), now)
-        self._dispatch(self.core.poll(now, self.arrivals.waiting()), now)
-        open_now = {(r.fragment, r.version) for r in self.core.open_rounds()}
-        self._quorum_logged &= open_now
-        for p, version, reason in status.waiting_rounds(self.core, now, self.settings.timeouts.failure):
-            if (p, version) not in self._quorum_logged:  # once per round
-                self._quorum_logged.add((p, version))
-                log.warning(reason)
-                self.events.write("no_quorum", fragment=p, version=version, reason=reason)
-        if not self.stopping:
-            reason = self.budget.exhausted(self.budget_tokens(), time.time())
-            if reason is not None:
-                self.begin_stop(reason)
-        if self.stopping and not self.finished.is_set():
-            drained = not self.sessions and not self.core.open_rounds()
-            if drained or time.monotonic() - self._stop_mono > self.settings.timeouts.drain:
-                if not drained:
-                    log.warning("drain timeout: %d learners still registered, %d rounds open",
-                                len(self.sessions), len(self.core.open_rounds()))
-                self.finished.set()
+        ticks.tick(self)
 
     # --- reads ----------------------------------------------------------------------------------
     def snapshot(self) -> tuple[dict[int, int], dict[int, dict]]:

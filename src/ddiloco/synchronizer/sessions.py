@@ -22,6 +22,7 @@ class Session:
     last_seen: float  # time.monotonic() of the last message from this session
     registered_wall: float
     progress: dict = field(default_factory=dict)
+    unbooked_tokens: int | None = None  # from a heartbeat answered while the service was busy
 
 
 class SessionTable:

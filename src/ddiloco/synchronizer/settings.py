@@ -15,7 +15,7 @@ class ServiceSettings:
     shard: int = 0
     num_shards: int = 1
     max_learners: int = 64  # learner ids must be below this: bounds what the service keeps per learner
-    codec_down: str = "fp32"  # codec of the global fragments sent to learners
+    codec_down: str = "bf16"  # codec of the global fragments sent to learners (the master copy stays fp32)
     chunk_bytes: int = framing.DEFAULT_CHUNK_BYTES
     max_message_bytes: int = 1 << 30
     checkpoint_every: int = 1  # merges between checkpoints; 0: only at the end and on SIGTERM

@@ -12,6 +12,7 @@ from .donations import DonationDesk
 from .ledger import MergeLedger
 from .sessions import SessionTable
 from .settings import ServiceSettings
+from .traffic import Traffic
 
 
 class ServiceView(Protocol):
@@ -27,6 +28,7 @@ class ServiceView(Protocol):
     finished: threading.Event
     restored_from: int | None
     donations: DonationDesk
+    traffic: Traffic
 
     def progress(self) -> float: ...
 
@@ -78,6 +80,9 @@ def status(service: ServiceView) -> dict:
             for m, b in ledger.books.items()
         },
         "open_rounds": len(core.open_rounds()),
+        "params": sum(core.plan.sizes[p] for p in core.owned),
+        "bytes_received": service.traffic.bytes_received,  # contributions (bulk frames)
+        "bytes_sent": service.traffic.bytes_sent,  # updates streamed to learners
         "stopping": service.stopping,
         "finished": service.finished.is_set(),
         "progress": service.progress(),

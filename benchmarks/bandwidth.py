@@ -1,0 +1,84 @@
+"""Bandwidth: the bytes a real `ddiloco run` moves per learner per inner step, both ways, against a
+ring all-reduce of the same model among 8 workers (in bf16 and in fp32), for bf16, int8 and int4
+uploads, measured side by side in one run.
+
+Each row is one real run (4 learners, the algorithm's defaults: P = H = 24, tau = 2; updates down in
+the default bf16 unless --codec-down says otherwise) on the GPT of --model-size. The bytes are
+counted by the synchronizer on its bulk streams (contributions in, updates out: every frame, with
+its header); an inner step is one learner's step. A ring all-reduce sends and receives
+2 (W - 1) / W of the model per worker per step.
+
+    python benchmarks/bandwidth.py                 # ~4 minutes
+    python benchmarks/bandwidth.py --quick --json  # a smaller budget, ~2 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from runs import DEFAULT_DATA, ddiloco_run
+
+console = Console(stderr=True, width=150)
+WORKERS = 8  # the all-reduce it is compared with
+
+
+def run(codec: str, args: argparse.Namespace, run_dir: Path) -> dict:
+    flags = ["--learners", "4", "--model-size", args.model_size, "--data", str(args.data), "--tokens", str(args.tokens),
+             "--codec", codec, "--codec-down", args.codec_down, "--seed", "0"]
+    console.print(f"[bold]{codec}[/bold]: ddiloco run {' '.join(flags)}")
+    return ddiloco_run(flags, run_dir, f"--codec {codec}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-size", default="small")
+    p.add_argument("--tokens", type=int, default=600_000)
+    p.add_argument("--codec-down", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.quick:
+        args.model_size, args.tokens = "tiny", 300_000
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for codec in ("bf16", "int8", "int4"):
+            result = run(codec, args, Path(tmp) / codec)
+            params = result["params"]
+            up, down = result["bytes_up_per_step"], result["bytes_down_per_step"]
+            ring = {dtype: 2 * (WORKERS - 1) / WORKERS * params * size for dtype, size in (("bf16", 2), ("fp32", 4))}
+            rows.append({
+                "codec": codec, "codec_down": args.codec_down, "params": int(params),
+                "bytes_up_per_step": up, "bytes_down_per_step": down,
+                "allreduce_bf16_bytes_per_step": ring["bf16"], "allreduce_fp32_bytes_per_step": ring["fp32"],
+                "ratio_up": ring["bf16"] / up, "ratio_down": ring["bf16"] / down,
+                "ratio_both_ways": 2 * ring["bf16"] / (up + down),
+                "ratio_both_ways_fp32": 2 * ring["fp32"] / (up + down),
+                "eval_loss": result.get("eval_loss"), "goodput": result.get("goodput"),
+            })
+    table = Table(title=f"bytes per learner per inner step vs a ring all-reduce among {WORKERS} workers "
+                        f"({rows[0]['params'] / 1e6:.2f}M parameters, updates down in {args.codec_down})")
+    for col in ("upload codec", "up B/step", "down B/step", "x fewer up", "x fewer down", "x fewer both (bf16 ring)",
+                "x fewer both (fp32 ring)", "eval loss"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        loss = f"{r['eval_loss']:.4f}" if isinstance(r["eval_loss"], float) else "-"
+        table.add_row(r["codec"], f"{r['bytes_up_per_step']:.0f}", f"{r['bytes_down_per_step']:.0f}",
+                      f"{r['ratio_up']:.0f}", f"{r['ratio_down']:.0f}", f"{r['ratio_both_ways']:.0f}",
+                      f"{r['ratio_both_ways_fp32']:.0f}", loss)
+    console.print(table)
+    console.print("aims: >= 40x fewer both ways with the defaults (bf16), >= 100x with int4 uploads")
+    if args.json:
+        print(json.dumps({"rows": rows}, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Running `ddiloco run` from a benchmark: its JSON result, and its processes stopped on Ctrl+C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+
+
+def ddiloco_run(args: list[str], run_dir: Path, what: str) -> dict:
+    """`ddiloco run ARGS --run-dir RUN_DIR --json --quiet`; its summary (the last line it prints)."""
+    cmd = [sys.executable, "-m", "ddiloco", "run", *args, "--run-dir", str(run_dir), "--json", "--quiet"]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = launcher.communicate()
+    except BaseException:  # Ctrl+C / SIGTERM: let the launcher stop its processes by PID, then go
+        launcher.send_signal(signal.SIGINT)
+        launcher.communicate(timeout=120)
+        raise
+    if launcher.returncode != 0:
+        raise SystemExit(f"ddiloco run ({what}) failed:\n{stderr[-3000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])

@@ -1,0 +1,289 @@
+"""Synchronizer scale: one real `ddiloco synchronizer` process merging fragments of 1M to 150M-parameter
+models from M learners, against memcpy measured in the same run.
+
+Per model size and learner count M, the benchmark starts the synchronizer (P = 4 fragments, K = M,
+no grace, bf16 uploads, write-ahead checkpoints every merge, updates down in the default codec),
+registers M sessions over gRPC and runs rounds: all M push their outer gradient for a fragment at
+once. The round time is the synchronizer's own (its `sent` events): from the round closing to the
+merged fragment queued for every learner (merge, outer step, encoding, write-ahead checkpoint);
+`delivered_ms` adds the transfer, from the last push's reply to the last byte at every learner.
+Meanwhile a thread sends heartbeats and times them: they must not wait for merges.
+
+* `round_ms_per_mb`: round time per MB of the fragment in fp32.
+* `round_vs_memcpy`: round time over one memcpy of the bytes a round touches (M contributions in
+  wire precision, the fragment's parameters and momentum in fp32, its update at the down codec),
+  at the memcpy bandwidth measured here. Aim: <= 4.
+* `checkpoint_ms`, `checkpoint_vs_raw`: a checkpoint's write against writing and fsyncing the same
+  bytes with plain file calls on the same disk (the physical limit).
+* `heartbeat_p50_ms`, `heartbeat_p99_ms`: heartbeat round trips during the rounds. Aim: p99 < 50 ms.
+* `peak_rss_over_need`: the synchronizer's peak RSS above an idle process that imports the same
+  libraries, over what it must hold (owned fp32 parameters and momentum, one incoming buffer per
+  contribution in wire precision, one fragment of working space). Aim: <= 1.5.
+  `peak_rss_over_fp32`: the whole peak RSS over the model's fp32 size.
+
+Everything runs on this machine's cores: the learners' pushes and the synchronizer share them.
+
+    python benchmarks/synchronizer_scale.py                  # 1M..150M, M = 2, 4, 8 (~15 minutes)
+    python benchmarks/synchronizer_scale.py --quick --json   # 1M and 10M, M = 2 and 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from safetensors.torch import save_file
+
+from ddiloco.core import plan_for_model
+from ddiloco.launch.procs import ProcessTable, ddiloco_command
+from ddiloco.records.events import read_events
+from ddiloco.wire import framing, rpc
+from ddiloco.wire.protocol import signature
+
+console = Console(stderr=True, width=150)
+FRAGMENTS = 4
+LOG_LEVEL = "error"
+CHUNK = framing.DEFAULT_CHUNK_BYTES
+IDLE_RSS = "import ddiloco.synchronizer.server, ddiloco.cli.synchronizer, torch, grpc, re; " \
+           "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
+
+
+def model(params: int) -> dict[str, torch.Tensor]:
+    """16 weight matrices of 1024 columns (a stand-in for a transformer's layers) and a bias each."""
+    rows = max(1, params // (16 * 1024))
+    return {f"layer{i}.{kind}": (torch.randn(rows, 1024) * 0.02 if kind == "weight" else torch.zeros(1024))
+            for i in range(16) for kind in ("weight", "bias")}
+
+
+def memcpy_gb_s() -> float:
+    src = torch.randn(64 * 1024 * 1024 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return src.numel() * 4 / min(times) / 1e9
+
+
+def raw_write_seconds(directory: Path, nbytes: int) -> float:
+    """The physical limit of a checkpoint: the same bytes written to new files on the same disk and
+    fsynced, 5 in a row as checkpoints come (a disk's first write is fast until the kernel's dirty-page
+    limit throttles the writer), median."""
+    data = memoryview(bytearray(nbytes))
+    times = []
+    for i in range(5):
+        t0 = time.perf_counter()
+        with open(directory / f"raw{i}.bin", "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        times.append(time.perf_counter() - t0)
+    for i in range(5):
+        (directory / f"raw{i}.bin").unlink()
+    return statistics.median(times)
+
+
+def peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM")
+
+
+class Run:
+    """One synchronizer process and M registered sessions with their subscriber streams."""
+
+    def __init__(self, procs: ProcessTable, tmp: Path, params: dict[str, torch.Tensor], learners: int) -> None:
+        save_file(params, str(tmp / "init.safetensors"))
+        cmd = ddiloco_command(
+            "synchronizer", "--port", "0", "--address-file", str(tmp / "address"),
+            "--init", str(tmp / "init.safetensors"), "--fragments", str(FRAGMENTS), "--sync-every", "4",
+            "--overlap", "1", "--quorum", str(learners), "--grace", "0", "--learners", str(learners),
+            "--max-learners", str(learners), "--heartbeat", "5", "--checkpoint-dir", str(tmp / "ckpt"),
+            "--event-log", str(tmp / "events.jsonl"),
+            "--log-level", LOG_LEVEL, "--no-exit-when-done", "--no-dashboard",
+        )
+        self.child = procs.start("sync", cmd, tmp / "sync.log")
+        deadline = time.monotonic() + 300
+        while not (tmp / "address").is_file():
+            if not self.child.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the synchronizer did not start: {(tmp / 'sync.log').read_text()[-2000:]}")
+            time.sleep(0.05)
+        address = (tmp / "address").read_text().strip()
+        self.control = rpc.Stubs(rpc.open_channel(address, "control", CHUNK + rpc.FRAME_MARGIN), None)
+        self.bulk = rpc.Stubs(rpc.open_channel(address, "bulk", CHUNK + rpc.FRAME_MARGIN), None)
+        sig = signature(params)
+        self.sessions = [framing.read_message(self.control.call("Register", framing.message(
+            {"learner": m, "incarnation": f"bench{m}", "signature": sig, "fresh": True}), 60))["session"]
+            for m in range(learners)]
+        self.arrived: dict[tuple[int, int, int], float] = {}  # (learner, fragment, version) -> time
+        self.cond = threading.Condition()
+        self.streams = [threading.Thread(target=self._subscribe, args=(m,), daemon=True)
+                        for m in range(learners)]
+        for t in self.streams:
+            t.start()
+
+    def _subscribe(self, m: int) -> None:
+        r = framing.Reassembler(1 << 40)
+        try:
+            for frame in self.bulk.subscribe(framing.message({"session": self.sessions[m]})):
+                msg = r.feed(frame)
+                if msg is not None and msg.head.get("kind") == "update":
+                    with self.cond:
+                        self.arrived[(m, msg.head["fragment"], int(msg.head["version"]))] = time.perf_counter()
+                        self.cond.notify_all()
+        except Exception:  # the stream ends when the synchronizer stops
+            return
+
+    def wait_updates(self, fragment: int, version: int, timeout: float) -> float:
+        keys = [(m, fragment, version) for m in range(len(self.sessions))]
+        with self.cond:
+            if not self.cond.wait_for(lambda: all(k in self.arrived for k in keys), timeout):
+                raise TimeoutError(f"fragment {fragment} version {version} never arrived")
+            return max(self.arrived[k] for k in keys)
+
+    def push(self, m: int, fragment: int, version: int, grads: dict[str, torch.Tensor]) -> None:
+        head = {"kind": "contribution", "session": self.sessions[m], "fragment": fragment, "base_version": version,
+                "steps": 4, "tokens": 1024, "seconds": 1.0, "step_time": 0.25, "step": 4 * (version + 1),
+                "position": 0}
+        frames = framing.tensor_frames(head, grads, "bf16", CHUNK)
+        reply = framing.read_message(self.bulk.push(iter(frames), timeout=600))
+        if not reply.get("ok"):
+            raise RuntimeError(f"push refused: {reply}")
+
+
+def heartbeats(run: Run, stop: threading.Event, latencies: list[float]) -> None:
+    i = 0
+    while not stop.is_set():
+        session = run.sessions[i % len(run.sessions)]
+        t0 = time.perf_counter()
+        run.control.call("Heartbeat", framing.message({"session": session}), 30)
+        latencies.append(time.perf_counter() - t0)
+        i += 1
+        stop.wait(0.01)
+
+
+def measure(params_count: int, learners: int, rounds: int, memcpy: float, idle_rss: int) -> dict:
+    params = model(params_count)
+    numel = sum(t.numel() for t in params.values())
+    procs = ProcessTable()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        try:
+            run = Run(procs, Path(tmp_name), params, learners)
+            fragments = _fragment_names(params)
+            frag_numel = [sum(params[n].numel() for n in f) for f in fragments]
+            grads = [{n: torch.randn_like(params[n]) * 1e-3 for n in f} for f in fragments]
+            stop, latencies = threading.Event(), []
+            beat = threading.Thread(target=heartbeats, args=(run, stop, latencies), daemon=True)
+            beat.start()
+            times, sizes = [], []
+            for r in range(rounds + 1):  # round 0 warms up every fragment and is not counted
+                for p in range(len(fragments)):
+                    errors: list[BaseException] = []
+                    pushers = [threading.Thread(target=_catch, args=(errors, run.push, m, p, r, grads[p]))
+                               for m in range(learners)]
+                    for t in pushers:
+                        t.start()
+                    for t in pushers:
+                        t.join()
+                    if errors:
+                        raise errors[0]
+                    last_in = time.perf_counter()
+                    done = run.wait_updates(p, r + 1, 600)
+                    if r > 0:
+                        times.append(done - last_in)
+                        sizes.append(frag_numel[p])
+            stop.set()
+            beat.join(30)
+            rss = peak_rss(run.child.pid)
+        finally:
+            procs.stop_all()
+        events = list(read_events(Path(tmp_name) / "events.jsonl"))
+        raw_write = raw_write_seconds(Path(tmp_name), max(frag_numel) * 8)
+    server = [e["round_seconds"] for e in events if e["kind"] == "sent" and e["version"] >= 2]
+    writes = [e["write_seconds"] for e in events if e["kind"] == "checkpoint" and e.get("write_seconds")]
+    fragment_mb = statistics.mean(sizes) * 4 / 1e6
+    round_s = statistics.median(server)
+    touched = statistics.mean(sizes) * (2 * learners + 4 + 4 + 4)  # contributions bf16; params, momentum, update
+    largest = max(frag_numel)
+    need = numel * 8 + largest * (2 * learners + 4)  # params + momentum fp32; incoming bf16; one workspace
+    lat = sorted(latencies)
+    return {
+        "params": numel, "learners": learners, "rounds": len(times), "fragment_mb": fragment_mb,
+        "round_ms": round_s * 1e3, "round_ms_per_mb": round_s * 1e3 / fragment_mb,
+        "round_vs_memcpy": round_s / (touched / (memcpy * 1e9)),
+        "delivered_ms": statistics.median(times) * 1e3,
+        "checkpoint_ms": statistics.median(writes) * 1e3, "checkpoint_vs_raw": statistics.median(writes) / raw_write,
+        "heartbeats": len(lat), "heartbeat_p50_ms": lat[len(lat) // 2] * 1e3,
+        "heartbeat_p99_ms": lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)] * 1e3,
+        "peak_rss_mb": rss / 1e6, "peak_rss_over_fp32": rss / (numel * 4),
+        "peak_rss_over_need": (rss - idle_rss) / need,
+    }
+
+
+def _catch(errors: list[BaseException], fn, *args) -> None:
+    try:
+        fn(*args)
+    except BaseException as exc:  # handed to the main thread
+        errors.append(exc)
+
+
+def _fragment_names(params: dict[str, torch.Tensor]) -> list[list[str]]:
+    """The synchronizer's plan, made as it makes it: from the init file, whose tensors are sorted."""
+    return [list(names) for names in plan_for_model(dict(sorted(params.items())), FRAGMENTS).names]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="1e6,1e7,5e7,1.5e8", help="model sizes in parameters")
+    p.add_argument("--learners", default="2,4,8")
+    p.add_argument("--rounds", type=int, default=2, help="measured rounds per fragment")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # so `finally` ends the children
+    if args.quick:
+        args.sizes, args.learners, args.rounds = "1e6,1e7", "2,4", 1
+    torch.set_num_threads(1)
+    memcpy = memcpy_gb_s()
+    idle_rss = int(subprocess.run([sys.executable, "-c", IDLE_RSS], capture_output=True, text=True,
+                                  check=True).stdout) * 1024
+    rows = []
+    for size in (int(float(s)) for s in args.sizes.split(",")):
+        for m in (int(x) for x in args.learners.split(",")):
+            console.log(f"{size / 1e6:.0f}M parameters, M = {m}")
+            rows.append(measure(size, m, args.rounds, memcpy, idle_rss))
+    table = Table(title=f"synchronizer rounds (P = {FRAGMENTS}, K = M, write-ahead on); memcpy {memcpy:.1f} GB/s")
+    for col in ("params", "M", "fragment MB", "round ms", "ms / MB", "x memcpy", "delivered ms", "checkpoint x raw",
+                "heartbeat p50 / p99 ms", "peak RSS MB", "RSS / need", "RSS / fp32"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(f"{r['params'] / 1e6:.0f}M", str(r["learners"]), f"{r['fragment_mb']:.0f}", f"{r['round_ms']:.0f}",
+                      f"{r['round_ms_per_mb']:.2f}", f"{r['round_vs_memcpy']:.1f}", f"{r['delivered_ms']:.0f}",
+                      f"{r['checkpoint_vs_raw']:.2f}",
+                      f"{r['heartbeat_p50_ms']:.1f} / {r['heartbeat_p99_ms']:.1f}", f"{r['peak_rss_mb']:.0f}",
+                      f"{r['peak_rss_over_need']:.2f}", f"{r['peak_rss_over_fp32']:.2f}")
+    console.print(table)
+    console.print("aims: round within 4x memcpy of the bytes it touches; heartbeat p99 < 50 ms; "
+                  "peak RSS within 1.5x of what it must hold (the learners' pushes share these cores)")
+    if args.json:
+        print(json.dumps({"rows": rows, "memcpy_gb_s": memcpy, "idle_rss_mb": idle_rss / 1e6}, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""A round of one fragment's merge, and the read-only view of it that status pages show."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .messages import Contribution
+
+
+@dataclass
+class Round:
+    """Collection of contributions for one (fragment, version)."""
+
+    version: int
+    opened_at: float
+    expected: set[int]
+    contributions: dict[int, Contribution] = field(default_factory=dict)
+    norms: dict[int, Mapping[str, float]] = field(default_factory=dict)  # per contributor, per tensor
+    declined: set[int] = field(default_factory=set)
+    quorum_at: float | None = None
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """A read-only picture of an open round, for status pages and "why no quorum yet" logs."""
+
+    fragment: int
+    version: int
+    opened_at: float
+    quorum_at: float | None
+    deadline: float | None
+    need: int
+    contributors: tuple[int, ...]
+    declined: tuple[int, ...]
+    waiting_for: tuple[int, ...]
+    live: tuple[int, ...]
+
+    def describe(self, now: float) -> str:
+        state = (
+            f"quorum at {self.quorum_at - self.opened_at:.2f} s, grace until {self.deadline - self.opened_at:.2f} s"
+            if self.quorum_at is not None and self.deadline is not None
+            else f"no quorum after {now - self.opened_at:.2f} s"
+        )
+        return (
+            f"fragment {self.fragment} version {self.version}: {state}: need {self.need} "
+            f"(K capped at the live learners asked), contributions from {list(self.contributors)}, "
+            f"waiting for {list(self.waiting_for)}, declined {list(self.declined)}, live {list(self.live)}"
+        )

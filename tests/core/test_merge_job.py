@@ -1,0 +1,102 @@
+"""Deferred merges (`defer_merges`): the round's tensor work as a job a driver computes off its lock."""
+
+import math
+
+import pytest
+import torch
+
+from ddiloco.core import (
+    AlgorithmConfig,
+    Contribution,
+    SynchronizerCore,
+    balanced_fragments,
+)
+from ddiloco.core.merge import merge_direction
+from ddiloco.core.merge_job import MergeDue, MergeResult, Workspace
+from ddiloco.core.outer import NesterovOuterOptimizer
+
+
+def contribution(learner, grad, tokens=100, version=0):
+    return Contribution(learner, 0, version, {"w": torch.tensor(grad)}, 4, tokens, 4.0, 1.0, 4)
+
+
+def make(defer, momentum=0.5, merge="rda"):
+    config = AlgorithmConfig(fragments=1, sync_every=4, overlap=2, quorum=2, grace=0.0, outer_lr=0.5,
+                             outer_momentum=momentum, merge=merge, ema=1.0, max_outer_norm_ratio=0.0)
+    core = SynchronizerCore(config, balanced_fragments([("w", 2)], 1), {"w": torch.zeros(2)}, defer_merges=defer)
+    for m in range(2):
+        core.join(m, 0.0)
+    return core
+
+
+def test_a_deferred_merge_is_a_job_whose_result_matches_the_direct_merge_by_hand():
+    direct, deferred = make(False), make(True)
+    for core in (direct, deferred):
+        core.receive(contribution(0, [-3.0, 0.0]), now=0.0)
+    out = deferred.receive(contribution(1, [0.0, -1.0], tokens=300), now=1.0)
+    assert [type(a).__name__ for a in out] == ["MergeDue"] and deferred.versions[0] == 0
+    job = out[0].job
+    assert job.fragment == 0 and job.version == 0 and job.weights == (2500.0, 22500.0)
+    # busy: a contribution against the version being merged is stale, and no new round opens
+    late = deferred.receive(contribution(0, [1.0, 1.0]), now=1.5)
+    assert [type(a).__name__ for a in late] == ["Rejected"] and "being merged" in late[0].reason
+    assert deferred.rounds == {}
+    result = job.compute(Workspace())
+    finished = deferred.finish_merge(job, result, now=2.0)
+    direct_out = direct.receive(contribution(1, [0.0, -1.0], tokens=300), now=1.0)
+    assert [type(a).__name__ for a in finished] == [type(a).__name__ for a in direct_out] == ["Merged", "FragmentUpdate"]
+    assert deferred.versions[0] == direct.versions[0] == 1 and deferred.merging == {}
+    # RDA by hand: weights 0.1 / 0.9; mean norm 0.1*3 + 0.9*1 = 1.2; direction (-0.1, -0.9) / |.|
+    direction = torch.tensor([-0.1, -0.9]) / math.hypot(0.1, 0.9)
+    delta = 1.2 * direction  # first step: buf = delta; update = delta + 0.5 * delta
+    expected = -0.5 * 1.5 * delta
+    assert torch.allclose(deferred.params["w"], expected, atol=1e-6)
+    assert torch.equal(deferred.params["w"], direct.params["w"])
+    assert finished[0].merged_norm == pytest.approx(1.2) and finished[0].contribution_norm == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="no merge"):
+        deferred.finish_merge(job, result, now=3.0)  # a job is finished once
+
+
+def test_a_refused_deferred_step_keeps_the_version_and_resets_the_contributors():
+    core = make(True)
+    core.receive(contribution(0, [-1.0, 0.0]), now=0.0)
+    [due] = core.receive(contribution(1, [0.0, -1.0]), now=0.1)
+    assert isinstance(due, MergeDue)
+    out = core.finish_merge(due.job, MergeResult({}, 0.0, "the merge failed: boom"), now=0.2)
+    assert sorted(a.learner for a in out) == [0, 1] and all("non-finite" in a.reason or "boom" in a.reason
+                                                              for a in out)
+    assert core.versions[0] == 0 and torch.equal(core.params["w"], torch.zeros(2)) and core.merging == {}
+    core.receive(contribution(0, [-1.0, 0.0]), now=1.0)  # the fragment is free again
+    assert isinstance(core.receive(contribution(1, [0.0, -1.0]), now=1.1)[0], MergeDue)
+
+
+def test_merge_direction_folds_the_rda_scale_and_reuses_its_buffer():
+    a, b = torch.tensor([3.0, 0.0]), torch.tensor([0.0, 4.0])
+    out = torch.full((2,), 99.0)
+    direction, scale, update_norm = merge_direction([a, b], [1.0, 1.0], out=out)
+    assert direction.data_ptr() == out.data_ptr()
+    assert torch.allclose(direction * scale, torch.full((2,), 3.5 / math.sqrt(2)))  # 3.5 * unit((1, 1))
+    assert update_norm == pytest.approx(3.5)  # mean of the norms 3 and 4
+    direction, scale, update_norm = merge_direction([a, b], [1.0, 3.0], rda=False)
+    assert torch.equal(direction, torch.tensor([0.75, 3.0])) and scale == 1.0
+    assert update_norm == pytest.approx(math.hypot(0.75, 3.0))
+
+
+def test_the_workspace_is_one_buffer_reused_across_merges():
+    ws = Workspace()
+    first = ws.views({"a": torch.Size([2, 3]), "b": torch.Size([4])})
+    second = ws.views({"a": torch.Size([2, 3]), "b": torch.Size([4])})
+    assert first["a"].shape == (2, 3) and first["b"].shape == (4,)
+    assert first["a"].data_ptr() == second["a"].data_ptr() and first["b"].data_ptr() != first["a"].data_ptr()
+
+
+def test_the_outer_check_bounds_cheaply_and_computes_exactly_only_near_overflow():
+    opt = NesterovOuterOptimizer(lr=1.0, momentum=0.5)
+    params = {"w": torch.tensor([1.0, -2.0])}
+    opt.check(params, {"w": (torch.tensor([1.0, 1.0]), 2.0)})  # far from overflow: passes
+    big = torch.tensor([3.0e38, 0.0])
+    with pytest.raises(FloatingPointError):
+        opt.check({"w": torch.tensor([-3.0e38, 0.0])}, {"w": (big, 1.0)})
+    opt.check({"w": torch.tensor([3.0e38, 0.0])}, {"w": (big, 0.5)}, use_momentum=False)  # near, but finite
+    with pytest.raises(FloatingPointError):
+        opt.check(params, {"w": (torch.tensor([math.nan, 0.0]), 1.0)})

@@ -1,0 +1,80 @@
+"""The emulated wide-area link: its pacing by hand with a fake clock, then a real learner through it."""
+
+import math
+import time
+from dataclasses import replace
+
+import pytest
+
+from ddiloco.learner.wan import TokenBucket, WanLink, WanSettings
+
+from ..support.runtime import ALGORITHM, LearnerThread, synchronizer, wait_for
+
+
+class FakeTime:
+    def __init__(self):
+        self.now, self.slept = 0.0, []
+
+    def clock(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_the_token_bucket_lets_a_burst_through_then_paces_at_its_rate_by_hand():
+    t = FakeTime()
+    bucket = TokenBucket(rate=1000.0, burst=100.0, clock=t.clock, sleep=t.sleep)
+    bucket.take(100)  # the burst: no wait
+    assert t.slept == []
+    bucket.take(500)  # 500 bytes at 1000 B/s
+    assert t.slept == [pytest.approx(0.5)]
+    t.now += 10.0  # idle: the bucket refills to its burst, not beyond
+    bucket.take(300)
+    assert t.slept[-1] == pytest.approx(0.2) and bucket.waited == pytest.approx(0.7)
+
+
+def test_every_message_waits_the_latency_plus_a_jitter_within_its_bound():
+    t = FakeTime()
+    link = WanLink(WanSettings(latency=0.1, jitter=0.05), seed=1, clock=t.clock, sleep=t.sleep)
+    for _ in range(50):
+        link.delay()
+    assert all(0.1 <= s <= 0.15 for s in t.slept) and len(set(t.slept)) > 1
+    assert link.up is None and list(link.paced_up([b"x" * 10])) == [b"x" * 10]  # no cap: frames pass
+    capped = WanLink(WanSettings(bandwidth=1e6), clock=t.clock, sleep=t.sleep)
+    assert capped.transfer_seconds(3_000_000) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("bad", [dict(latency=-1.0), dict(bandwidth=math.inf), dict(jitter=math.nan)])
+def test_bad_link_settings_are_refused(bad):
+    with pytest.raises(ValueError, match="WAN emulation"):
+        WanSettings(**bad)
+
+
+@pytest.mark.timeout(120)
+def test_a_learner_behind_a_slow_link_trains_and_its_uploads_take_at_least_bytes_over_bandwidth(tiny_task, tmp_path):
+    rate = 200e3  # bytes per second each way
+    wan = WanSettings(latency=0.005, bandwidth=rate, jitter=0.005)
+    algorithm = replace(ALGORITHM, quorum=2)  # K = M: the slow learner's work is waited for, not stale
+    with synchronizer(tiny_task, tmp_path, algorithm=algorithm, tokens=2 * 48 * 64) as (service, address):
+        learners = [LearnerThread(tiny_task, address, m, step_delay=0.01, wan=wan if m == 0 else None)
+                    for m in range(2)]
+        started = time.monotonic()
+        for t in learners:
+            t.start()
+        for t in learners:
+            t.join(90)
+            assert not t.is_alive() and t.error is None, t.error
+        elapsed = time.monotonic() - started
+        wait_for(lambda: service.finished.is_set(), 10, message="the run to drain")
+        status = service.status()
+    slow = learners[0].client
+    pushed = sum(link.stats.bytes_pushed for link in slow.links)
+    received = sum(link.stats.bytes_received for link in slow.links)
+    assert learners[0].result["accepted"] >= 1 and status["merges"] >= 2
+    burst = rate * WanLink.BURST_SECONDS
+    assert pushed / rate >= 0.5  # the cap mattered in this run
+    assert elapsed >= (pushed - burst) / rate and elapsed >= (received - burst) / rate
+    assert slow.ctx.wan.up.waited > 0 and slow.ctx.wan.down.waited > 0
+    assert learners[1].client.ctx.wan.up is None  # the other learner's link is not emulated
