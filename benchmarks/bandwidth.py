@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import sys
 import tempfile
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
-from runs import DEFAULT_DATA, ddiloco_run
+from runs import ddiloco_run, parse_run_arguments
 
 console = Console(stderr=True, width=150)
 WORKERS = 8  # the all-reduce it is compared with
@@ -38,14 +36,8 @@ def run(codec: str, args: argparse.Namespace, run_dir: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-size", default="small")
-    p.add_argument("--tokens", type=int, default=600_000)
     p.add_argument("--codec-down", default="bf16", choices=("bf16", "fp32"))
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args()
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    args = parse_run_arguments(p, tokens=600_000)
     if args.quick:
         args.model_size, args.tokens = "tiny", 300_000
     rows = []

@@ -27,40 +27,29 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from runs import DEFAULT_DATA, ddiloco_run
 
 from ddiloco.chaos.injector import ChaosSettings, learner_trace
 from ddiloco.learner.journal import read_journals
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 console = Console(stderr=True)
 
 
 def run_method(method: str, args: argparse.Namespace, trace: Path, run_dir: Path) -> dict:
-    cmd = [sys.executable, "-m", "ddiloco", "run", "--method", method, "--learners", str(args.learners),
+    cmd = ["--method", method, "--learners", str(args.learners),
            "--model-size", args.model_size, "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size),
            "--data", str(args.data), "--sync-every", str(args.sync_every), "--fragments", str(args.fragments),
            "--grace", str(args.grace), "--tokens", str(args.tokens), "--seed", str(args.seed),
-           "--chaos-trace", str(trace), "--run-dir", str(run_dir), "--json", "--quiet",
+           "--chaos-trace", str(trace),
            "--min-step-seconds", str(args.min_step_seconds)]
-    console.print(f"[bold]{method}[/bold]: {' '.join(cmd[2:])}")
-    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = launcher.communicate()
-    except BaseException:  # Ctrl+C / SIGTERM: let the launcher stop its processes by PID, then go
-        launcher.send_signal(signal.SIGINT)
-        launcher.communicate(timeout=120)
-        raise
-    if launcher.returncode != 0:
-        raise SystemExit(f"ddiloco run --method {method} failed:\n{stderr[-3000:]}")
-    result = json.loads(stdout.strip().splitlines()[-1])
+    console.print(f"[bold]{method}[/bold]: ddiloco run {' '.join(cmd)}")
+    result = ddiloco_run(cmd, run_dir, f"--method {method}")
     journals = list(read_journals(run_dir, "learner-*/journal-*.json"))
     steps = sum(j.get("steps", 0) for j in journals)
     result["step_seconds"] = sum(j.get("seconds", 0.0) for j in journals) / max(1, steps)

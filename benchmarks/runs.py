@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import subprocess
@@ -25,3 +26,15 @@ def ddiloco_run(args: list[str], run_dir: Path, what: str) -> dict:
     if launcher.returncode != 0:
         raise SystemExit(f"ddiloco run ({what}) failed:\n{stderr[-3000:]}")
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+def parse_run_arguments(p: argparse.ArgumentParser, tokens: int) -> argparse.Namespace:
+    """The flags every `ddiloco run` benchmark shares, parsed; SIGTERM ends the runs' processes too."""
+    p.add_argument("--model-size", default="default", choices=("tiny", "default"))
+    p.add_argument("--tokens", type=int, default=tokens)
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
+    args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    return args

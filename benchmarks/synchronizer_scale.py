@@ -7,7 +7,7 @@ registers M sessions over gRPC and runs rounds: all M push their outer gradient 
 once. The round time is the synchronizer's own (its `sent` events): from the round closing to the
 merged fragment queued for every learner (merge, outer step, encoding, write-ahead checkpoint);
 `delivered_ms` adds the transfer, from the last push's reply to the last byte at every learner.
-Meanwhile a thread sends heartbeats and times them: they must not wait for merges.
+Meanwhile another process sends heartbeats and times them: they must not wait for merges.
 
 * `round_ms_per_mb`: round time per MB of the fragment in fp32.
 * `round_vs_memcpy`: round time over one memcpy of the bytes a round touches (M contributions in
@@ -15,6 +15,8 @@ Meanwhile a thread sends heartbeats and times them: they must not wait for merge
   at the memcpy bandwidth measured here. Aim: <= 4.
 * `checkpoint_ms`, `checkpoint_vs_raw`: a checkpoint's write against writing and fsyncing the same
   bytes with plain file calls on the same disk (the physical limit).
+* `merged_ms`, `merged_vs_memcpy`: the same round without the checkpoint (merge, outer step,
+  encoding), against the same memcpy.
 * `heartbeat_p50_ms`, `heartbeat_p99_ms`: heartbeat round trips during the rounds. Aim: p99 < 50 ms.
 * `peak_rss_over_need`: the synchronizer's peak RSS above an idle process that imports the same
   libraries, over what it must hold (owned fp32 parameters and momentum, one incoming buffer per
@@ -53,7 +55,7 @@ from ddiloco.records.events import read_events
 from ddiloco.wire import framing, rpc
 from ddiloco.wire.protocol import signature
 
-console = Console(stderr=True, width=150)
+console = Console(stderr=True, width=180)
 FRAGMENTS = 4
 LOG_LEVEL = "error"
 CHUNK = framing.DEFAULT_CHUNK_BYTES
@@ -124,7 +126,7 @@ class Run:
             if not self.child.alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the synchronizer did not start: {(tmp / 'sync.log').read_text()[-2000:]}")
             time.sleep(0.05)
-        address = (tmp / "address").read_text().strip()
+        address = self.address = (tmp / "address").read_text().strip()
         self.control = rpc.Stubs(rpc.open_channel(address, "control", CHUNK + rpc.FRAME_MARGIN), None)
         self.bulk = rpc.Stubs(rpc.open_channel(address, "bulk", CHUNK + rpc.FRAME_MARGIN), None)
         sig = signature(params)
@@ -167,15 +169,31 @@ class Run:
             raise RuntimeError(f"push refused: {reply}")
 
 
-def heartbeats(run: Run, stop: threading.Event, latencies: list[float]) -> None:
-    i = 0
-    while not stop.is_set():
-        session = run.sessions[i % len(run.sessions)]
-        t0 = time.perf_counter()
-        run.control.call("Heartbeat", framing.message({"session": session}), 30)
-        latencies.append(time.perf_counter() - t0)
-        i += 1
-        stop.wait(0.01)
+PROBE = r"""
+import json, os, sys, time
+from ddiloco.wire import framing, rpc
+address, sessions, stop_file = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+control = rpc.Stubs(rpc.open_channel(address, "control", 1 << 20), None)
+control.call("Heartbeat", framing.message({"session": sessions[0]}), 30)
+print("ready", flush=True)
+latencies, i, end = [], 0, time.monotonic() + 3600
+while time.monotonic() < end and not os.path.exists(stop_file):
+    t0 = time.perf_counter()
+    control.call("Heartbeat", framing.message({"session": sessions[i % len(sessions)]}), 30)
+    latencies.append(time.perf_counter() - t0)
+    i += 1
+    time.sleep(0.01)
+print(json.dumps(latencies))
+"""
+
+
+def start_probe(run: Run, stop_file: Path) -> subprocess.Popen:
+    """Heartbeats from their own process, as a learner's come: this one's pushes do not delay them."""
+    probe = subprocess.Popen([sys.executable, "-c", PROBE, run.address, json.dumps(run.sessions), str(stop_file)],
+                             stdout=subprocess.PIPE, text=True)
+    if probe.stdout.readline().strip() != "ready":
+        raise RuntimeError("the heartbeat probe did not start")
+    return probe
 
 
 def measure(params_count: int, learners: int, rounds: int, memcpy: float, idle_rss: int) -> dict:
@@ -188,9 +206,7 @@ def measure(params_count: int, learners: int, rounds: int, memcpy: float, idle_r
             fragments = _fragment_names(params)
             frag_numel = [sum(params[n].numel() for n in f) for f in fragments]
             grads = [{n: torch.randn_like(params[n]) * 1e-3 for n in f} for f in fragments]
-            stop, latencies = threading.Event(), []
-            beat = threading.Thread(target=heartbeats, args=(run, stop, latencies), daemon=True)
-            beat.start()
+            probe = start_probe(run, Path(tmp_name) / "stop-probe")
             times, sizes = [], []
             for r in range(rounds + 1):  # round 0 warms up every fragment and is not counted
                 for p in range(len(fragments)):
@@ -208,14 +224,16 @@ def measure(params_count: int, learners: int, rounds: int, memcpy: float, idle_r
                     if r > 0:
                         times.append(done - last_in)
                         sizes.append(frag_numel[p])
-            stop.set()
-            beat.join(30)
+            (Path(tmp_name) / "stop-probe").touch()
+            latencies = json.loads(probe.communicate(timeout=60)[0].strip().splitlines()[-1])
             rss = peak_rss(run.child.pid)
         finally:
             procs.stop_all()
         events = list(read_events(Path(tmp_name) / "events.jsonl"))
         raw_write = raw_write_seconds(Path(tmp_name), max(frag_numel) * 8)
-    server = [e["round_seconds"] for e in events if e["kind"] == "sent" and e["version"] >= 2]
+    sent = [e for e in events if e["kind"] == "sent" and e["version"] >= 2]
+    server = [e["round_seconds"] for e in sent]
+    merged = [e["merged_seconds"] for e in sent]
     writes = [e["write_seconds"] for e in events if e["kind"] == "checkpoint" and e.get("write_seconds")]
     fragment_mb = statistics.mean(sizes) * 4 / 1e6
     round_s = statistics.median(server)
@@ -227,6 +245,8 @@ def measure(params_count: int, learners: int, rounds: int, memcpy: float, idle_r
         "params": numel, "learners": learners, "rounds": len(times), "fragment_mb": fragment_mb,
         "round_ms": round_s * 1e3, "round_ms_per_mb": round_s * 1e3 / fragment_mb,
         "round_vs_memcpy": round_s / (touched / (memcpy * 1e9)),
+        "merged_ms": statistics.median(merged) * 1e3,
+        "merged_vs_memcpy": statistics.median(merged) / (touched / (memcpy * 1e9)),
         "delivered_ms": statistics.median(times) * 1e3,
         "checkpoint_ms": statistics.median(writes) * 1e3, "checkpoint_vs_raw": statistics.median(writes) / raw_write,
         "heartbeats": len(lat), "heartbeat_p50_ms": lat[len(lat) // 2] * 1e3,
@@ -269,12 +289,14 @@ def main() -> None:
             console.log(f"{size / 1e6:.0f}M parameters, M = {m}")
             rows.append(measure(size, m, args.rounds, memcpy, idle_rss))
     table = Table(title=f"synchronizer rounds (P = {FRAGMENTS}, K = M, write-ahead on); memcpy {memcpy:.1f} GB/s")
-    for col in ("params", "M", "fragment MB", "round ms", "ms / MB", "x memcpy", "delivered ms", "checkpoint x raw",
+    for col in ("params", "M", "fragment MB", "round ms", "ms / MB", "x memcpy", "merged ms", "merged x memcpy",
+                "delivered ms", "checkpoint x raw",
                 "heartbeat p50 / p99 ms", "peak RSS MB", "RSS / need", "RSS / fp32"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(f"{r['params'] / 1e6:.0f}M", str(r["learners"]), f"{r['fragment_mb']:.0f}", f"{r['round_ms']:.0f}",
-                      f"{r['round_ms_per_mb']:.2f}", f"{r['round_vs_memcpy']:.1f}", f"{r['delivered_ms']:.0f}",
+                      f"{r['round_ms_per_mb']:.2f}", f"{r['round_vs_memcpy']:.1f}", f"{r['merged_ms']:.0f}",
+                      f"{r['merged_vs_memcpy']:.1f}", f"{r['delivered_ms']:.0f}",
                       f"{r['checkpoint_vs_raw']:.2f}",
                       f"{r['heartbeat_p50_ms']:.1f} / {r['heartbeat_p99_ms']:.1f}", f"{r['peak_rss_mb']:.0f}",
                       f"{r['peak_rss_over_need']:.2f}", f"{r['peak_rss_over_fp32']:.2f}")

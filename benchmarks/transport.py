@@ -43,7 +43,7 @@ from ddiloco.launch.procs import ProcessTable, ddiloco_command
 from ddiloco.wire import framing, quant, rpc
 from ddiloco.wire.protocol import signature
 
-console = Console(stderr=True)
+console = Console(stderr=True, width=150)
 
 TCP_SERVER = r"""
 import socket, struct, sys, torch
@@ -239,7 +239,7 @@ def main() -> None:
         try:
             tcp = Tcp(procs, numel, tmp)
             backends = {
-                "raw": Raw(Tcp(procs, numel, tmp), 2 * numel, 4 * numel),
+                "raw": Raw(tcp, 2 * numel, 4 * numel),  # the same connection, used in turn
                 "tcp": tcp,
                 "transport": Ours(f"127.0.0.1:{_start_and_read_port(procs, 'wire', [sys.executable, '-c', WIRE_SERVER, str(numel), str(chunk)], tmp)}", numel, chunk),
                 "service": start_service(procs, tmp, numel, chunk),

@@ -32,7 +32,8 @@ KINDS: dict[str, str] = {
     "restored": "a shard restored its checkpoint: seq, versions",
     "checkpoint": "a checkpoint is durable: seq, versions, write_seconds (its fragment files and manifest)",
     "sent": "a merged fragment was queued for every live learner: fragment, version, round_seconds (from "
-            "its round closing: merge, outer step, encoding and the write-ahead checkpoint)",
+            "its round closing: merge, outer step, encoding and the write-ahead checkpoint), merged_seconds "
+            "(the same without the checkpoint)",
     "leave": "a learner left or was declared gone: learner, incarnation, reason",
     "replaced": "a learner id registered again and its old session was closed: learner, incarnation, previous",
     "no_quorum": "a round waited a failure timeout without a quorum: fragment, version, reason",

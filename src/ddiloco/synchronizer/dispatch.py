@@ -56,8 +56,10 @@ class ActionDispatcher:
                         self.send_update(s, a.fragment, a.version, frames)
                 due = self._due.pop((a.fragment, a.version), None)
                 if due is not None:  # after the sends: the round's time until its update is queued
-                    self._deliver(a.fragment, a.version, lambda a=a, due=due: self.events.write(
-                        "sent", fragment=a.fragment, version=a.version, round_seconds=time.perf_counter() - due))
+                    merged = time.perf_counter() - due
+                    self._deliver(a.fragment, a.version, lambda a=a, due=due, merged=merged: self.events.write(
+                        "sent", fragment=a.fragment, version=a.version, merged_seconds=merged,
+                        round_seconds=time.perf_counter() - due))
             elif isinstance(a, FragmentRequest):
                 frame = framing.message({"kind": "request", "fragment": a.fragment, "version": a.version})
                 for m in a.learners:

@@ -141,22 +141,38 @@ def decode_tensors(
 
 # --- chunking -------------------------------------------------------------------------------------
 def frames(head: Mapping, blobs: Iterable[bytes | memoryview], chunk_size: int = DEFAULT_CHUNK_BYTES) -> list[bytes]:
-    """A message as frames of at most chunk_size body bytes; head gains "nbytes"."""
+    """A message as frames of at most chunk_size body bytes; head gains "nbytes".
+
+    The blobs are cut into chunks where they lie, never joined into one buffer first: each frame is
+    one copy of at most a chunk, so no single copy holds the interpreter for long (a heartbeat
+    handler waits for none of them)."""
     if chunk_size < 1:
         raise ValueError("chunk_size must be >= 1")
-    blobs = list(blobs)
-    payload = blobs[0] if len(blobs) == 1 else b"".join(blobs)  # one tensor: no extra copy
-    total = len(payload)
+    views = [memoryview(b).cast("B") for b in blobs]
+    total = sum(len(v) for v in views)
     parts = max(1, -(-total // chunk_size))
     msg = next(_ids)
-    view = memoryview(payload)
-    out = []
-    for i in range(parts):
-        header = {"msg": msg, "part": i, "parts": parts}
-        if i == 0:
-            header["head"] = dict(head, nbytes=total)
-        out.append(pack_frame(header, view[i * chunk_size : (i + 1) * chunk_size]))
+    out: list[bytes] = []
+    pieces: list[memoryview] = []
+    room = chunk_size
+    for view in views:
+        while len(view):
+            take = min(room, len(view))
+            pieces.append(view[:take])
+            view, room = view[take:], room - take
+            if room == 0:
+                out.append(_frame(head, msg, len(out), parts, total, pieces))
+                pieces, room = [], chunk_size
+    if len(out) < parts:  # the last, partial chunk (or the only, empty one)
+        out.append(_frame(head, msg, len(out), parts, total, pieces))
     return out
+
+
+def _frame(head: Mapping, msg: int, part: int, parts: int, total: int, pieces: list[memoryview]) -> bytes:
+    header: dict = {"msg": msg, "part": part, "parts": parts}
+    if part == 0:
+        header["head"] = dict(head, nbytes=total)
+    return pack_frame(header, pieces[0] if len(pieces) == 1 else b"".join(pieces))
 
 
 def tensor_frames(
