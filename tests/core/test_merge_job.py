@@ -12,8 +12,9 @@ from ddiloco.core import (
     balanced_fragments,
 )
 from ddiloco.core.merge import merge_direction
-from ddiloco.core.merge_job import MergeDue, MergeResult, Workspace
+from ddiloco.core.merge_job import MergeDue, MergeResult
 from ddiloco.core.outer import NesterovOuterOptimizer
+from ddiloco.core.round_sum import RoundSum
 
 
 def contribution(learner, grad, tokens=100, version=0):
@@ -41,7 +42,7 @@ def test_a_deferred_merge_is_a_job_whose_result_matches_the_direct_merge_by_hand
     late = deferred.receive(contribution(0, [1.0, 1.0]), now=1.5)
     assert [type(a).__name__ for a in late] == ["Rejected"] and "being merged" in late[0].reason
     assert deferred.rounds == {}
-    result = job.compute(Workspace())
+    result = job.compute()
     finished = deferred.finish_merge(job, result, now=2.0)
     direct_out = direct.receive(contribution(1, [0.0, -1.0], tokens=300), now=1.0)
     assert [type(a).__name__ for a in finished] == [type(a).__name__ for a in direct_out] == ["Merged", "FragmentUpdate"]
@@ -70,24 +71,41 @@ def test_a_refused_deferred_step_keeps_the_version_and_resets_the_contributors()
     assert isinstance(core.receive(contribution(1, [0.0, -1.0]), now=1.1)[0], MergeDue)
 
 
-def test_merge_direction_folds_the_rda_scale_and_reuses_its_buffer():
+def test_merge_direction_folds_the_rda_scale_into_s():
     a, b = torch.tensor([3.0, 0.0]), torch.tensor([0.0, 4.0])
-    out = torch.full((2,), 99.0)
-    direction, scale, update_norm = merge_direction([a, b], [1.0, 1.0], out=out)
-    assert direction.data_ptr() == out.data_ptr()
+    direction, scale, update_norm = merge_direction([a, b], [1.0, 1.0])
     assert torch.allclose(direction * scale, torch.full((2,), 3.5 / math.sqrt(2)))  # 3.5 * unit((1, 1))
     assert update_norm == pytest.approx(3.5)  # mean of the norms 3 and 4
     direction, scale, update_norm = merge_direction([a, b], [1.0, 3.0], rda=False)
-    assert torch.equal(direction, torch.tensor([0.75, 3.0])) and scale == 1.0
+    assert torch.allclose(direction * scale, torch.tensor([0.75, 3.0]))
     assert update_norm == pytest.approx(math.hypot(0.75, 3.0))
 
 
-def test_the_workspace_is_one_buffer_reused_across_merges():
-    ws = Workspace()
-    first = ws.views({"a": torch.Size([2, 3]), "b": torch.Size([4])})
-    second = ws.views({"a": torch.Size([2, 3]), "b": torch.Size([4])})
-    assert first["a"].shape == (2, 3) and first["b"].shape == (4,)
-    assert first["a"].data_ptr() == second["a"].data_ptr() and first["b"].data_ptr() != first["a"].data_ptr()
+def test_a_round_sum_keeps_no_contribution_and_falls_back_to_equal_weights_only_if_all_are_zero():
+    first, second = torch.tensor([2.0, 0.0]), torch.tensor([0.0, 1.0])
+    total = RoundSum({"w"})
+    total.add({"w": first}, 0.0)  # no tokens: weight 0
+    assert total.equal_weights
+    total.add({"w": second}, 0.0)
+    [(direction, scale, update_norm)] = total.result().values()
+    # equal weights: mean norm 1.5, direction unit((1, 1))
+    assert torch.allclose(direction * scale, torch.full((2,), 1.5 / math.sqrt(2))) and update_norm == pytest.approx(1.5)
+    first.fill_(99.0)  # the sum holds its own tensor, not the contribution's
+    assert torch.allclose(total.result()["w"][0] * total.result()["w"][1], torch.full((2,), 1.5 / math.sqrt(2)))
+    total.add({"w": torch.tensor([0.0, -4.0])}, 2.0)  # a positive weight: the zero-weight ones count for nothing
+    assert not total.equal_weights
+    direction, scale, update_norm = total.result()["w"]
+    assert torch.allclose(direction * scale, torch.tensor([0.0, -4.0])) and update_norm == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="finite"):
+        total.add({"w": second}, -1.0)
+
+
+def test_arrival_order_does_not_change_the_merge_beyond_rounding():
+    values = [torch.randn(1000, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    weights = [1.0, 2.0, 3.0, 4.0]
+    forward = merge_direction(values, weights)
+    backward = merge_direction(values[::-1], weights[::-1])
+    assert torch.allclose(forward[0] * forward[1], backward[0] * backward[1], rtol=1e-5, atol=1e-7)
 
 
 def test_the_outer_check_bounds_cheaply_and_computes_exactly_only_near_overflow():

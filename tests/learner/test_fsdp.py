@@ -26,8 +26,9 @@ STEPS, H = 24, 4
 def run_learner(tmp_path: Path, shakespeare: Path, name: str, ranks: int) -> tuple[dict, str]:
     out = tmp_path / f"{name}.safetensors"
     # blocking syncs (overlap 0) and one learner: the same steps meet the same updates in both runs
+    # fp32 updates: in bf16 a rounding step apart in the two runs' sums would be a visible difference
     with ddiloco.Synchronizer(model(), learners=1, fragments=3, sync_every=H, overlap=0, outer_lr=0.7,
-                              outer_momentum=0.9) as sync:
+                              outer_momentum=0.9, codec_down="fp32") as sync:
         launcher = [sys.executable] if ranks == 1 else [
             str(TORCHRUN) if TORCHRUN.exists() else shutil.which("torchrun"), "--standalone", "--nproc-per-node",
             str(ranks)]

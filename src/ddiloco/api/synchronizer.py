@@ -52,11 +52,15 @@ class Synchronizer:
         event_log: str | Path | None = None,
         token: str | None = None,
         heartbeat: float = 0.5,
+        codec_down: str = "bf16",
         **knobs: object,
     ) -> None:
         """`knobs` are AlgorithmConfig fields (sync_every, overlap, quorum, grace, outer_lr, ...).
         Embeddings: `plain_names`, else every nn.Embedding of `model` and the weights tied to one.
-        `tokens` counts what `budget_counts` says: "trained" (every token learners trained) or "merged"."""
+        `tokens` counts what `budget_counts` says: "trained" (every token learners trained) or "merged".
+        `codec_down`: how updates travel to learners, "bf16" (half the bytes) or "fp32" (exact)."""
+        if codec_down not in ("bf16", "fp32"):
+            raise ValueError(f"codec_down must be 'bf16' or 'fp32', got {codec_down!r}")
         params = parameters(model)
         if plain_names is not None:
             plain = check_plain_names(plain_names, params)
@@ -75,7 +79,7 @@ class Synchronizer:
             log.warning(note)
         self.settings = ServiceSettings(max_learners=learners, tokens=tokens, duration=duration,
                                         timeouts=Timeouts.derive(heartbeat), keep_versions=keep_versions,
-                                        budget_counts=budget_counts)
+                                        budget_counts=budget_counts, codec_down=codec_down)
         self.service = build_service(params, self.algorithm, self.settings, plain, checkpoint_dir, event_log)
         self.plain_names = plain
         self._server = SynchronizerServer(self.service, host, port, token)

@@ -9,10 +9,11 @@ keep the plain weighted average (ALGORITHM.md).
 
 from __future__ import annotations
 
-import math
 from typing import Collection, Literal, Mapping, Sequence
 
 import torch
+
+from .round_sum import RoundSum, norm  # noqa: F401 (norm: part of this module's interface)
 
 Tensors = Mapping[str, torch.Tensor]
 
@@ -35,52 +36,25 @@ def _check(values: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Te
     return w / w.sum()
 
 
-def norm(x: torch.Tensor) -> float:
-    """L2 norm: one float32 pass; non-finite exactly when `x` holds NaN or Inf (values whose
-    squares overflow float32 are rescaled first, a slow path that sane updates never take)."""
-    n = float(torch.linalg.vector_norm(x, dtype=torch.float32))
-    if math.isinf(n):
-        lo, hi = (float(v) for v in torch.aminmax(x))
-        top = max(-lo, hi)
-        if math.isfinite(top) and top > 0:
-            return top * float(torch.linalg.vector_norm(x / top, dtype=torch.float32))
-    return n
-
-
 def merge_direction(
     values: Sequence[torch.Tensor],
     weights: Sequence[float],
     rda: bool = True,
     norms: Sequence[float] | None = None,
-    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, float, float]:
-    """(D, s, |s D|) with the merged update s * D, without materialising s * D.
-
-    Mean: D = sum w v / sum w, s = 1. RDA: D = sum w unit(v) / sum w and
-    s = (sum w |v| / sum w) / |D|. One pass per value (plus one for |D|), written into `out` when
-    given (a reused buffer), so the outer step can fold s into its own pass. `norms` are the
-    values' L2 norms when the caller already has them.
-    """
-    w = _check(values, weights).tolist()
-    if rda and norms is None:
-        norms = [norm(v) for v in values]
-    direction = torch.zeros_like(values[0], dtype=torch.float32) if out is None else out.zero_()
-    mean_norm = 0.0
-    for i, (wm, v) in enumerate(zip(w, values)):
-        if not rda:
-            direction.add_(v, alpha=wm)
-        elif norms[i] > 0:
-            direction.add_(v, alpha=wm / norms[i])
-            mean_norm += wm * norms[i]
-    d = norm(direction)
-    if not rda:
-        return direction, 1.0, d
-    return direction, (mean_norm / d if d > 0 else 0.0), (mean_norm if d > 0 else 0.0)
+    """(D, s, |s D|) with the merged update s * D (`RoundSum` over a list): RDA, or the weighted
+    mean with rda=False. `norms`: the values' L2 norms, if known."""
+    _check(values, weights)
+    total = RoundSum({"v"} if rda else ())
+    for i, (v, w) in enumerate(zip(values, weights)):
+        total.add({"v": v}, float(w), None if norms is None else {"v": norms[i]})
+    return total.result()["v"]
 
 
 def weighted_mean(values: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
     """sum w_m v_m / sum w_m."""
-    return merge_direction(values, weights, rda=False)[0]
+    direction, scale, _ = merge_direction(values, weights, rda=False)
+    return direction.mul_(scale)
 
 
 def radial_directional_average(values: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:

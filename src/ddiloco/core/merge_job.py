@@ -1,11 +1,12 @@
 """One round's merge as a value: what to merge, and the tensor work split from the bookkeeping.
 
-The synchronizer core closes a round by building a `MergeJob`. The heavy, read-only part, merging
-the contributions into a direction and checking that the outer step stays finite, is `compute`: it
-reads the contributions, the fragment's global tensors and its momentum, writes only into its own
-`Workspace`, and so may run in another thread while the driver's lock is free (the fragment is
-marked busy meanwhile, so nothing else writes those tensors). The core then applies the step and
-books the merge in `SynchronizerCore.finish_merge`: a few passes, under the driver's lock.
+The synchronizer core closes a round by building a `MergeJob` around the round's running sum
+(`round_sum`: the contributions were added up as they arrived). The read-only part, the direction's
+norm and the check that the outer step stays finite, is `compute`: it reads the sum, the fragment's
+global tensors and its momentum, writes nothing, and so may run in another thread while the
+driver's lock is free (the fragment is marked busy meanwhile, so nothing else writes those tensors).
+The core then applies the step and books the merge in `SynchronizerCore.finish_merge`: a few
+passes, under the driver's lock.
 """
 
 from __future__ import annotations
@@ -16,32 +17,9 @@ from typing import Mapping
 
 import torch
 
-from .merge import merge_direction
 from .messages import Contribution
 from .outer import NesterovOuterOptimizer
-
-
-class Workspace:
-    """Reused scratch for merge directions: one flat float32 buffer, viewed per tensor.
-
-    Allocating a fresh fragment-sized tensor per merge costs page faults on every round (large
-    allocations are mmapped and returned to the OS when freed); one workspace per merging thread
-    costs one fragment of memory once.
-    """
-
-    def __init__(self) -> None:
-        self._flat = torch.empty(0, dtype=torch.float32)
-
-    def views(self, shapes: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]:
-        total = sum(math.prod(s) for s in shapes.values())
-        if self._flat.numel() < total:
-            self._flat = torch.empty(total, dtype=torch.float32)
-        out, offset = {}, 0
-        for name, shape in shapes.items():
-            n = math.prod(shape)
-            out[name] = self._flat[offset:offset + n].view(shape)
-            offset += n
-        return out
+from .round_sum import RoundSum
 
 
 @dataclass(frozen=True)
@@ -57,10 +35,10 @@ class MergeResult:
 class MergeJob:
     fragment: int
     version: int  # the version merged from; the result is version + 1
-    contributions: tuple[Contribution, ...] = field(repr=False)
+    contributions: tuple[Contribution, ...] = field(repr=False)  # their counters (tensors already summed)
     weights: tuple[float, ...]
     norms: tuple[Mapping[str, float], ...] = field(repr=False)  # per contribution, per tensor
-    rda_names: frozenset[str]
+    total: RoundSum = field(repr=False)
     use_momentum: bool
     params: Mapping[str, torch.Tensor] = field(repr=False)  # the fragment's global tensors (read here)
     outer: NesterovOuterOptimizer = field(repr=False)
@@ -69,25 +47,16 @@ class MergeJob:
     deadline: float | None = None
     expected: int = 0
 
-    def compute(self, workspace: Workspace | None = None) -> MergeResult:
-        """Merge the contributions (RDA or mean per tensor) and check the outer step; read-only
-        except for `workspace` (a fresh one if None)."""
-        names = list(self.params)
-        out = (workspace or Workspace()).views({n: self.params[n].shape for n in names})
-        scaled, merged_sq = {}, 0.0
-        for name in names:
-            rda = name in self.rda_names
-            values = [c.outer_gradient[name] for c in self.contributions]
-            norms = [n[name] for n in self.norms] if rda else None
-            direction, scale, update_norm = merge_direction(values, self.weights, rda=rda, norms=norms,
-                                                            out=out[name])
-            scaled[name] = (direction, scale)
-            merged_sq += update_norm**2
+    def compute(self) -> MergeResult:
+        """The merged update per tensor and the outer step's check; reads only."""
+        merged = self.total.result()
+        scaled = {name: (direction, scale) for name, (direction, scale, _) in merged.items()}
+        merged_norm = math.sqrt(sum(n**2 for _, _, n in merged.values()))
         try:
             self.outer.check(self.params, scaled, self.use_momentum)
         except FloatingPointError as exc:
-            return MergeResult(scaled, math.sqrt(merged_sq), str(exc))
-        return MergeResult(scaled, math.sqrt(merged_sq))
+            return MergeResult(scaled, merged_norm, str(exc))
+        return MergeResult(scaled, merged_norm)
 
     def contribution_norm(self) -> float:
         """Weighted mean over contributions of each one's L2 norm over the fragment."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .messages import Contribution
+from .round_sum import RoundSum
 
 
 @dataclass
@@ -15,7 +16,8 @@ class Round:
     version: int
     opened_at: float
     expected: set[int]
-    contributions: dict[int, Contribution] = field(default_factory=dict)
+    total: RoundSum  # the admitted contributions, summed as they arrive (their tensors are not kept)
+    contributions: dict[int, Contribution] = field(default_factory=dict)  # counters only
     norms: dict[int, Mapping[str, float]] = field(default_factory=dict)  # per contributor, per tensor
     declined: set[int] = field(default_factory=set)
     quorum_at: float | None = None

@@ -10,6 +10,7 @@ service drive exactly this code.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Collection, Iterable, Mapping, Sequence
 
@@ -18,7 +19,7 @@ import torch
 from .config import AlgorithmConfig
 from .fragments import FragmentPlan
 from .merge import norm
-from .merge_job import MergeDue, MergeJob, MergeResult, Workspace
+from .merge_job import MergeDue, MergeJob, MergeResult
 from .messages import (
     AdmittedWork,
     Contribution,
@@ -31,6 +32,7 @@ from .messages import (
     SyncAction,
 )
 from .outer import NesterovOuterOptimizer
+from .round_sum import RoundSum
 from .rounds import Round, RoundView
 from .timing import GraceWindow
 from .weights import token_weight
@@ -81,7 +83,6 @@ class SynchronizerCore:
         self.defer_merges = defer_merges
         self.share_updates = share_updates
         self.merging: dict[int, MergeJob] = {}  # fragments whose merge is being computed
-        self._workspace = Workspace()  # reused by merges computed here (not deferred)
         self._param_norms: dict[int, tuple[int, float]] = {}  # fragment -> (version, its L2 norm)
         self.final_flush = False  # the run's budget is reached: what merges now is the final flush
 
@@ -164,7 +165,8 @@ class SynchronizerCore:
         current = self.rounds.get(c.fragment)
         requests: list[SyncAction] = []
         if current is None:
-            current = Round(version=current_version, opened_at=now, expected=set(self.live))
+            current = Round(version=current_version, opened_at=now, expected=set(self.live),
+                            total=RoundSum(self._rda_names(c.fragment)))
             self.rounds[c.fragment] = current
             others = tuple(sorted(current.expected - {c.learner}))
             if others:
@@ -173,7 +175,8 @@ class SynchronizerCore:
             return self._reject(c.learner, c.fragment, "duplicate contribution for this round")
         if current.quorum_at is None:  # xi_step: the learners that form quorums (see `timing`)
             self.grace.step_time.update(c.step_time)
-        current.contributions[c.learner] = c
+        current.total.add(c.outer_gradient, token_weight(c.tokens, c.steps), norms)  # one pass per tensor
+        current.contributions[c.learner] = dataclasses.replace(c, outer_gradient={})  # its tensors are summed
         current.norms[c.learner] = norms
         current.declined.discard(c.learner)
         return requests + self._advance(c.fragment, now)
@@ -219,6 +222,10 @@ class SynchronizerCore:
             return (f"outer gradient too large: norm {math.sqrt(grad_sq):.3g} exceeds {ratio:g} x the fragment's "
                     f"norm ({limit:.3g}; max_outer_norm_ratio)")
         return None
+
+    def _rda_names(self, p: int) -> frozenset[str]:
+        """The tensors of fragment p merged by RDA (the rest, embeddings, by the weighted mean)."""
+        return frozenset(self.plan.names[p]) - self.plain_names if self.config.merge == "rda" else frozenset()
 
     def _param_norm(self, p: int) -> float:
         """The fragment's global L2 norm, once per version."""
@@ -292,13 +299,12 @@ class SynchronizerCore:
         learners = sorted(r.contributions)
         contributions = tuple(r.contributions[m] for m in learners)
         weights = [token_weight(c.tokens, c.steps) for c in contributions]
-        if sum(weights) <= 0:  # every contributor trained on zero tokens: nothing to learn from
+        if r.total.equal_weights:  # every contributor trained on zero tokens: nothing to learn from
             weights = [1.0] * len(contributions)
         names = self.plan.names[p]
-        rda = frozenset(names) - self.plain_names if self.config.merge == "rda" else frozenset()
         job = MergeJob(
             fragment=p, version=r.version, contributions=contributions, weights=tuple(weights),
-            norms=tuple(r.norms[m] for m in learners), rda_names=rda,
+            norms=tuple(r.norms[m] for m in learners), total=r.total,
             use_momentum=self.config.final_momentum or not self.final_flush,
             params={n: self.params[n] for n in names}, outer=self.outer[p],
             opened_at=r.opened_at, quorum_at=r.quorum_at, deadline=r.deadline, expected=len(r.expected),
@@ -306,7 +312,7 @@ class SynchronizerCore:
         self.merging[p] = job
         if self.defer_merges:
             return [MergeDue(job)]
-        return self.finish_merge(job, job.compute(self._workspace), now)
+        return self.finish_merge(job, job.compute(), now)
 
     def finish_merge(self, job: MergeJob, result: MergeResult, now: float) -> list[SyncAction]:
         """Apply a computed merge: the outer step in place, the new version, its update to every live

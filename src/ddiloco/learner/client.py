@@ -36,7 +36,6 @@ import math
 import queue
 import secrets
 import time
-from dataclasses import replace
 from typing import Mapping, Sequence
 
 import torch
@@ -78,8 +77,7 @@ class LearnerClient:
         """`report_every`: seconds between progress lines at INFO on the "ddiloco" logger
         (`ddiloco.log_to_stderr()` shows them). `optimizer`: the inner optimizer, for peer recovery:
         if it holds no state at `start()` (a new machine) it takes a live learner's, and it donates
-        its own when another learner joins empty (`peerstate`). `wan`: emulate a wide-area link
-        (`wan`); `net_delay` (chaos testing) adds to its latency."""
+        its own when another learner joins empty (`peerstate`). `wan`: an emulated link (`learner.wan`)."""
         from ..wire import quant
 
         quant.get(codec)  # validate early
@@ -108,7 +106,7 @@ class LearnerClient:
         self.ctx = LinkContext(
             learner=self.learner, incarnation=self.incarnation, signature=signature(self.params), token=token,
             codec=codec, inbound=self.inbound, progress=lambda: reporting.progress(self), credentials=credentials,
-            wan=WanLink(replace(wan or WanSettings(), latency=(wan.latency if wan else 0.0) + net_delay)),
+            net_delay=net_delay, wan=WanLink(wan),
         )
         self.links: list[ShardLink] = []
         self.core: LearnerCore | None = None

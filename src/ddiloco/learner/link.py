@@ -65,11 +65,18 @@ class LinkContext:
     inbound: "queue.Queue[tuple]"
     progress: Callable[[], dict]
     credentials: object = None
+    net_delay: float = 0.0  # chaos testing: seconds added per message (and per donation frame)
     wan: WanLink = field(default_factory=WanLink)  # an emulated wide-area link (none by default)
     max_frame: int = 256 << 20  # what this side accepts per frame; the synchronizer's own limit protects it
     closing: threading.Event = field(default_factory=threading.Event)
     stop_requested: threading.Event = field(default_factory=threading.Event)
     global_progress: float = 0.0
+
+    def delay(self) -> None:
+        """A message's latency: the chaos delay, then the emulated link's."""
+        if self.net_delay:
+            time.sleep(self.net_delay)
+        self.wan.delay()
 
 
 class ShardLink:
@@ -223,7 +230,7 @@ class ShardLink:
                 delay = min(2 * delay, self.timeouts.backoff_max)
 
     def _deliver(self, msg: framing.Message) -> None:
-        self.ctx.wan.delay()
+        self.ctx.delay()
         head = msg.head
         kind = head.get("kind")
         if kind == "update":
@@ -263,7 +270,7 @@ class ShardLink:
                     "step": c.step, **extra}
             frames = framing.tensor_frames(head, c.outer_gradient, self.ctx.codec, self.chunk_bytes)
             nbytes = sum(len(f) for f in frames)
-            self.ctx.wan.delay()
+            self.ctx.delay()
             try:
                 reply = framing.read_message(self.bulk.push(
                     self.ctx.wan.paced_up(frames), timeout=self.timeouts.bulk(nbytes) + self.ctx.wan.transfer_seconds(nbytes),
@@ -323,7 +330,7 @@ class ShardLink:
                 self.ctx.inbound.put(("donate", self.index, reply["donate"]))
 
     def _call(self, method: str, head: dict, sid: str) -> dict | None:
-        self.ctx.wan.delay()
+        self.ctx.delay()
         try:
             reply = framing.read_message(self.control.call(method, framing.message(head), self.timeouts.rpc))
         except grpc.RpcError as exc:

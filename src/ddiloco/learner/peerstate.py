@@ -82,11 +82,16 @@ def upload(link, ticket: str, tensors: dict[str, torch.Tensor], scalars: dict) -
     frames = framing.tensor_frames(head, tensors, "fp32", link.chunk_bytes)
     nbytes = sum(len(f) for f in frames)
 
+    def paced():
+        for frame in link.ctx.wan.paced_up(frames):
+            if link.ctx.net_delay:  # chaos testing: a slow link, per frame
+                time.sleep(link.ctx.net_delay)
+            yield frame
+
     try:
         link.ctx.wan.delay()
-        link.bulk.donate(link.ctx.wan.paced_up(frames),
-                         timeout=link.timeouts.bulk(nbytes) + link.ctx.wan.transfer_seconds(nbytes),
-                         metadata=link.bulk.metadata)
+        link.bulk.donate(paced(), timeout=link.timeouts.bulk(nbytes) + len(frames) * link.ctx.net_delay
+                         + link.ctx.wan.transfer_seconds(nbytes), metadata=link.bulk.metadata)
         log.info("donated the inner state (%d tensors, %.1f MB, checksum %s) for ticket %s", len(tensors),
                  nbytes / 1e6, head["checksum"], ticket)
     except grpc.RpcError as exc:

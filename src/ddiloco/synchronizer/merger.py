@@ -3,19 +3,18 @@
 The core closes a round under the service lock and hands out a `MergeDue`; the tensor work (the
 merged direction over every contribution and the outer step's finiteness check) runs here, in a
 pool of threads (torch releases the GIL), while heartbeats, registrations and other fragments'
-contributions are served. Each thread keeps one reused `Workspace`. The result goes back through
-`finish`, which takes the lock only to apply the step and send the update.
+contributions are served. The result goes back through `finish`, which takes the lock only to
+apply the step and send the update.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from ..core.merge_job import MergeJob, MergeResult, Workspace
+from ..core.merge_job import MergeJob, MergeResult
 
 log = logging.getLogger(__name__)
 
@@ -26,18 +25,14 @@ class MergeWorkers:
     def __init__(self, finish: Finish, threads: int) -> None:
         """`finish(job, result, seconds_since_due)` runs in the worker thread, which holds no lock."""
         self._finish = finish
-        self._local = threading.local()
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="ddiloco-merge")
 
     def submit(self, job: MergeJob) -> None:
         self._pool.submit(self._run, job, time.perf_counter())
 
     def _run(self, job: MergeJob, due: float) -> None:
-        workspace = getattr(self._local, "workspace", None)
-        if workspace is None:
-            workspace = self._local.workspace = Workspace()
         try:
-            result = job.compute(workspace)
+            result = job.compute()
         except Exception as exc:  # a bug must not leave the fragment busy forever: the round is refused
             log.exception("merge of fragment %d version %d failed", job.fragment, job.version)
             result = MergeResult({}, 0.0, f"the merge failed: {type(exc).__name__}: {exc}")

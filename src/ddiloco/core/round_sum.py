@@ -1,0 +1,104 @@
+"""A round's merge, summed as its contributions arrive.
+
+Token-weighted RDA is a weighted sum of unit vectors and of norms, and the weighted mean a running
+weighted mean of values: both can be added up one contribution at a time, in one pass each, after
+which the contribution's tensors are dropped. A synchronizer then holds one running sum per open round instead
+of every contribution until the round merges.
+
+    RDA:  update = (sum w |v| / sum w) * unit(sum w unit(v))
+    mean: update = sum w v / sum w
+
+If every weight is zero (learners that report no tokens) the round falls back to equal weights, so
+an equal-weight sum is kept until the first positive weight arrives.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Collection, Mapping
+
+import torch
+
+
+def norm(x: torch.Tensor) -> float:
+    """L2 norm: one float32 pass; non-finite exactly when `x` holds NaN or Inf (values whose
+    squares overflow float32 are rescaled first, a slow path that sane updates never take)."""
+    n = float(torch.linalg.vector_norm(x, dtype=torch.float32))
+    if math.isinf(n):
+        lo, hi = (float(v) for v in torch.aminmax(x))
+        top = max(-lo, hi)
+        if math.isfinite(top) and top > 0:
+            return top * float(torch.linalg.vector_norm(x / top, dtype=torch.float32))
+    return n
+
+
+@dataclass
+class _Sums:
+    """RDA tensors: sum (w / w_first) unit(v), scaled so that large weights cannot overflow float32;
+    mean tensors: the running weighted mean itself (a convex combination: it cannot overflow either)."""
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    norm_sums: dict[str, float] = field(default_factory=dict)  # sum w |v|, per tensor (RDA)
+    weight: float = 0.0
+    first: float = 0.0  # the first weight, the unit of the RDA sums
+
+    def add(self, values: Mapping[str, torch.Tensor], norms: Mapping[str, float], w: float,
+            rda: Collection[str]) -> None:
+        self.first = self.first or w
+        total = self.weight + w
+        for name, v in values.items():
+            acc = self.tensors.get(name)
+            if name in rda:
+                n = norms[name]
+                alpha = w / self.first / n if n > 0 else 0.0
+                self.norm_sums[name] = self.norm_sums.get(name, 0.0) + (w * n if n > 0 else 0.0)
+                if acc is None:
+                    self.tensors[name] = torch.mul(v.to(torch.float32), alpha)
+                else:
+                    acc.add_(v, alpha=alpha)
+            elif acc is None:
+                self.tensors[name] = v.to(torch.float32, copy=True)
+            else:
+                acc.lerp_(v.to(torch.float32), w / total)  # one pass: acc + (w / total) (v - acc)
+        self.weight = total
+
+
+class RoundSum:
+    def __init__(self, rda_names: Collection[str]) -> None:
+        self.rda = frozenset(rda_names)
+        self._weighted: _Sums | None = None
+        self._equal: _Sums | None = _Sums()  # the fallback, while every weight so far is zero
+
+    def add(self, values: Mapping[str, torch.Tensor], weight: float, norms: Mapping[str, float] | None = None) -> None:
+        """Add one contribution (its tensors are not kept). `norms`: each tensor's L2 norm, if known."""
+        if not (math.isfinite(weight) and weight >= 0):
+            raise ValueError(f"weights must be finite and >= 0, got {weight}")
+        if norms is None:
+            norms = {name: norm(v) for name, v in values.items() if name in self.rda}
+        if weight > 0:
+            self._weighted = self._weighted or _Sums()
+            self._weighted.add(values, norms, weight, self.rda)
+            self._equal = None
+        elif self._equal is not None:
+            self._equal.add(values, norms, 1.0, self.rda)
+
+    @property
+    def equal_weights(self) -> bool:
+        """Every weight was zero: the merge uses equal weights."""
+        return self._weighted is None
+
+    def result(self) -> dict[str, tuple[torch.Tensor, float, float]]:
+        """Per tensor (D, s, |s D|): the merged update is s * D, never materialised here."""
+        sums = self._weighted if self._weighted is not None else self._equal
+        if sums is None or sums.weight <= 0:
+            raise ValueError("cannot merge zero contributions")
+        out = {}
+        for name, acc in sums.tensors.items():
+            d = norm(acc)
+            if name in self.rda:
+                mean_norm = sums.norm_sums.get(name, 0.0) / sums.weight
+                out[name] = (acc, mean_norm / d if d > 0 else 0.0, mean_norm if d > 0 else 0.0)
+            else:
+                out[name] = (acc, 1.0, d)
+        return out
