@@ -36,6 +36,7 @@ def test_hugging_face_llama_trains_exports_and_reloads_with_from_pretrained(tmp_
     assert (tmp_path / "export" / "config.json").is_file() and (tmp_path / "export" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow  # FSDP2 learners are in the default suite (tests/learner/test_fsdp.py), HF llama too (above)
 @pytest.mark.timeout(300)
 def test_hugging_face_llama_under_torchrun_with_fsdp2_learners(tmp_path, shakespeare):
     pytest.importorskip("transformers", reason="the Hugging Face extra: pip install -e '.[hf]'")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -17,6 +19,7 @@ def load_script():
     return module
 
 
+@pytest.mark.slow
 def test_precision_rows_go_through_every_codec(tmp_path, shakespeare):
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "ablations.py"), "--quick", "--only", "precision", "--json",

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -26,6 +28,7 @@ def test_quick_vision_rows_are_complete(tmp_path, shakespeare):
     assert {v["aim"] for v in report["verdicts"]}  # the aims are judged and reported
 
 
+@pytest.mark.slow
 def test_outer_sweep_runs_its_groups_and_summarizes_split_runs(tmp_path, shakespeare):
     def sweep(*args: str) -> dict:
         out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "outer_sweep.py"), "--quick", "--models",

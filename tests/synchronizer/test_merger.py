@@ -41,10 +41,10 @@ def test_the_merge_runs_off_the_lock_and_its_fragment_refuses_work_against_the_v
     computing, release = threading.Event(), threading.Event()
     compute = MergeJob.compute
 
-    def slow_compute(job, workspace=None):
+    def slow_compute(job):
         computing.set()
         assert release.wait(30)
-        return compute(job, workspace)
+        return compute(job)
 
     monkeypatch.setattr(MergeJob, "compute", slow_compute)
     with synchronizer(tiny_task, tmp_path, algorithm=ALGORITHM, max_learners=3) as (service, _):
