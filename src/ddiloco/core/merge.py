@@ -13,7 +13,7 @@ from typing import Collection, Literal, Mapping, Sequence
 
 import torch
 
-from .round_sum import RoundSum, norm  # noqa: F401 (norm: part of this module's interface)
+from .round_sum import RoundSum
 
 Tensors = Mapping[str, torch.Tensor]
 
@@ -88,8 +88,3 @@ def merge_outer_gradients(
                                            rda=mode == "rda" and name not in plain_names)
         merged[name] = direction.mul_(scale)
     return merged
-
-
-def fragment_norm(tensors: Tensors) -> float:
-    """The L2 norm of a fragment's tensors taken together."""
-    return sum(float(torch.linalg.vector_norm(t, dtype=torch.float32)) ** 2 for t in tensors.values()) ** 0.5

@@ -57,14 +57,14 @@ class NesterovOuterOptimizer:
         limit = torch.finfo(torch.float32).max / 4
         for name, (d, s) in scaled.items():
             p, buf = params[name], self.buffers.get(name)
-            big_p, big_d = _max_abs(p), _max_abs(d) * abs(s)
-            big_buf = 0.0 if buf is None or mu == 0 else _max_abs(buf)
+            big_p, big_d = max_abs(p), max_abs(d) * abs(s)
+            big_buf = 0.0 if buf is None or mu == 0 else max_abs(buf)
             new_buf = mu * big_buf + big_d
             if max(big_p, big_d, big_buf) < limit and big_p + self.lr * (big_d + mu * new_buf) < limit:
                 continue
             new_b = (buf * mu + d * s) if mu > 0 and buf is not None else d * s
             value = p - self.lr * (d * s + mu * new_b) if mu > 0 else p - self.lr * (d * s)
-            if not (finite(value) and finite(new_b)):
+            if not (_finite(value) and _finite(new_b)):
                 raise FloatingPointError(f"{name}: the outer step would make it non-finite")
 
     def apply(self, params: Mapping[str, torch.Tensor], scaled: Mapping[str, tuple[torch.Tensor, float]],
@@ -90,7 +90,7 @@ class NesterovOuterOptimizer:
         self.buffers = {name: buf.detach().clone().float() for name, buf in state.items()}
 
 
-def _max_abs(x: torch.Tensor) -> float:
+def max_abs(x: torch.Tensor) -> float:
     """max |x| from one min/max pass (NaN propagates), far faster than isfinite().all() on a CPU."""
     if x.numel() == 0:
         return 0.0
@@ -98,5 +98,5 @@ def _max_abs(x: torch.Tensor) -> float:
     return math.nan if math.isnan(lo) or math.isnan(hi) else max(-lo, hi)
 
 
-def finite(x: torch.Tensor) -> bool:
-    return x.numel() == 0 or math.isfinite(_max_abs(x))
+def _finite(x: torch.Tensor) -> bool:
+    return x.numel() == 0 or math.isfinite(max_abs(x))

@@ -20,14 +20,15 @@ from typing import Collection, Mapping
 
 import torch
 
+from .outer import max_abs
+
 
 def norm(x: torch.Tensor) -> float:
     """L2 norm: one float32 pass; non-finite exactly when `x` holds NaN or Inf (values whose
     squares overflow float32 are rescaled first, a slow path that sane updates never take)."""
     n = float(torch.linalg.vector_norm(x, dtype=torch.float32))
     if math.isinf(n):
-        lo, hi = (float(v) for v in torch.aminmax(x))
-        top = max(-lo, hi)
+        top = max_abs(x)
         if math.isfinite(top) and top > 0:
             return top * float(torch.linalg.vector_norm(x / top, dtype=torch.float32))
     return n

@@ -18,7 +18,6 @@ import torch
 
 from .config import AlgorithmConfig
 from .fragments import FragmentPlan
-from .merge import norm
 from .merge_job import MergeDue, MergeJob, MergeResult
 from .messages import (
     AdmittedWork,
@@ -32,7 +31,7 @@ from .messages import (
     SyncAction,
 )
 from .outer import NesterovOuterOptimizer
-from .round_sum import RoundSum
+from .round_sum import RoundSum, norm
 from .rounds import Round, RoundView
 from .timing import GraceWindow
 from .weights import token_weight
