@@ -8,9 +8,11 @@ data-parallel row of the same model, a tuned baseline):
     ddp-lr      data-parallel at inner lr {1.5e-3, 3e-3, 6e-3}: the baseline tuned, not assumed
     one-learner one learner, DiLoCo (lr 1 / momentum 0, and the old 0.7 / 0.9) against data-parallel:
                 the outer step alone, without any averaging
-    sync-every  synchronous DiLoCo at H {6, 24} with the grid's best outer step (H = 1 is data-parallel
-                with an outer SGD step, left out: it costs a merge per step)
+    sync-every  synchronous DiLoCo at H {1, 6, 24} with the grid's best outer step (the defaults when the
+                grid is not run); H = 1 is data-parallel with an outer Nesterov step on each step's average
     last-merge  the grid's momentum rows with the final merge taken without momentum (no end-of-run kick)
+    arrival     Decoupled DiLoCo at the default outer step, overwrite against rebase (keeping in-flight and
+                stale-refused work), on identical learners and on heterogeneous ones with K = 1 and no grace
 
     python benchmarks/outer_sweep.py --quick         # tiny models, 2 seeds, about 3 minutes
     python benchmarks/outer_sweep.py                 # default models, 3 seeds: about 70 minutes per core
@@ -35,12 +37,14 @@ from quality import DEFAULT_DATA, LEARNERS, ROOT, plan  # noqa: E402
 
 from ddiloco.core import AlgorithmConfig  # noqa: E402
 from ddiloco.sim.config import SimConfig  # noqa: E402
+from ddiloco.sim.hardware import StepTimeModel, half_slow  # noqa: E402
 from ddiloco.sim.run import build_task, run_sim  # noqa: E402
 from ddiloco.train.inner import InnerConfig  # noqa: E402
 
 console = Console(stderr=True)
 LRS, MOMENTA, DDP_LRS = (0.5, 0.7, 1.0), (0.0, 0.5, 0.9), (1.5e-3, 3e-3, 6e-3)
-GROUPS = ("grid", "ddp-lr", "one-learner", "sync-every", "last-merge")
+GROUPS = ("grid", "ddp-lr", "one-learner", "sync-every", "last-merge", "arrival")
+HETERO = StepTimeModel(speeds=half_slow(4, 1.2), jitter=0.1)  # quality.py's heterogeneous learners
 
 
 def base_config(spec: dict, seed: int, data: str, **kw) -> SimConfig:
@@ -85,7 +89,7 @@ def jobs(groups: list[str], spec: dict, seeds: list[int], data: str, period: int
                 add({"group": "one-learner", "method": "diloco", "outer_lr": lr, "outer_momentum": mu},
                     base_config(spec, seed, data, method="diloco", learners=1, algorithm=alg))
         if "sync-every" in groups:
-            for h in (6, 24):
+            for h in (1, 6, 24):
                 add({"group": "sync-every", "method": "diloco", "sync_every": h, "outer_lr": best[0],
                      "outer_momentum": best[1]},
                     base_config(spec, seed, data, method="diloco", algorithm=algorithm("diloco", *best, h)))
@@ -95,6 +99,20 @@ def jobs(groups: list[str], spec: dict, seeds: list[int], data: str, period: int
                     alg = replace(algorithm(method, 0.7, mu, period), final_momentum=False)
                     add({"group": "last-merge", "method": method, "outer_lr": 0.7, "outer_momentum": mu},
                         base_config(spec, seed, data, method=method, algorithm=alg))
+        if "arrival" in groups:
+            defaults = AlgorithmConfig()
+            for quorum_grace in (None, (1, 0.0)):
+                for arrival in ("overwrite", "rebase"):
+                    alg = replace(algorithm("decoupled", defaults.outer_lr, defaults.outer_momentum, period),
+                                  arrival=arrival)
+                    kw = {}
+                    if quorum_grace is not None:
+                        alg = replace(alg, quorum=quorum_grace[0], grace=quorum_grace[1])
+                        kw["steps"] = HETERO
+                    add({"group": "arrival", "method": f"decoupled-{arrival}" + ("" if quorum_grace is None else
+                                                                                 " hetero K=1"),
+                         "outer_lr": defaults.outer_lr, "outer_momentum": defaults.outer_momentum},
+                        base_config(spec, seed, data, method="decoupled", algorithm=alg, **kw))
     return out
 
 
@@ -171,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, (label, config) in enumerate(todo):
             rows.append(run_one(label, config, task, i, len(todo)))
         if "sync-every" in args.groups:
-            best = best_outer(summarize(rows), spec["model"]).get("diloco", (1.0, 0.0))
+            defaults = AlgorithmConfig()
+            best = best_outer(summarize(rows), spec["model"]).get("diloco", (defaults.outer_lr, defaults.outer_momentum))
             later = jobs(["sync-every"], spec, seeds, args.data, args.sync_every, best)
             task = task or build_task(later[0][1])
             for i, (label, config) in enumerate(later):

@@ -7,12 +7,15 @@ so that both modes see the same machine load; the ratio is mean(with client) / m
 
     python benchmarks/overhead.py                      # default GPT (~0.9M parameters), ~2 minutes
     python benchmarks/overhead.py --quick --json       # tiny model, seconds
+    python benchmarks/overhead.py --model-size 10m --blocks 4 --block-steps 12 --json   # 10.9M parameters
+    python benchmarks/overhead.py --model-size 50m --blocks 3 --block-steps 8 --json    # 49.6M parameters
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import statistics
 import sys
@@ -108,7 +111,7 @@ def main() -> None:
         "plain_median_ms": 1000 * statistics.median(times["plain"]),
         "client_median_ms": 1000 * statistics.median(times["client"]),
         "contributions_accepted": stats["accepted"], "contributions_pushed": stats["pushed"],
-        "ratio": synced / plain,
+        "ratio": synced / plain, "cpus": os.cpu_count(), "synchronizer_on_same_cores": True,
     }
     table = Table(title="learner overhead: syncing one fragment every step (P = H)")
     for col in ("mode", "mean step (ms)", "median step (ms)"):
@@ -116,8 +119,10 @@ def main() -> None:
     table.add_row("no synchronizer", f"{result['plain_step_ms']:.2f}", f"{result['plain_median_ms']:.2f}")
     table.add_row("with client", f"{result['client_step_ms']:.2f}", f"{result['client_median_ms']:.2f}")
     console.print(table)
-    console.print(f"ratio (with / without): [bold]{result['ratio']:.3f}[/bold] (aim: <= 1.05); "
+    console.print(f"ratio (with / without): [bold]{result['ratio']:.3f}[/bold] (aim: <= 1.03 at 50M); "
                   f"{stats['accepted']} of {stats['pushed']} contributions accepted")
+    console.print(f"the synchronizer process (merges, checkpoints) shares this machine's {result['cpus']} CPU cores "
+                  "with the learner: its work counts against the ratio")
     if args.json:
         print(json.dumps(result, sort_keys=True))
     sys.exit(0)

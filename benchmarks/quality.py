@@ -53,6 +53,8 @@ def rows(learners: int, period: int) -> list[tuple[str, dict]]:
         ("decoupled-hetero-km", dict(method="decoupled", algorithm=replace(decoupled, quorum=learners, grace=0.0), steps=hetero)),
         ("decoupled-hetero-k1", dict(method="decoupled", algorithm=replace(decoupled, grace=0.0), steps=hetero)),
         ("decoupled-hetero-k1-grace", dict(method="decoupled", algorithm=decoupled, steps=hetero)),
+        ("decoupled-rebase-hetero-k1", dict(method="decoupled", algorithm=replace(decoupled, grace=0.0, arrival="rebase"),
+                                            steps=hetero)),
     ]
 
 

@@ -21,7 +21,7 @@ def test_quick_vision_rows_are_complete(tmp_path, shakespeare):
     names = [r["name"] for r in report["rows"]]
     assert names == ["ddp", "ddp-failures", "elastic-ddp-failures", "diloco", "decoupled", "decoupled-failures",
                      "decoupled-rebase", "decoupled-rebase-failures", "decoupled-hetero-km", "decoupled-hetero-k1",
-                     "decoupled-hetero-k1-grace"]
+                     "decoupled-hetero-k1-grace", "decoupled-rebase-hetero-k1"]
     for row in report["rows"]:
         assert row["model"] == "vision" and 0 <= row["eval_accuracy"] <= 1 and 0 < row["goodput"] <= 1
     assert json.loads((tmp_path / "q.json").read_text())["rows"] == report["rows"]
@@ -46,3 +46,22 @@ def test_outer_sweep_runs_its_groups_and_summarizes_split_runs(tmp_path, shakesp
     assert groups == {("grid", "diloco"), ("ddp-lr", "ddp"), ("one-learner", "ddp"), ("one-learner", "diloco")}
     # every row is compared with the best data-parallel inner lr of the same model
     assert min(s["vs_tuned_ddp"] for s in both["summary"] if s["group"] == "ddp-lr") == 1.0
+
+
+def test_scale_sweep_compares_each_method_with_data_parallel_at_the_same_size_and_budget(tmp_path, shakespeare):
+    def sweep(*args: str) -> dict:
+        out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale_sweep.py"), "--json", "--data",
+                              shakespeare, *args], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    a = sweep("--quick", "--budgets", "0.5", "--methods", "ddp", "decoupled", "--out", str(tmp_path / "a.json"))
+    cells = {(s["budget"], s["method"]): s for s in a["summary"]}
+    assert set(cells) == {(0.5, "ddp"), (0.5, "decoupled")} and cells[(0.5, "ddp")]["vs_ddp"] == 1.0
+    assert cells[(0.5, "ddp")]["tokens"] == 60_000 and cells[(0.5, "ddp")]["params"] > 0
+    assert cells[(0.5, "decoupled")]["vs_ddp"] == cells[(0.5, "decoupled")]["eval_loss"] / cells[(0.5, "ddp")]["eval_loss"]
+    again = sweep("--load", str(tmp_path / "a.json"))
+    assert again["summary"] == a["summary"]
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale_sweep.py"), "--sizes", "huge"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "huge" in out.stderr  # refused before any run

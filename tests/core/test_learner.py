@@ -224,6 +224,35 @@ def test_rebase_keeps_the_steps_taken_since_the_snapshot_by_hand():
         assert torch.equal(core.base[0]["a"], torch.tensor([2.0, 2.0]))
 
 
+def test_rebase_keeps_a_snapshot_the_merge_left_out_and_sends_it_with_the_next_contribution_by_hand():
+    # the update's `merged` says who made version 1: us, someone else (ours was stale), or not known
+    for merged, expected, steps in (((0,), [2.0, 2.3], 2), ((1,), [2.1, 2.3], 3), (None, [2.0, 2.3], 2)):
+        core, params = rebasing(True)
+        params["a"] += torch.tensor([0.1, 0.0])
+        [c] = core.after_step(10, 1.0)  # snapshot at [1.1, 1.0] against version 0 (Theta_0 = [1, 1])
+        params["a"] += torch.tensor([0.0, 0.2])
+        assert core.after_step(10, 1.0) == []
+        core.receive(FragmentUpdate(0, 1, {"a": torch.tensor([2.0, 2.0])}, (0,), merged))
+        params["a"] += torch.tensor([0.0, 0.1])
+        core.begin_step(10, 1.0)
+        # taken (or not known): Theta_1 + (theta - theta_at_snapshot); left out: Theta_1 + (theta - Theta_0)
+        assert torch.allclose(params["a"], torch.tensor(expected)), merged
+        assert core.counters[0].steps == steps and core.counters[0].tokens == 10 * steps
+        [again] = core.collect()  # due again (H = 2 steps after the snapshot): against version 1
+        assert again.base_version == 1 and again.steps == steps and again.tokens == 10 * steps
+        # the outer gradient is Theta_1 - theta: everything not yet merged, the refused step included
+        assert torch.allclose(again.outer_gradient["a"], torch.tensor([2.0, 2.0]) - torch.tensor(expected))
+
+
+def test_overwrite_loses_a_snapshot_the_merge_left_out_as_the_paper_does():
+    core, params = rebasing(False)
+    params["a"] += torch.tensor([0.1, 0.0])
+    core.after_step(10, 1.0)
+    core.receive(FragmentUpdate(0, 1, {"a": torch.tensor([2.0, 2.0])}, (0,), (1,)))
+    core.begin_step(10, 1.0)
+    assert torch.equal(params["a"], torch.tensor([2.0, 2.0])) and core.counters[0].steps == 0
+
+
 def test_rebase_without_a_pending_snapshot_keeps_all_unsent_work_and_repairs_still_overwrite():
     core, params = rebasing(True)
     core.answer_requests = False

@@ -108,6 +108,21 @@ def test_arrival_order_does_not_change_the_merge_beyond_rounding():
     assert torch.allclose(forward[0] * forward[1], backward[0] * backward[1], rtol=1e-5, atol=1e-7)
 
 
+def test_bf16_contributions_summed_as_received_give_exactly_the_merge_of_their_float32_values():
+    """The synchronizer keeps bf16 contributions in their wire bytes (no float32 copy in flight)."""
+    values = [torch.randn(4097, generator=torch.Generator().manual_seed(i)).bfloat16() for i in range(3)]
+    sums = {}
+    for kind in ("bf16", "fp32"):
+        total = RoundSum({"w"})
+        for i, v in enumerate(values):
+            v = v if kind == "bf16" else v.float()
+            total.add({"w": v, "emb": v[:7]}, float(i + 1))  # "emb": a plain (mean) tensor, RDA's exception
+        sums[kind] = total.result()
+    for name in ("w", "emb"):
+        (d16, s16, n16), (d32, s32, n32) = sums["bf16"][name], sums["fp32"][name]
+        assert d16.dtype == torch.float32 and torch.equal(d16, d32) and s16 == s32 and n16 == n32
+
+
 def test_the_outer_check_bounds_cheaply_and_computes_exactly_only_near_overflow():
     opt = NesterovOuterOptimizer(lr=1.0, momentum=0.5)
     params = {"w": torch.tensor([1.0, -2.0])}

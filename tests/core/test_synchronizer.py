@@ -116,6 +116,18 @@ def test_rejoining_learner_gets_current_global_and_stale_work_is_refused():
     assert torch.equal(core.params["w"], current) and core.versions[0] == 3
 
 
+def test_every_update_says_which_learners_made_its_version_and_a_restart_says_it_does_not_know():
+    core = make(quorum=1, grace=0.0, learners=2)
+    assert core.current_update(0, (0,)).merged == ()  # version 0: nobody's work
+    *_, merged, update = core.receive(contribution(0, [-1.0, -1.0]), now=0.0)  # after its request to 1
+    assert merged.version == 1 and update.merged == (0,) and update.learners == (0, 1)
+    rejected, reply = core.receive(contribution(1, [1.0, 1.0]), now=0.1)  # too late for version 0's round
+    assert "stale" in rejected.reason and reply.version == 1 and reply.merged == (0,)  # it was left out
+    restored = make(quorum=1, grace=0.0, learners=2)
+    restored.load_state_dict(core.state_dict())
+    assert restored.current_update(0, (1,)).merged is None
+
+
 @pytest.mark.parametrize(
     "message, reason",
     [

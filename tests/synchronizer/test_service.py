@@ -149,6 +149,43 @@ def test_contributions_queued_behind_the_service_lock_join_a_k1_round_instead_of
     assert status["merges"] == 1 and status["contributions"] == 3 and service.core.versions[0] == 1
 
 
+def test_updates_tell_each_learner_whether_the_merge_took_its_work(tiny_task, tmp_path):
+    """A late contribution is refused as stale; the update it gets says the merge took only the
+    opener, which is what lets a re-basing learner keep the refused work (`FragmentUpdate.merged`)."""
+    import torch
+
+    from ddiloco.core import AlgorithmConfig, Contribution
+    from ddiloco.learner.link import merged_learners
+    from ddiloco.synchronizer.ledger import PendingWork
+    from ddiloco.wire.framing import Reassembler
+
+    algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=1, grace=0.0)
+    with synchronizer(tiny_task, tmp_path, algorithm=algorithm, max_learners=2) as (service, _):
+        sessions = [service.session(service.register(m, f"inc{m}", True)["session"]) for m in range(2)]
+        grads = {n: torch.full(service.shapes[n], 1e-3) for n in service.core.plan.names[0]}
+
+        def push(m: int) -> dict:
+            c = Contribution(m, 0, 0, grads, steps=4, tokens=256, seconds=1.0, step_time=0.25, step=4)
+            return service.contribute(sessions[m], c, PendingWork(4, f"inc{m}", 0.0, 1.0), None)
+
+        def updates(m: int) -> list[dict]:
+            heads, reassembler = [], Reassembler(1 << 30)
+            while (frame := sessions[m].outbox.get(0.5)) is not None:
+                msg = reassembler.feed(frame)
+                if msg is not None and msg.head.get("kind") == "update":
+                    heads.append(msg.head)
+            return heads
+
+        assert push(0) == {"ok": True}
+        wait_for(lambda: service.core.versions[0] == 1, 10, message="the merge of learner 0's work")
+        late = push(1)  # still against version 0
+        assert "stale" in late.get("error", "") + late.get("reason", ""), late
+        heads = {m: [h for h in updates(m) if h["version"] == 1] for m in range(2)}
+    assert heads[0] and all(merged_learners(h.get("admitted")) == (0,) for h in heads[0] + heads[1])
+    assert heads[1]  # the broadcast and the reply to its stale work: neither took learner 1's
+    assert merged_learners([0, "x"]) is None and merged_learners(None) is None and merged_learners([True]) is None
+
+
 def test_the_timer_does_not_merge_a_round_while_contributions_are_queued_for_it(tiny_task, tmp_path):
     import threading
 

@@ -91,3 +91,14 @@ def test_vision_torchvision_root_errors(tmp_path: Path) -> None:
     else:  # pragma: no cover - torchvision is not installed in this project's environment
         with pytest.raises(FileNotFoundError, match="mnist"):
             make_task("vision", f"mnist:{tmp_path}")
+
+
+def test_larger_gpt_presets_have_the_parameter_counts_their_names_say() -> None:
+    from ddiloco.train.tasks import gpt_config
+
+    for size, millions in (("2m", 1.9), ("10m", 10.9), ("50m", 49.6)):
+        with torch.device("meta"):  # counted, not allocated
+            n = sum(p.numel() for p in GPT(gpt_config("gpt", size)).parameters())
+        assert abs(n / 1e6 - millions) < 0.05, (size, n)
+    with pytest.raises(ValueError, match="vision model comes in sizes"):
+        make_task("vision", model_size="10m")

@@ -51,3 +51,15 @@ def test_unknown_codec_is_a_clear_error():
 def test_wrong_buffer_size_is_refused():
     with pytest.raises(ValueError, match="bytes for shape"):
         quant.get("int4").decode(b"\0" * 3, (100,))
+
+
+def test_bf16_decoded_in_its_wire_dtype_is_a_view_of_the_received_bytes():
+    t = torch.randn(33, 5)
+    buf = memoryview(bytearray(quant.get("bf16").encode(t)))  # a reassembled (writable) message
+    kept = quant.get("bf16").decode(buf, (33, 5), wire_dtype=True)
+    assert kept.dtype == torch.bfloat16 and torch.equal(kept, t.bfloat16())
+    buf[0:2] = bytes(2)  # the tensor is the buffer: no copy was made
+    assert kept.flatten()[0] == 0
+    widened = quant.get("bf16").decode(buf, (33, 5))
+    assert widened.dtype == torch.float32 and torch.equal(widened, kept.float())
+    assert quant.get("int8").decode(quant.get("int8").encode(t), (33, 5), wire_dtype=True).dtype == torch.float32

@@ -66,7 +66,7 @@ def _choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
 
 
 Model = _choices("Model", ("gpt", "gpt-moe", "vision"))  # train.tasks.MODELS (a test keeps them equal)
-ModelSize = _choices("ModelSize", ("default", "tiny"))  # train.tasks.MODEL_SIZES
+ModelSize = _choices("ModelSize", ("default", "tiny", "2m", "10m", "50m"))  # train.tasks.MODEL_SIZES
 Tokenizer = _choices("Tokenizer", ("byte", "bpe"))
 Merge = _choices("Merge", ("rda", "mean"))
 SimMethod = _choices("SimMethod", ("decoupled", "diloco", "ddp", "elastic-ddp"))  # sim.config.METHODS

@@ -174,9 +174,15 @@ class LearnerCore:
 
     def _rebase(self, update: FragmentUpdate) -> None:
         """theta <- Theta_new + (theta - reference): the reference is theta at our pending snapshot
-        (its work went to the synchronizer), else the last global value (all our work is unsent)."""
+        (its work went into the global value), else the last global value (all our work is unsent).
+        A snapshot the merge that made `update` did not take (refused as stale, or too late for its
+        round) is unsent work too: it is kept and goes with the next contribution, re-based onto the
+        version it missed, its tokens counted once. Where that is not known, the snapshot counts as sent."""
         p, names = update.fragment, self._checked_names(update)
-        snap = self.at_snapshot[p] if self.pending[p] is not None else None
+        pending = self.pending[p]
+        missed = (pending is not None and update.merged is not None and update.version == pending + 1
+                  and self.id not in update.merged)
+        snap = self.at_snapshot[p] if pending is not None and not missed else None
         reference = snap[0] if snap is not None else self.base[p]
         if snap is None:
             kept = dataclasses.replace(self.counters[p])

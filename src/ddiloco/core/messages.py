@@ -55,12 +55,15 @@ class FragmentRequest:
 
 @dataclass(frozen=True)
 class FragmentUpdate:
-    """Synchronizer -> learners: the global value of `fragment` at `version`."""
+    """Synchronizer -> learners: the global value of `fragment` at `version`. `merged`: the learners
+    whose contributions the merge that made `version` took (None: not known, e.g. after a restart),
+    so that a re-basing learner keeps work that was refused as stale instead of losing it."""
 
     fragment: int
     version: int
     tensors: Tensors = field(repr=False)
     learners: tuple[int, ...]
+    merged: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ class SynchronizerCore:
                     raise KeyError(f"initial parameters lack {name!r}")
                 self.params[name] = params[name].detach().to("cpu", torch.float32).clone()
         self.versions = {p: 0 for p in self.owned}
+        self.merged_into: dict[int, tuple[int, ...]] = {p: () for p in self.owned}  # who made each version
         self.outer = {p: NesterovOuterOptimizer(config.outer_lr, config.outer_momentum) for p in self.owned}
         self.grace = GraceWindow(config.overlap, config.grace, config.ema)
         self.live: set[int] = set()
@@ -326,6 +327,7 @@ class SynchronizerCore:
             return [a for c in job.contributions for a in self._reject(c.learner, p, reason)]
         self.outer[p].apply(self.params, result.scaled, job.use_momentum)
         self.versions[p] += 1
+        self.merged_into[p] = tuple(c.learner for c in job.contributions)
         admitted = tuple(
             AdmittedWork(c.learner, c.step, c.steps, c.tokens, c.seconds, w)
             for c, w in zip(job.contributions, job.weights)
@@ -348,7 +350,7 @@ class SynchronizerCore:
     def _update(self, p: int, learners: Sequence[int], copy: bool | None = None) -> FragmentUpdate:
         copy = not self.share_updates if copy is None else copy
         tensors = {name: self.params[name].clone() if copy else self.params[name] for name in self.plan.names[p]}
-        return FragmentUpdate(p, self.versions[p], tensors, tuple(learners))
+        return FragmentUpdate(p, self.versions[p], tensors, tuple(learners), self.merged_into.get(p))
 
     def current_update(self, p: int, learners: Sequence[int]) -> FragmentUpdate:
         """The current global value of fragment p, addressed to `learners` (a copy: safe to send)."""
@@ -390,6 +392,7 @@ class SynchronizerCore:
                 raise ValueError(f"checkpoint tensor {name} has shape {tuple(t.shape)}")
             self.params[name] = t.detach().to("cpu", torch.float32).clone()
         self.versions = {int(p): int(v) for p, v in state["versions"].items()}
+        self.merged_into.clear()  # who made the restored versions is not kept: updates say "not known"
         for p in self.owned:
             self.outer[p].load_state_dict(state["outer"].get(p, {}))
         self.grace.load_state_dict(state.get("grace", {}))

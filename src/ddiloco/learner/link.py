@@ -36,6 +36,15 @@ PERMANENT = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITIO
              grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
 
 
+def merged_learners(value: object) -> tuple[int, ...] | None:
+    """An update's "admitted" list (who the merge took), or None where it is absent or malformed."""
+    if not isinstance(value, list) or len(value) > 65536:
+        return None
+    if not all(isinstance(m, int) and not isinstance(m, bool) and m >= 0 for m in value):
+        return None
+    return tuple(value)
+
+
 class SynchronizerError(RuntimeError):
     """The synchronizer refused us for a reason that retrying will not fix (auth, model mismatch...)."""
 
@@ -237,7 +246,8 @@ class ShardLink:
             p = int(head["fragment"])
             shapes = self.info["plan"]["shapes"]
             expected = {n: tuple(shapes[n]) for n in self.info["plan"]["names"][p]}
-            update = FragmentUpdate(p, int(head["version"]), msg.tensors(expected), (self.ctx.learner,))
+            update = FragmentUpdate(p, int(head["version"]), msg.tensors(expected), (self.ctx.learner,),
+                                    merged_learners(head.get("admitted")))
             self.ctx.inbound.put(("update", self.index, update, bool(head.get("force")), head.get("merged") or {}))
         elif kind == "request":
             request = FragmentRequest(int(head["fragment"]), int(head["version"]), (self.ctx.learner,))

@@ -48,6 +48,8 @@ class ActionDispatcher:
                 self._merged(a)
             elif isinstance(a, FragmentUpdate):
                 head = {"kind": "update", "fragment": a.fragment, "version": a.version, "merged": self._last_merged}
+                if a.merged is not None:  # who the merge took: a re-basing learner left out keeps its work
+                    head["admitted"] = list(a.merged)
                 self._last_merged = {}
                 frames = framing.tensor_frames(head, a.tensors, self.settings.codec_down, self.settings.chunk_bytes)
                 for m in a.learners:

@@ -187,7 +187,7 @@ class Handlers:
                                                f"{service.settings.shard} (owns {service.core.owned})", session.learner))
         expected = {n: service.shapes[n] for n in service.core.plan.names[fragment]}
         try:
-            grads = msg.tensors(expected)
+            grads = msg.tensors(expected, wire_dtype=True)  # bf16 stays in its received bytes until summed
         except (framing.WireError, ValueError) as exc:
             return framing.message(service.reject(session, fragment, f"fragment {fragment}: {exc}"))
         contribution = Contribution(

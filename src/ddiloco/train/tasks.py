@@ -34,14 +34,19 @@ __all__ = [
 ]
 
 MODELS = ("gpt", "gpt-moe", "vision")
-MODEL_SIZES = ("tiny", "default")
+MODEL_SIZES = ("tiny", "default", "2m", "10m", "50m")
 
 #: Width/depth presets of the language models (seq_len and vocab come from make_task).
 #: "default" dense is ~0.88M parameters with the byte vocab; its MoE twin has 4 experts,
 #: top-2, each half as wide as the dense MLP (same active compute), ~1.4M parameters.
+#: "2m", "10m" and "50m" are named by their dense parameter count (byte vocab, seq_len 128), for
+#: the scaling sweep and the overhead benchmark; the vision model has only "tiny" and "default".
 LM_PRESETS: dict[str, dict] = {
     "tiny": dict(d_model=32, n_layers=2, n_heads=2, mlp_ratio=4.0),
     "default": dict(d_model=128, n_layers=4, n_heads=4, mlp_ratio=4.0),
+    "2m": dict(d_model=192, n_layers=4, n_heads=4, mlp_ratio=4.0),
+    "10m": dict(d_model=384, n_layers=6, n_heads=6, mlp_ratio=4.0),
+    "50m": dict(d_model=640, n_layers=10, n_heads=10, mlp_ratio=4.0),
 }
 MOE_PRESET = dict(num_experts=4, top_k=2, expert_mlp_ratio=2.0, aux_loss_coef=0.01)
 VISION_WIDTHS = {"tiny": 16, "default": 32}
@@ -247,13 +252,15 @@ def make_task(
     `val_fraction` of it validates. Vision: `data` None means scikit-learn digits (fixed
     80/20 split; `val_fraction` is not used), otherwise a local torchvision root, written
     "mnist:ROOT", "cifar10:ROOT" or just ROOT. `model_size` "tiny" is for fast tests;
-    `seq_len` is used as given for both sizes.
+    `seq_len` is used as given for every size.
     """
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
     if model_size not in MODEL_SIZES:
         raise ValueError(f"unknown model_size {model_size!r}; choose one of {', '.join(MODEL_SIZES)}")
     if model == "vision":
+        if model_size not in VISION_WIDTHS:
+            raise ValueError(f"the vision model comes in sizes {', '.join(VISION_WIDTHS)}, not {model_size!r}")
         images = load_digits_data() if data is None else load_torchvision_data(str(data))
         return VisionTask(images, width=VISION_WIDTHS[model_size])
     if seq_len < 1:

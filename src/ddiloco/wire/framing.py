@@ -115,9 +115,11 @@ def encode_tensors(tensors: Mapping[str, torch.Tensor], codec: str) -> tuple[lis
 
 
 def decode_tensors(
-    specs: Sequence[TensorSpec], payload: memoryview, expected: Mapping[str, tuple[int, ...]] | None = None
+    specs: Sequence[TensorSpec], payload: memoryview, expected: Mapping[str, tuple[int, ...]] | None = None,
+    wire_dtype: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """float32 tensors from a payload; checks names and shapes against `expected` when given."""
+    """float32 tensors from a payload (`wire_dtype`: bf16 stays bf16, a view of the payload); checks
+    names and shapes against `expected` when given."""
     if expected is not None:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
@@ -134,7 +136,7 @@ def decode_tensors(
     out, offset = {}, 0
     for s in specs:
         n = s.nbytes
-        out[s.name] = quant.get(s.codec).decode(payload[offset : offset + n], s.shape)
+        out[s.name] = quant.get(s.codec).decode(payload[offset : offset + n], s.shape, wire_dtype)
         offset += n
     return out
 
@@ -193,8 +195,9 @@ class Message:
             raise WireError("'tensors' must be a list of specs")
         return [TensorSpec.from_json(item) for item in items]
 
-    def tensors(self, expected: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
-        return decode_tensors(self.specs(), self.payload, expected)
+    def tensors(self, expected: Mapping[str, tuple[int, ...]] | None = None,
+                wire_dtype: bool = False) -> dict[str, torch.Tensor]:
+        return decode_tensors(self.specs(), self.payload, expected, wire_dtype)
 
 
 class Reassembler:

@@ -51,10 +51,13 @@ class FloatCodec:
         caller must not change `t` until the bytes are sent (ours are always fresh copies)."""
         return _to_bytes(t.detach().to(self.dtype))
 
-    def decode(self, buf: memoryview | bytes, shape: tuple[int, ...]) -> torch.Tensor:
-        """float32 values; from a writable buffer of float32 (a reassembled message, which nothing else
-        holds) this is a view of that buffer, not a copy."""
-        return _from_bytes(buf, self.dtype).reshape(shape).to(torch.float32)
+    def decode(self, buf: memoryview | bytes, shape: tuple[int, ...], wire_dtype: bool = False) -> torch.Tensor:
+        """float32 values (with `wire_dtype`, the values in the codec's own dtype); from a writable buffer
+        (a reassembled message, which nothing else holds) a tensor already in the wanted dtype is a view of
+        that buffer, not a copy: a synchronizer summing bf16 contributions into float32 keeps only their
+        wire bytes."""
+        t = _from_bytes(buf, self.dtype).reshape(shape)
+        return t if wire_dtype else t.to(torch.float32)
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ class BlockIntCodec:
             q = (u[0::2] | (u[1::2] << 4)).to(torch.uint8)
         return memoryview(b"".join((_to_bytes(scale), _to_bytes(q))))
 
-    def decode(self, buf: memoryview | bytes, shape: tuple[int, ...]) -> torch.Tensor:
+    def decode(self, buf: memoryview | bytes, shape: tuple[int, ...], wire_dtype: bool = False) -> torch.Tensor:
+        """float32 values, whatever `wire_dtype` says (integers are no floating-point dtype to keep)."""
         n = _numel(shape)
         blocks = self._blocks(n)
         if blocks == 0:
