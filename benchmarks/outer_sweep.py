@@ -12,7 +12,8 @@ data-parallel row of the same model, a tuned baseline):
                 grid is not run); H = 1 is data-parallel with an outer Nesterov step on each step's average
     last-merge  the grid's momentum rows with the final merge taken without momentum (no end-of-run kick)
     arrival     Decoupled DiLoCo at the default outer step, overwrite against rebase (keeping in-flight and
-                stale-refused work), on identical learners and on heterogeneous ones with K = 1 and no grace
+                stale-refused work), on identical learners, on heterogeneous ones with K = 1 and no grace, and
+                the same behind a link of 0.3 s (step time 1 s), where many answers are refused as stale
 
     python benchmarks/outer_sweep.py --quick         # tiny models, 2 seeds, about 3 minutes
     python benchmarks/outer_sweep.py                 # default models, 3 seeds: about 70 minutes per core
@@ -37,7 +38,7 @@ from quality import DEFAULT_DATA, LEARNERS, ROOT, plan  # noqa: E402
 
 from ddiloco.core import AlgorithmConfig  # noqa: E402
 from ddiloco.sim.config import SimConfig  # noqa: E402
-from ddiloco.sim.hardware import StepTimeModel, half_slow  # noqa: E402
+from ddiloco.sim.hardware import LinkModel, StepTimeModel, half_slow  # noqa: E402
 from ddiloco.sim.run import build_task, run_sim  # noqa: E402
 from ddiloco.train.inner import InnerConfig  # noqa: E402
 
@@ -101,16 +102,17 @@ def jobs(groups: list[str], spec: dict, seeds: list[int], data: str, period: int
                         base_config(spec, seed, data, method=method, algorithm=alg))
         if "arrival" in groups:
             defaults = AlgorithmConfig()
-            for quorum_grace in (None, (1, 0.0)):
+            for setting in ("", " hetero K=1", " hetero K=1 slow link"):
                 for arrival in ("overwrite", "rebase"):
                     alg = replace(algorithm("decoupled", defaults.outer_lr, defaults.outer_momentum, period),
                                   arrival=arrival)
                     kw = {}
-                    if quorum_grace is not None:
-                        alg = replace(alg, quorum=quorum_grace[0], grace=quorum_grace[1])
+                    if setting:  # no grace: answers that come after the opener's merge are stale
+                        alg = replace(alg, quorum=1, grace=0.0)
                         kw["steps"] = HETERO
-                    add({"group": "arrival", "method": f"decoupled-{arrival}" + ("" if quorum_grace is None else
-                                                                                 " hetero K=1"),
+                    if "slow link" in setting:  # 0.3 s each way: many answers are refused as stale
+                        kw["link"] = LinkModel(latency=0.3)
+                    add({"group": "arrival", "method": f"decoupled-{arrival}{setting}",
                          "outer_lr": defaults.outer_lr, "outer_momentum": defaults.outer_momentum},
                         base_config(spec, seed, data, method="decoupled", algorithm=alg, **kw))
     return out
@@ -127,7 +129,9 @@ def summarize(rows: list[dict]) -> list[dict]:
         losses = [r["eval_loss"] for r in runs]
         out.append({**dict(zip(keys, key)), "seeds": len(runs), "eval_loss": statistics.fmean(losses),
                     "eval_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
-                    "goodput": statistics.fmean(r["goodput"] for r in runs)})
+                    "goodput": statistics.fmean(r["goodput"] for r in runs),
+                    "merged_share": statistics.fmean(r["merged_share"] for r in runs)
+                    if all("merged_share" in r for r in runs) else None})
     for model in {s["model"] for s in out}:
         ddp = [s["eval_loss"] for s in out if s["model"] == model and s["group"] == "ddp-lr"]
         for s in out:
@@ -210,7 +214,8 @@ def run_one(label: dict, config: SimConfig, task, i: int, n: int) -> dict:  # no
     console.log(f"[{i + 1}/{n}] {label}: eval_loss {row['eval_loss']:.4f} goodput {row['goodput']:.3f} "
                 f"({row['wall_seconds']:.1f} s)")
     return {**label, "eval_loss": row["eval_loss"], "goodput": row["goodput"], "outer_steps": row["outer_steps"],
-            "wall_seconds": row["wall_seconds"]}
+            "merged_share": row.get("tokens_merged", row.get("tokens", 0)) / row["tokens"] if row.get("tokens") else 1.0,
+            "rejected": row.get("rejected_contributions", 0), "wall_seconds": row["wall_seconds"]}
 
 
 def _write(path: Path, args: argparse.Namespace, seeds: list[int], rows: list[dict], started: float) -> dict:
@@ -238,8 +243,8 @@ def print_table(summary: list[dict]) -> None:
 
 def print_markdown(summary: list[dict]) -> None:
     print("| model | group | method | outer lr | momentum | H | inner lr | seeds | eval loss (mean ± std) | vs tuned ddp "
-          "| goodput |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| goodput | merged tokens |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
     order = {g: i for i, g in enumerate(GROUPS)}
     for s in sorted(summary, key=lambda s: (s["model"], order.get(s["group"], 9), s["method"], s["eval_loss"])):
@@ -248,7 +253,7 @@ def print_markdown(summary: list[dict]) -> None:
               f"{fmt(s['outer_momentum'], 'g')} | {fmt(s['sync_every'], 'd')} | {fmt(s['inner_lr'], 'g')} | "
               f"{s['seeds']} | {s['eval_loss']:.4f}{spread} | "
               f"{fmt(s.get('vs_tuned_ddp'), '.3f')} | "
-              f"{s['goodput']:.3f} |")
+              f"{s['goodput']:.3f} | {fmt(s.get('merged_share'), '.3f')} |")
 
 
 if __name__ == "__main__":

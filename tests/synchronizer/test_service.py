@@ -1,5 +1,7 @@
 """The synchronizer service and learner clients in one process, over real loopback gRPC."""
 
+import contextlib
+
 import pytest
 
 from ddiloco.records.events import read_events
@@ -8,6 +10,27 @@ from ddiloco.synchronizer.checkpoint import CheckpointStore
 from ..support.runtime import LearnerThread, params_of, same, synchronizer, wait_for
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@contextlib.contextmanager
+def k1_sessions(tiny_task, tmp_path, learners: int = 2):
+    """A K = 1, no-grace synchronizer with `learners` registered sessions, and push(m): learner m's
+    small outer gradient against version 0, contributed in this thread."""
+    import torch
+
+    from ddiloco.core import AlgorithmConfig, Contribution
+    from ddiloco.synchronizer.ledger import PendingWork
+
+    algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=1, grace=0.0)
+    with synchronizer(tiny_task, tmp_path, algorithm=algorithm, max_learners=learners) as (service, _):
+        sessions = [service.session(service.register(m, f"inc{m}", True)["session"]) for m in range(learners)]
+        grads = {n: torch.full(service.shapes[n], 1e-3) for n in service.core.plan.names[0]}
+
+        def push(m: int) -> dict:
+            c = Contribution(m, 0, 0, grads, steps=4, tokens=256, seconds=1.0, step_time=0.25, step=4)
+            return service.contribute(sessions[m], c, PendingWork(4, f"inc{m}", 0.0, 1.0), None)
+
+        yield service, sessions, push
 
 
 def test_two_learners_train_and_sync_until_the_budget(tiny_task, tmp_path):
@@ -121,22 +144,9 @@ def test_quantised_outer_gradients_are_accepted_and_merged(tiny_task, tmp_path, 
 def test_contributions_queued_behind_the_service_lock_join_a_k1_round_instead_of_going_stale(tiny_task, tmp_path):
     import threading
 
-    import torch
-
-    from ddiloco.core import AlgorithmConfig, Contribution
-    from ddiloco.synchronizer.ledger import PendingWork
-
-    algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=1, grace=0.0)
-    with synchronizer(tiny_task, tmp_path, algorithm=algorithm, max_learners=3) as (service, _):
-        sessions = [service.session(service.register(m, f"inc{m}", True)["session"]) for m in range(3)]
-        grads = {n: torch.full(service.shapes[n], 1e-3) for n in service.core.plan.names[0]}
+    with k1_sessions(tiny_task, tmp_path, learners=3) as (service, _, push):
         replies = {}
-
-        def push(m: int) -> None:
-            c = Contribution(m, 0, 0, grads, steps=4, tokens=256, seconds=1.0, step_time=0.25, step=4)
-            replies[m] = service.contribute(sessions[m], c, PendingWork(4, f"inc{m}", 0.0, 1.0), None)
-
-        threads = [threading.Thread(target=push, args=(m,)) for m in range(3)]
+        threads = [threading.Thread(target=lambda m=m: replies.update({m: push(m)})) for m in range(3)]
         with service.cond:  # the service is busy: all three contributions arrive and queue behind it
             for t in threads:
                 t.start()
@@ -152,21 +162,10 @@ def test_contributions_queued_behind_the_service_lock_join_a_k1_round_instead_of
 def test_updates_tell_each_learner_whether_the_merge_took_its_work(tiny_task, tmp_path):
     """A late contribution is refused as stale; the update it gets says the merge took only the
     opener, which is what lets a re-basing learner keep the refused work (`FragmentUpdate.merged`)."""
-    import torch
-
-    from ddiloco.core import AlgorithmConfig, Contribution
     from ddiloco.learner.link import merged_learners
-    from ddiloco.synchronizer.ledger import PendingWork
     from ddiloco.wire.framing import Reassembler
 
-    algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=1, grace=0.0)
-    with synchronizer(tiny_task, tmp_path, algorithm=algorithm, max_learners=2) as (service, _):
-        sessions = [service.session(service.register(m, f"inc{m}", True)["session"]) for m in range(2)]
-        grads = {n: torch.full(service.shapes[n], 1e-3) for n in service.core.plan.names[0]}
-
-        def push(m: int) -> dict:
-            c = Contribution(m, 0, 0, grads, steps=4, tokens=256, seconds=1.0, step_time=0.25, step=4)
-            return service.contribute(sessions[m], c, PendingWork(4, f"inc{m}", 0.0, 1.0), None)
+    with k1_sessions(tiny_task, tmp_path) as (service, sessions, push):
 
         def updates(m: int) -> list[dict]:
             heads, reassembler = [], Reassembler(1 << 30)
@@ -189,19 +188,7 @@ def test_updates_tell_each_learner_whether_the_merge_took_its_work(tiny_task, tm
 def test_the_timer_does_not_merge_a_round_while_contributions_are_queued_for_it(tiny_task, tmp_path):
     import threading
 
-    import torch
-
-    from ddiloco.core import AlgorithmConfig, Contribution
-    from ddiloco.synchronizer.ledger import PendingWork
-
-    algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=1, grace=0.0)
-    with synchronizer(tiny_task, tmp_path, algorithm=algorithm, max_learners=2) as (service, _):
-        sessions = [service.session(service.register(m, f"inc{m}", True)["session"]) for m in range(2)]
-        grads = {n: torch.full(service.shapes[n], 1e-3) for n in service.core.plan.names[0]}
-
-        def push(m: int) -> dict:
-            c = Contribution(m, 0, 0, grads, steps=4, tokens=256, seconds=1.0, step_time=0.25, step=4)
-            return service.contribute(sessions[m], c, PendingWork(4, f"inc{m}", 0.0, 1.0), None)
+    with k1_sessions(tiny_task, tmp_path) as (service, sessions, push):
 
         replies = {}
         late = threading.Thread(target=lambda: replies.update({1: push(1)}))
