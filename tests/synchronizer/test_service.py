@@ -202,3 +202,15 @@ def test_the_timer_does_not_merge_a_round_while_contributions_are_queued_for_it(
         wait_for(lambda: service.core.versions[0] == 1, 10, message="the merge (computed off the lock)")
     assert replies == {0: {"ok": True}, 1: {"ok": True}}
     assert service.core.versions[0] == 1
+
+
+def test_learners_joining_together_share_one_encoding_of_each_fragment(tiny_task, tmp_path):
+    """A rejoin wave after a restart must not hold one encoded copy of the model per learner."""
+    with k1_sessions(tiny_task, tmp_path, learners=3) as (service, sessions, push):
+        firsts = [s.outbox.get(1.0) for s in sessions]  # each learner's first frame: its join update
+        assert firsts[0] is not None and all(f is firsts[0] for f in firsts)
+        assert push(0) == {"ok": True}
+        wait_for(lambda: service.core.versions[0] == 1, 10, message="a merge")
+        with service.cond:
+            service.dispatcher.forget_encoded(older_than=0.0)
+            assert service.dispatcher._encoded == {}

@@ -97,6 +97,7 @@ def synchronizer(
     from ..api.model import balance_note, check_plain_names, fit_fragments, load_initial
     from ..records import logsetup
     from ..records.atomic import atomic_write
+    from ..synchronizer.heap import return_freed_memory
     from ..synchronizer.server import SynchronizerServer, build_service
     from ..synchronizer.settings import ServiceSettings
     from ..wire import auth
@@ -106,6 +107,7 @@ def synchronizer(
     method, model, model_size, merge = options.plain(method, model, model_size, merge)
     logsetup.configure(f"sync{shard}", options.plain(log_level)[0])
     options.set_threads(threads)
+    return_freed_memory()  # this process only: a library user's own process keeps its allocator policy
     try:
         secret = auth.resolve_token(token)
         auth.require_token_policy(host, secret, insecure_no_auth)

@@ -165,8 +165,9 @@ class CheckpointStore:
         atomic_write_json(self.manifest_path, snap.manifest)
         self._collect_garbage(snap.versions)
 
-    def save(self, core: SynchronizerCore, identity: dict, ledger: dict) -> int:
-        snap = self.snapshot(core, identity, ledger)
+    def save(self, core: SynchronizerCore, identity: dict, ledger: dict, copy: bool = True) -> int:
+        """Snapshot and write at once (`copy=False`: nothing changes the core meanwhile, see `snapshot`)."""
+        snap = self.snapshot(core, identity, ledger, copy)
         self.write(snap)
         return snap.seq
 

@@ -20,6 +20,8 @@ from .ledger import MergeLedger
 from .sessions import Session, SessionTable
 from .settings import ServiceSettings
 
+SHARE_SECONDS = 10.0  # how long a join's encoded update is kept for the next learner that joins
+
 
 class ActionDispatcher:
     """Not thread-safe: called under the service's lock (`cond`), which it notifies."""
@@ -38,6 +40,9 @@ class ActionDispatcher:
         self._merges_since_checkpoint = 0
         self._last_merged: dict[str, int | None] = {}  # learner -> data position, sent with the next update
         self._due: dict[tuple[int, int], float] = {}  # (fragment, new version) -> when its round closed
+        # fragment -> (version, when, frames): a join's or a reply's update, encoded once and shared by every
+        # learner that asks for the same version soon after (a restart's rejoin wave), then dropped
+        self._encoded: dict[int, tuple[int, float, list[bytes]]] = {}
 
     def dispatch(self, actions: list, now: float) -> None:
         for a in actions:
@@ -47,11 +52,7 @@ class ActionDispatcher:
             elif isinstance(a, Merged):
                 self._merged(a)
             elif isinstance(a, FragmentUpdate):
-                head = {"kind": "update", "fragment": a.fragment, "version": a.version, "merged": self._last_merged}
-                if a.merged is not None:  # who the merge took: a re-basing learner left out keeps its work
-                    head["admitted"] = list(a.merged)
-                self._last_merged = {}
-                frames = framing.tensor_frames(head, a.tensors, self.settings.codec_down, self.settings.chunk_bytes)
+                frames = self._frames(a)
                 for m in a.learners:
                     s = self.sessions.by_learner.get(m)
                     if s is not None:
@@ -69,6 +70,30 @@ class ActionDispatcher:
                     if s is not None:
                         s.outbox.put_control(frame)
         self.cond.notify_all()
+
+    def _frames(self, a: FragmentUpdate) -> list[bytes]:
+        """The update's frames. One that follows no merge (a join, a reply to stale work) is the
+        fragment's current value: it is encoded once per version and shared while it is fresh."""
+        merged, self._last_merged = self._last_merged, {}
+        cached = self._encoded.get(a.fragment)
+        if not merged and cached is not None and cached[0] == a.version:
+            return cached[2]
+        head = {"kind": "update", "fragment": a.fragment, "version": a.version, "merged": merged}
+        if a.merged is not None:  # who the merge took: a re-basing learner left out keeps its work
+            head["admitted"] = list(a.merged)
+        frames = framing.tensor_frames(head, a.tensors, self.settings.codec_down, self.settings.chunk_bytes)
+        if merged:
+            self._encoded.pop(a.fragment, None)
+        else:
+            self._encoded[a.fragment] = (a.version, time.monotonic(), frames)
+        return frames
+
+    def forget_encoded(self, older_than: float = SHARE_SECONDS) -> None:
+        """Drop shared encodings older than `older_than` seconds (the timer calls this): once every
+        outbox has sent them, only this cache would keep them in memory."""
+        now = time.monotonic()
+        for p in [p for p, (_, when, _) in self._encoded.items() if now - when > older_than]:
+            del self._encoded[p]
 
     def _merged(self, a: Merged) -> None:
         records = self.ledger.on_merge(a, time.time())

@@ -91,7 +91,8 @@ class SynchronizerService:
             log.info("restored checkpoint seq %s: versions %s", self.restored_from, core.versions)
             self.events.write("restored", seq=self.restored_from, versions=core.versions)
         elif store is not None:
-            store.save(core, identity, self.ledger.state_dict())  # the manifest exists from the start
+            # the manifest exists from the start; nothing serves yet, so the live tensors are written
+            store.save(core, identity, self.ledger.state_dict(), copy=False)
         self.commit = (
             CommitLog(store, self.cond, self._snapshot, dict(core.versions), hold=settings.checkpoint_every == 1,
                       on_written=self._written)

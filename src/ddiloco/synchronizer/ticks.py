@@ -29,6 +29,7 @@ def tick(service: Any) -> None:
             service.events.write("leave", learner=s.learner, incarnation=s.incarnation, reason=reason)
             service.dispatch(service.core.leave(s.learner, now, service.arrivals.waiting()), now)
     service.dispatch(service.core.poll(now, service.arrivals.waiting()), now)
+    service.dispatcher.forget_encoded()
     open_now = {(r.fragment, r.version) for r in service.core.open_rounds()}
     service.quorum_logged &= open_now
     for p, version, reason in status.waiting_rounds(service.core, now, service.settings.timeouts.failure):

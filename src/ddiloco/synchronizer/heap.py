@@ -1,0 +1,33 @@
+"""Memory that the synchronizer frees goes back to the system.
+
+glibc serves allocations above its mmap threshold with mmap and returns them on free, but it raises
+that threshold to the size of every large block freed (up to 32 MB). After the first round every
+fragment-sized tensor then comes from the heap, and freed heap memory is kept and fragmented: the
+synchronizer's RSS grew to 4x what it holds (`benchmarks/synchronizer_scale.py`). A fixed threshold
+keeps large tensors on mmap, at the price of page faults when they are allocated again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+log = logging.getLogger(__name__)
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+THRESHOLD_BYTES = 1 << 20
+
+
+def return_freed_memory(threshold: int = THRESHOLD_BYTES) -> bool:
+    """Fix glibc's mmap threshold for this process; False (and nothing changed) without glibc."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        ok = bool(libc.mallopt(M_MMAP_THRESHOLD, ctypes.c_int(threshold)))
+    except (OSError, AttributeError):  # not glibc (musl, macOS): its allocator keeps its own policy
+        return False
+    if not ok:
+        log.debug("mallopt(M_MMAP_THRESHOLD) refused")
+    return ok
