@@ -108,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reconfigure-seconds", type=float, default=10.0,
                         help="elastic-ddp pause per membership change, in step times (default: the mean downtime)")
     parser.add_argument("--out", type=Path, default=None, help="where to write the JSON table")
+    parser.add_argument("--load", type=Path, default=None, help="print the table of a JSON file this wrote instead")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/results.md)")
     args = parser.parse_args(argv)
+    if args.load is not None:
+        print_markdown(json.loads(args.load.read_text())["rows"])
+        return 0
     if not Path(args.data).is_file():
         parser.error(f"--data {args.data} does not exist")
     out_path = args.out or ROOT / "benchmarks" / "results" / ("quality-quick.json" if args.quick else "quality.json")
@@ -130,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"({row['wall_seconds']:.1f} s)"
             )
     verdicts = judge(results)
-    print_table(results, verdicts)
+    print_markdown(results) if args.markdown else print_table(results, verdicts)
     report = {"quick": args.quick, "seed": args.seed, "wall_seconds": time.perf_counter() - started,
               "rows": results, "verdicts": verdicts}
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -163,6 +168,25 @@ def judge(results: list[dict]) -> list[dict]:
     return verdicts
 
 
+def _cells(r: dict, ddp: dict[str, float]) -> list[str]:
+    acc = r.get("eval_accuracy")
+    per_merge = f"{r['contributions'] / r['outer_steps']:.2f}" if r["outer_steps"] else "–"
+    return [r["model"], r["name"], f"{r['eval_loss']:.4f}", "" if acc is None else f"{acc:.3f}",
+            f"{r['eval_loss'] / ddp[r['model']]:.3f}" if r["model"] in ddp else "",
+            f"{r['goodput']:.3f}", f"{r['utilization']:.3f}", f"{r['uptime']:.3f}",
+            f"{r['tokens_merged'] / r['tokens']:.3f}" if r.get("tokens") else "", str(r["outer_steps"]), per_merge,
+            f"{r['sim_seconds']:.0f}", f"{r['wall_seconds']:.0f}"]
+
+
+def print_markdown(results: list[dict]) -> None:
+    ddp = {r["model"]: r["eval_loss"] for r in results if r["name"] == "ddp"}
+    print("| model | configuration | eval loss | eval acc | loss vs ddp | goodput | utilization | uptime | merged tokens "
+          "| merges | learners / merge | sim s | wall s |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print("| " + " | ".join(_cells(r, ddp)) + " |")
+
+
 def print_table(results: list[dict], verdicts: list[dict]) -> None:
     table = Table(title="Quality at equal tokens (virtual clock)")
     for col in ("model", "name", "eval loss", "eval acc", "vs ddp", "goodput", "utilization", "uptime",
@@ -170,15 +194,7 @@ def print_table(results: list[dict], verdicts: list[dict]) -> None:
         table.add_column(col, justify="left" if col in ("model", "name") else "right")
     ddp = {r["model"]: r["eval_loss"] for r in results if r["name"] == "ddp"}
     for r in results:
-        acc = r.get("eval_accuracy")
-        per_merge = r["contributions"] / r["outer_steps"] if r["outer_steps"] else float("nan")
-        table.add_row(
-            r["model"], r["name"], f"{r['eval_loss']:.4f}", "" if acc is None else f"{acc:.3f}",
-            f"{r['eval_loss'] / ddp[r['model']]:.3f}" if r["model"] in ddp else "",
-            f"{r['goodput']:.3f}", f"{r['utilization']:.3f}", f"{r['uptime']:.3f}",
-            f"{r['tokens_merged'] / r['tokens']:.3f}" if r.get("tokens") else "", str(r["outer_steps"]),
-            f"{per_merge:.2f}", f"{r['sim_seconds']:.0f}", f"{r['wall_seconds']:.1f}",
-        )
+        table.add_row(*_cells(r, ddp))
     Console(file=sys.stdout, width=200).print(table)
     for v in verdicts:
         mark = "met" if v["met"] else "NOT met"

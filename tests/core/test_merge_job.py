@@ -123,6 +123,23 @@ def test_bf16_contributions_summed_as_received_give_exactly_the_merge_of_their_f
         assert d16.dtype == torch.float32 and torch.equal(d16, d32) and s16 == s32 and n16 == n32
 
 
+def test_a_round_reuses_the_sums_of_a_finished_one_and_merges_the_same():
+    from ddiloco.core.round_sum import CHUNK, AccumulatorPool, norm
+
+    pool = AccumulatorPool()
+    first, second = (torch.randn(CHUNK + 5, generator=torch.Generator().manual_seed(i)) for i in (1, 2))
+    done = RoundSum({"w"}, pool)
+    done.add({"w": first}, 1.0)
+    storage = done.result()["w"][0].data_ptr()
+    done.release()
+    again, fresh = RoundSum({"w"}, pool), RoundSum({"w"})
+    for total in (again, fresh):
+        total.add({"w": second.bfloat16()}, 2.0)  # bf16 longer than a chunk: converted chunk by chunk
+    assert again.result()["w"][0].data_ptr() == storage  # no new fragment-sized allocation
+    assert torch.equal(again.result()["w"][0], fresh.result()["w"][0])
+    assert norm(second.bfloat16()) == pytest.approx(float(second.bfloat16().float().norm()), rel=1e-6)
+
+
 def test_the_outer_check_bounds_cheaply_and_computes_exactly_only_near_overflow():
     opt = NesterovOuterOptimizer(lr=1.0, momentum=0.5)
     params = {"w": torch.tensor([1.0, -2.0])}

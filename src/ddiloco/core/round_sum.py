@@ -15,18 +15,59 @@ an equal-weight sum is kept until the first positive weight arrives.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
-from typing import Collection, Mapping
+from typing import Collection, Iterator, Mapping
 
 import torch
 
 from .outer import max_abs
 
+CHUNK = 1 << 18  # values converted at a time: 1 MB of float32, in cache, one buffer per thread
+_scratch = threading.local()
+
+
+def float_chunks(x: torch.Tensor) -> Iterator[torch.Tensor]:
+    """`x` flattened, as float32 chunks of CHUNK values: views of it when it is float32, else one
+    reused buffer refilled per chunk (use each chunk before taking the next). A bf16 contribution is
+    thus read in float32 without a float32 copy of it: converting it whole costs a fresh fragment
+    of memory and its page faults, and torch's mixed-dtype kernels are several times slower."""
+    flat = x.reshape(-1)
+    if flat.dtype == torch.float32:
+        yield from flat.split(CHUNK)
+        return
+    buf = getattr(_scratch, "buf", None)
+    if buf is None:
+        buf = _scratch.buf = torch.empty(CHUNK)
+    for part in flat.split(CHUNK):
+        chunk = buf[: part.numel()]
+        chunk.copy_(part)
+        yield chunk
+
+
+class AccumulatorPool:
+    """The float32 sums of finished rounds, handed to the next rounds: a fragment-sized allocation
+    per round would fault in every page again (the synchronizer returns freed memory to the system,
+    see `synchronizer/heap`). It keeps at most as many as were in use at once."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[int, ...], list[torch.Tensor]] = {}
+
+    def take(self, shape: torch.Size) -> torch.Tensor:
+        free = self._free.get(tuple(shape))
+        return free.pop() if free else torch.empty(shape)
+
+    def give(self, t: torch.Tensor) -> None:
+        self._free.setdefault(tuple(t.shape), []).append(t)
+
 
 def norm(x: torch.Tensor) -> float:
     """L2 norm: one float32 pass; non-finite exactly when `x` holds NaN or Inf (values whose
     squares overflow float32 are rescaled first, a slow path that sane updates never take)."""
-    n = float(torch.linalg.vector_norm(x, dtype=torch.float32))
+    if x.dtype == torch.float32 or x.numel() <= CHUNK:
+        n = float(torch.linalg.vector_norm(x, dtype=torch.float32))
+    else:
+        n = math.sqrt(sum(float(torch.linalg.vector_norm(c)) ** 2 for c in float_chunks(x)))
     if math.isinf(n):
         top = max_abs(x)
         if math.isfinite(top) and top > 0:
@@ -45,29 +86,30 @@ class _Sums:
     first: float = 0.0  # the first weight, the unit of the RDA sums
 
     def add(self, values: Mapping[str, torch.Tensor], norms: Mapping[str, float], w: float,
-            rda: Collection[str]) -> None:
+            rda: Collection[str], pool: AccumulatorPool | None) -> None:
         self.first = self.first or w
         total = self.weight + w
         for name, v in values.items():
             acc = self.tensors.get(name)
+            fresh = acc is None
+            if fresh:
+                acc = self.tensors[name] = pool.take(v.shape) if pool is not None else torch.empty(v.shape)
             if name in rda:
                 n = norms[name]
                 alpha = w / self.first / n if n > 0 else 0.0
                 self.norm_sums[name] = self.norm_sums.get(name, 0.0) + (w * n if n > 0 else 0.0)
-                if acc is None:
-                    self.tensors[name] = torch.mul(v.to(torch.float32), alpha)
-                else:
-                    acc.add_(v, alpha=alpha)
-            elif acc is None:
-                self.tensors[name] = v.to(torch.float32, copy=True)
+                for a, b in zip(acc.view(-1).split(CHUNK), float_chunks(v)):
+                    torch.mul(b, alpha, out=a) if fresh else a.add_(b, alpha=alpha)
             else:
-                acc.lerp_(v.to(torch.float32), w / total)  # one pass: acc + (w / total) (v - acc)
+                for a, b in zip(acc.view(-1).split(CHUNK), float_chunks(v)):
+                    a.copy_(b) if fresh else a.lerp_(b, w / total)  # one pass: a + (w / total) (b - a)
         self.weight = total
 
 
 class RoundSum:
-    def __init__(self, rda_names: Collection[str]) -> None:
+    def __init__(self, rda_names: Collection[str], pool: AccumulatorPool | None = None) -> None:
         self.rda = frozenset(rda_names)
+        self.pool = pool
         self._weighted: _Sums | None = None
         self._equal: _Sums | None = _Sums()  # the fallback, while every weight so far is zero
 
@@ -79,10 +121,18 @@ class RoundSum:
             norms = {name: norm(v) for name, v in values.items() if name in self.rda}
         if weight > 0:
             self._weighted = self._weighted or _Sums()
-            self._weighted.add(values, norms, weight, self.rda)
+            self._weighted.add(values, norms, weight, self.rda, self.pool)
             self._equal = None
         elif self._equal is not None:
-            self._equal.add(values, norms, 1.0, self.rda)
+            self._equal.add(values, norms, 1.0, self.rda, self.pool)
+
+    def release(self) -> None:
+        """Hand the sums to the pool once the merge has used them; this RoundSum is done."""
+        for sums in (self._weighted, self._equal):
+            if sums is not None and self.pool is not None:
+                for t in sums.tensors.values():
+                    self.pool.give(t)
+        self._weighted = self._equal = None
 
     @property
     def equal_weights(self) -> bool:

@@ -31,7 +31,7 @@ from .messages import (
     SyncAction,
 )
 from .outer import NesterovOuterOptimizer
-from .round_sum import RoundSum, norm
+from .round_sum import AccumulatorPool, RoundSum, norm
 from .rounds import Round, RoundView
 from .timing import GraceWindow
 from .weights import token_weight
@@ -83,6 +83,7 @@ class SynchronizerCore:
         self.defer_merges = defer_merges
         self.share_updates = share_updates
         self.merging: dict[int, MergeJob] = {}  # fragments whose merge is being computed
+        self.sums = AccumulatorPool()  # the rounds' float32 sums, reused from round to round
         self._param_norms: dict[int, tuple[int, float]] = {}  # fragment -> (version, its L2 norm)
         self.final_flush = False  # the run's budget is reached: what merges now is the final flush
 
@@ -166,7 +167,7 @@ class SynchronizerCore:
         requests: list[SyncAction] = []
         if current is None:
             current = Round(version=current_version, opened_at=now, expected=set(self.live),
-                            total=RoundSum(self._rda_names(c.fragment)))
+                            total=RoundSum(self._rda_names(c.fragment), self.sums))
             self.rounds[c.fragment] = current
             others = tuple(sorted(current.expected - {c.learner}))
             if others:
@@ -268,21 +269,11 @@ class SynchronizerCore:
         return min(self.config.quorum, max(1, len(able)))
 
     def open_rounds(self) -> list[RoundView]:
-        return [
-            RoundView(
-                fragment=p,
-                version=r.version,
-                opened_at=r.opened_at,
-                quorum_at=r.quorum_at,
-                deadline=r.deadline,
-                need=self._need(r),
-                contributors=tuple(sorted(r.contributions)),
-                declined=tuple(sorted(r.declined)),
-                waiting_for=tuple(sorted(self._waiting_for(r))),
-                live=tuple(sorted(self.live)),
-            )
-            for p, r in sorted(self.rounds.items())
-        ]
+        return [RoundView(fragment=p, version=r.version, opened_at=r.opened_at, quorum_at=r.quorum_at,
+                          deadline=r.deadline, need=self._need(r), contributors=tuple(sorted(r.contributions)),
+                          declined=tuple(sorted(r.declined)), waiting_for=tuple(sorted(self._waiting_for(r))),
+                          live=tuple(sorted(self.live)))
+                for p, r in sorted(self.rounds.items())]
 
     def _advance(self, p: int, now: float) -> list[SyncAction]:
         r = self.rounds[p]
@@ -323,15 +314,15 @@ class SynchronizerCore:
             raise ValueError(f"fragment {p}: no merge of version {job.version} is pending")
         del self.merging[p]
         if result.error is not None:
+            job.total.release()
             reason = f"merge refused: fragment {p} would become non-finite ({result.error})"
             return [a for c in job.contributions for a in self._reject(c.learner, p, reason)]
         self.outer[p].apply(self.params, result.scaled, job.use_momentum)
+        job.total.release()
         self.versions[p] += 1
         self.merged_into[p] = tuple(c.learner for c in job.contributions)
-        admitted = tuple(
-            AdmittedWork(c.learner, c.step, c.steps, c.tokens, c.seconds, w)
-            for c, w in zip(job.contributions, job.weights)
-        )
+        admitted = tuple(AdmittedWork(c.learner, c.step, c.steps, c.tokens, c.seconds, w)
+                         for c, w in zip(job.contributions, job.weights))
         record = Merged(
             fragment=p,
             version=self.versions[p],

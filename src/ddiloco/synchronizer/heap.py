@@ -4,7 +4,8 @@ glibc serves allocations above its mmap threshold with mmap and returns them on 
 that threshold to the size of every large block freed (up to 32 MB). After the first round every
 fragment-sized tensor then comes from the heap, and freed heap memory is kept and fragmented: the
 synchronizer's RSS grew to 4x what it holds (`benchmarks/synchronizer_scale.py`). A fixed threshold
-keeps large tensors on mmap, at the price of page faults when they are allocated again.
+keeps large tensors on mmap, at the price of page faults when they are allocated again; it sits
+above the wire's 1 MiB frames, which come and go by the thousand and are best served by the heap.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 
 log = logging.getLogger(__name__)
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-THRESHOLD_BYTES = 1 << 20
+THRESHOLD_BYTES = 2 << 20
 
 
 def return_freed_memory(threshold: int = THRESHOLD_BYTES) -> bool:
