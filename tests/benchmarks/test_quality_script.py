@@ -55,11 +55,11 @@ def test_scale_sweep_compares_each_method_with_data_parallel_at_the_same_size_an
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    a = sweep("--quick", "--budgets", "0.5", "--methods", "ddp", "decoupled", "--out", str(tmp_path / "a.json"))
+    a = sweep("--quick", "--budgets", "0.25", "--methods", "ddp", "decoupled", "--out", str(tmp_path / "a.json"))
     cells = {(s["budget"], s["method"]): s for s in a["summary"]}
-    assert set(cells) == {(0.5, "ddp"), (0.5, "decoupled")} and cells[(0.5, "ddp")]["vs_ddp"] == 1.0
-    assert cells[(0.5, "ddp")]["tokens"] == 60_000 and cells[(0.5, "ddp")]["params"] > 0
-    assert cells[(0.5, "decoupled")]["vs_ddp"] == cells[(0.5, "decoupled")]["eval_loss"] / cells[(0.5, "ddp")]["eval_loss"]
+    assert set(cells) == {(0.25, "ddp"), (0.25, "decoupled")} and cells[(0.25, "ddp")]["vs_ddp"] == 1.0
+    assert cells[(0.25, "ddp")]["tokens"] == 30_000 and cells[(0.25, "ddp")]["params"] > 0
+    assert cells[(0.25, "decoupled")]["vs_ddp"] == cells[(0.25, "decoupled")]["eval_loss"] / cells[(0.25, "ddp")]["eval_loss"]
     again = sweep("--load", str(tmp_path / "a.json"))
     assert again["summary"] == a["summary"]
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale_sweep.py"), "--sizes", "huge"],
