@@ -15,6 +15,7 @@ the eval loss over data-parallel's at the same size and budget.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -29,6 +30,7 @@ from quality import DEFAULT_DATA, ROOT  # noqa: E402
 
 from ddiloco.core import AlgorithmConfig  # noqa: E402
 from ddiloco.sim.run import build_task  # noqa: E402
+from ddiloco.train.gpt import GPT  # noqa: E402
 from ddiloco.train.tasks import gpt_config  # noqa: E402
 
 METHODS = ("ddp", "diloco", "decoupled")
@@ -40,12 +42,11 @@ def spec(size: str, budget: float, quick: bool) -> dict:
     return dict(model="gpt", size=size, tokens=tokens, batch=8 if quick else 16, seq_len=64 if quick else 128)
 
 
+@functools.cache
 def parameters(size: str) -> int:
-    """Dense GPT parameters at this size (byte vocab); counted from the config, no model built."""
-    c = gpt_config("gpt", size)
-    from ddiloco.train.gpt import GPT
+    """Dense GPT parameters at this size (byte vocab); counted on the meta device, nothing allocated."""
     with torch.device("meta"):
-        return sum(p.numel() for p in GPT(c).parameters())
+        return sum(p.numel() for p in GPT(gpt_config("gpt", size)).parameters())
 
 
 def jobs(sizes: list[str], budgets: list[float], methods: list[str], seeds: list[int], data: str, quick: bool):

@@ -128,9 +128,9 @@ class RoundSum:
 
     def release(self) -> None:
         """Hand the sums to the pool once the merge has used them; this RoundSum is done."""
-        for sums in (self._weighted, self._equal):
-            if sums is not None and self.pool is not None:
-                for t in sums.tensors.values():
+        if self.pool is not None:
+            for sums in (self._weighted, self._equal):
+                for t in sums.tensors.values() if sums is not None else ():
                     self.pool.give(t)
         self._weighted = self._equal = None
 
