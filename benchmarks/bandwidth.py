@@ -2,14 +2,16 @@
 ring all-reduce of the same model among 8 workers (in bf16 and in fp32), for bf16, int8 and int4
 uploads, measured side by side in one run.
 
-Each row is one real run (4 learners, the algorithm's defaults: P = H = 24, tau = 2; updates down in
-the default bf16 unless --codec-down says otherwise) on the GPT of --model-size. The bytes are
+Each row is one real run (4 learners, the algorithm's defaults: P = H = 24, tau = 2) on the GPT of
+--model-size: the three upload codecs with updates down in the default bf16, then updates down as
+int8 / int4 differences from the version each learner holds (`--codec-down int8`, error feedback on
+the synchronizer). `--codec-down X` runs the three upload codecs with X down only. The bytes are
 counted by the synchronizer on its bulk streams (contributions in, updates out: every frame, with
 its header); an inner step is one learner's step. A ring all-reduce sends and receives
 2 (W - 1) / W of the model per worker per step.
 
-    python benchmarks/bandwidth.py                 # ~4 minutes
-    python benchmarks/bandwidth.py --quick --json  # a smaller budget, ~2 minutes
+    python benchmarks/bandwidth.py                 # ~9 minutes
+    python benchmarks/bandwidth.py --quick --json  # a smaller model and budget, ~4 minutes
 """
 
 from __future__ import annotations
@@ -27,28 +29,34 @@ console = Console(stderr=True, width=150)
 WORKERS = 8  # the all-reduce it is compared with
 
 
-def run(codec: str, args: argparse.Namespace, run_dir: Path) -> dict:
+WITH_DIFFERENCES = [("bf16", "bf16"), ("int8", "bf16"), ("int4", "bf16"), ("bf16", "int8"), ("int8", "int8"),
+                    ("int4", "int4")]
+
+
+def run(codec: str, codec_down: str, args: argparse.Namespace, run_dir: Path) -> dict:
     flags = ["--learners", "4", "--model-size", args.model_size, "--data", str(args.data), "--tokens", str(args.tokens),
-             "--codec", codec, "--codec-down", args.codec_down, "--seed", "0"]
-    console.print(f"[bold]{codec}[/bold]: ddiloco run {' '.join(flags)}")
-    return ddiloco_run(flags, run_dir, f"--codec {codec}")
+             "--codec", codec, "--codec-down", codec_down, "--seed", "0"]
+    console.print(f"[bold]{codec} up, {codec_down} down[/bold]: ddiloco run {' '.join(flags)}")
+    return ddiloco_run(flags, run_dir, f"--codec {codec} --codec-down {codec_down}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--codec-down", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("--codec-down", default=None, choices=("bf16", "fp32", "int8", "int4"),
+                   help="only this download codec (default: bf16, then int8 / int4 differences)")
     args = parse_run_arguments(p, tokens=600_000)
     if args.quick:
         args.model_size, args.tokens = "tiny", 300_000
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for codec in ("bf16", "int8", "int4"):
-            result = run(codec, args, Path(tmp) / codec)
+        pairs = WITH_DIFFERENCES if args.codec_down is None else [(c, args.codec_down) for c in ("bf16", "int8", "int4")]
+        for codec, codec_down in pairs:
+            result = run(codec, codec_down, args, Path(tmp) / f"{codec}-{codec_down}")
             params = result["params"]
             up, down = result["bytes_up_per_step"], result["bytes_down_per_step"]
             ring = {dtype: 2 * (WORKERS - 1) / WORKERS * params * size for dtype, size in (("bf16", 2), ("fp32", 4))}
             rows.append({
-                "codec": codec, "codec_down": args.codec_down, "params": int(params),
+                "codec": codec, "codec_down": codec_down, "params": int(params),
                 "bytes_up_per_step": up, "bytes_down_per_step": down,
                 "allreduce_bf16_bytes_per_step": ring["bf16"], "allreduce_fp32_bytes_per_step": ring["fp32"],
                 "ratio_up": ring["bf16"] / up, "ratio_down": ring["bf16"] / down,
@@ -57,13 +65,13 @@ def main() -> None:
                 "eval_loss": result.get("eval_loss"), "goodput": result.get("goodput"),
             })
     table = Table(title=f"bytes per learner per inner step vs a ring all-reduce among {WORKERS} workers "
-                        f"({rows[0]['params'] / 1e6:.2f}M parameters, updates down in {args.codec_down})")
-    for col in ("upload codec", "up B/step", "down B/step", "x fewer up", "x fewer down", "x fewer both (bf16 ring)",
+                        f"({rows[0]['params'] / 1e6:.2f}M parameters)")
+    for col in ("up codec", "down codec", "up B/step", "down B/step", "x fewer up", "x fewer down", "x fewer both (bf16 ring)",
                 "x fewer both (fp32 ring)", "eval loss"):
         table.add_column(col, justify="right")
     for r in rows:
         loss = f"{r['eval_loss']:.4f}" if isinstance(r["eval_loss"], float) else "-"
-        table.add_row(r["codec"], f"{r['bytes_up_per_step']:.0f}", f"{r['bytes_down_per_step']:.0f}",
+        table.add_row(r["codec"], r["codec_down"], f"{r['bytes_up_per_step']:.0f}", f"{r['bytes_down_per_step']:.0f}",
                       f"{r['ratio_up']:.0f}", f"{r['ratio_down']:.0f}", f"{r['ratio_both_ways']:.0f}",
                       f"{r['ratio_both_ways_fp32']:.0f}", loss)
     console.print(table)

@@ -29,14 +29,18 @@ def test_synchronizer_scale_reports_rounds_heartbeats_and_memory_of_a_real_synch
 
 
 @pytest.mark.slow
-def test_bandwidth_rows_count_bytes_both_ways_for_every_upload_codec(shakespeare):
-    report = bench("bandwidth.py", "--quick", "--data", shakespeare, timeout=900)
-    rows = {r["codec"]: r for r in report["rows"]}
-    assert set(rows) == {"bf16", "int8", "int4"}
+def test_bandwidth_rows_count_bytes_both_ways_for_every_upload_and_download_codec(shakespeare):
+    report = bench("bandwidth.py", "--quick", "--data", shakespeare, timeout=1500)
+    rows = {(r["codec"], r["codec_down"]): r for r in report["rows"]}
+    assert set(rows) == {("bf16", "bf16"), ("int8", "bf16"), ("int4", "bf16"), ("bf16", "int8"), ("int8", "int8"),
+                         ("int4", "int4")}
     for r in rows.values():
-        assert r["bytes_up_per_step"] > 0 and r["bytes_down_per_step"] > 0 and r["codec_down"] == "bf16"
+        assert r["bytes_up_per_step"] > 0 and r["bytes_down_per_step"] > 0
         assert r["ratio_both_ways_fp32"] == pytest.approx(2 * r["ratio_both_ways"])
-    assert rows["int4"]["bytes_up_per_step"] < rows["int8"]["bytes_up_per_step"] < rows["bf16"]["bytes_up_per_step"]
+    up = {c: rows[(c, "bf16")]["bytes_up_per_step"] for c in ("bf16", "int8", "int4")}
+    assert up["int4"] < up["int8"] < up["bf16"]
+    assert rows[("bf16", "int8")]["bytes_down_per_step"] < 0.75 * rows[("bf16", "bf16")]["bytes_down_per_step"]
+    assert rows[("int4", "int4")]["ratio_both_ways"] > rows[("int4", "bf16")]["ratio_both_ways"]
 
 
 @pytest.mark.slow

@@ -41,3 +41,14 @@ def test_close_wakes_a_waiting_reader():
     assert out == [None] and not t.is_alive()
     box.put_control(b"x")
     assert box.get(0.01) is None
+
+
+def test_a_version_already_streamed_is_not_sent_again_unless_forced():
+    box = Outbox()
+    box.put_update(2, 7, [b"v7"])
+    assert box.get(0.1) == b"v7"
+    box.put_update(2, 7, [b"v7-reply"])  # a reply to stale work after the broadcast: the learner holds 7
+    box.put_update(2, 6, [b"v6"])
+    assert box.get(0.01) is None
+    box.put_update(2, 7.5, [b"v7-forced"])  # a repair: always sent
+    assert box.get(0.1) == b"v7-forced"

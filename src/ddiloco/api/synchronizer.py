@@ -20,7 +20,7 @@ import torch
 
 from ..core.config import AlgorithmConfig
 from ..synchronizer.server import SynchronizerServer, build_service
-from ..synchronizer.settings import ServiceSettings
+from ..synchronizer.settings import CODECS_DOWN, ServiceSettings
 from ..wire.timeouts import Timeouts
 from .model import (
     balance_note,
@@ -58,9 +58,10 @@ class Synchronizer:
         """`knobs` are AlgorithmConfig fields (sync_every, overlap, quorum, grace, outer_lr, ...).
         Embeddings: `plain_names`, else every nn.Embedding of `model` and the weights tied to one.
         `tokens` counts what `budget_counts` says: "trained" (every token learners trained) or "merged".
-        `codec_down`: how updates travel to learners, "bf16" (half the bytes) or "fp32" (exact)."""
-        if codec_down not in ("bf16", "fp32"):
-            raise ValueError(f"codec_down must be 'bf16' or 'fp32', got {codec_down!r}")
+        `codec_down`: how updates travel to learners, "bf16" (half the bytes), "fp32" (exact), or "int8" /
+        "int4": quantised differences from the version a learner holds, with error feedback."""
+        if codec_down not in CODECS_DOWN:
+            raise ValueError(f"codec_down must be one of {CODECS_DOWN}, got {codec_down!r}")
         params = parameters(model)
         if plain_names is not None:
             plain = check_plain_names(plain_names, params)

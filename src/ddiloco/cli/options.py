@@ -45,10 +45,13 @@ class Codec(str, enum.Enum):
 
 
 class CodecDown(str, enum.Enum):
-    """Codecs of the global fragments sent to learners (never quantised further)."""
+    """Codecs of the global fragments sent to learners: whole (fp32, bf16), or as quantised
+    differences from the version a learner holds (int8, int4; `synchronizer.downlink`)."""
 
     fp32 = "fp32"
     bf16 = "bf16"
+    int8 = "int8"
+    int4 = "int4"
 
 
 CODEC = typer.Option(Codec.bf16, help="Outer-gradient codec.")

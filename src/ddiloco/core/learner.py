@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 
@@ -66,9 +66,13 @@ class LearnerCore:
         base_device: torch.device | str = "cpu",
         ema: float = 0.2,
         rebase: bool = False,
+        stage: Callable[[int, Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]] | None = None,
     ) -> None:
         """`ema`: smoothing of the step time sent with each contribution (`AlgorithmConfig.ema`);
-        `rebase`: keep local progress when a global value arrives (`AlgorithmConfig.arrival`)."""
+        `rebase`: keep local progress when a global value arrives (`AlgorithmConfig.arrival`);
+        `stage(fragment, base)`: the outer gradients Theta - theta of a snapshot, from the fragment's
+        base values; a driver passes one that copies now and subtracts later, in another thread
+        (`learner.staging`). Default: computed here."""
         missing = set(plan.all_names()) - set(params)
         if missing:
             raise KeyError(f"model lacks parameters named in the fragment plan: {sorted(missing)[:5]}")
@@ -95,6 +99,7 @@ class LearnerCore:
         self.step_time = Ema(ema)
         self.stopped = False  # flushed at the end of training: requests are answered or declined
         self.rebase = rebase
+        self.stage = stage
         self.at_snapshot: list[tuple[dict[str, torch.Tensor], FragmentCounters] | None] = [None] * num
         self.forced: set[int] = set()  # repairs always overwrite (the local value may be broken)
 
@@ -207,8 +212,10 @@ class LearnerCore:
         with torch.no_grad():
             for name in names:
                 value = update.tensors[name]
-                self.params[name].copy_(value)
-                self.base[p][name] = value.detach().to(self.base_device, torch.float32, copy=True)
+                self.params[name].copy_(value, non_blocking=True)  # asynchronous from pinned host memory
+                keep = update.owned and value.dtype == torch.float32 and value.device == self.base_device
+                self.base[p][name] = value.detach() if keep else value.detach().to(self.base_device, torch.float32,
+                                                                                     copy=True)
         self.versions[p] = update.version
         self.counters[p].reset()
         self.pending[p] = None
@@ -282,9 +289,12 @@ class LearnerCore:
         return out
 
     def _snapshot(self, p: int) -> Contribution:
-        with torch.no_grad():
-            grads = {name: outer_gradient(base, self.params[name].detach().to(base.device))
-                     for name, base in ((n, self.base[p][n]) for n in self.plan.names[p])}
+        base = {n: self.base[p][n] for n in self.plan.names[p]}
+        if self.stage is not None:
+            grads = self.stage(p, base)
+        else:
+            with torch.no_grad():
+                grads = {n: outer_gradient(b, self.params[n].detach().to(b.device)) for n, b in base.items()}
         c = self.counters[p]
         if self.rebase:  # what arrives later is re-based from here
             self.at_snapshot[p] = ({name: self.params[name].detach().to(self.base_device, torch.float32, copy=True)

@@ -57,13 +57,15 @@ class FragmentRequest:
 class FragmentUpdate:
     """Synchronizer -> learners: the global value of `fragment` at `version`. `merged`: the learners
     whose contributions the merge that made `version` took (None: not known, e.g. after a restart),
-    so that a re-basing learner keeps work that was refused as stale instead of losing it."""
+    so that a re-basing learner keeps work that was refused as stale instead of losing it. `owned`:
+    nobody else holds `tensors` (decoded for this learner alone), so it may keep them as its base copy."""
 
     fragment: int
     version: int
     tensors: Tensors = field(repr=False)
     learners: tuple[int, ...]
     merged: tuple[int, ...] | None = None
+    owned: bool = False
 
 
 @dataclass(frozen=True)

@@ -73,11 +73,13 @@ class LearnerClient:
         start_timeout: float = 120.0,
         report_every: float = 30.0,
         optimizer: torch.optim.Optimizer | None = None,
+        base_device: str = "cpu",
     ) -> None:
         """`report_every`: seconds between progress lines at INFO on the "ddiloco" logger
         (`ddiloco.log_to_stderr()` shows them). `optimizer`: the inner optimizer, for peer recovery:
         if it holds no state at `start()` (a new machine) it takes a live learner's, and it donates
-        its own when another learner joins empty (`peerstate`). `wan`: an emulated link (`learner.wan`)."""
+        its own when another learner joins empty (`peerstate`). `wan`: an emulated link (`learner.wan`).
+        `base_device`: where the fp32 copy of the global parameters lives (host: the model once on the GPU)."""
         from ..wire import quant
 
         quant.get(codec)  # validate early
@@ -106,8 +108,8 @@ class LearnerClient:
         self.ctx = LinkContext(
             learner=self.learner, incarnation=self.incarnation, signature=signature(self.params), token=token,
             codec=codec, inbound=self.inbound, progress=lambda: reporting.progress(self), credentials=credentials,
-            net_delay=net_delay, wan=WanLink(wan),
-        )
+            net_delay=net_delay, wan=WanLink(wan), pin_memory=any(t.is_cuda for t in self.params.values()))
+        self.base_device = str(torch.device(base_device))
         self.links: list[ShardLink] = []
         self.core: LearnerCore | None = None
         self.names: list[list[str]] = []
@@ -117,14 +119,12 @@ class LearnerClient:
         self._force: dict[int, int] = {}
         self._blocking = False
         self._span_start: list[float] = []
-        self._stop = False
-        self._progress = 0.0
+        self._stop, self._progress = False, 0.0
         self._fatal: str | None = None
         self._last_boundary = 0.0
         self.state = "new"
         self.started_wall = time.time()
-        self.steps = 0
-        self.tokens = 0
+        self.steps = self.tokens = 0
         self.compute_seconds = 0.0
         self.loss: float | None = None  # smoothed training loss, reported with heartbeats
         self.position = 0
@@ -164,7 +164,8 @@ class LearnerClient:
         self.names = [list(n) for n in plan.names]
         self._blocking = self.config.overlap == 0
         held = self.fanout.algorithm_params() if self.fanout is not None else self.params
-        self.core = make_core(self.learner, held, plan, self.config, bool(self.fanout and self.fanout.sharded))
+        sharded = bool(self.fanout and self.fanout.sharded)
+        self.core = make_core(self.learner, held, plan, self.config, sharded, self.base_device)
         for link in self.links:
             link.start()
         updates, requests = await_global(self.inbound, plan.num_fragments, deadline)

@@ -21,6 +21,7 @@ from ..core import (
 from ..wire.protocol import plan_from_json
 from ..wire.routing import check_cover
 from .link import SynchronizerError
+from .staging import SnapshotStager
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +69,17 @@ def await_global(inbound: queue.Queue, num_fragments: int, deadline: float,
 
 
 def make_core(learner: int, held: Mapping[str, torch.Tensor], plan: FragmentPlan, config: AlgorithmConfig,
-              sharded: bool) -> LearnerCore:
-    """The algorithm's learner side, as the run's config says (`sharded`: an FSDP learner)."""
+              sharded: bool, base_device: str = "cpu") -> LearnerCore:
+    """The algorithm's learner side, as the run's config says (`sharded`: an FSDP learner). With the
+    base copy on the host (the default) snapshots go through reused host buffers (`staging`)."""
     rebase = config.arrival == "rebase"
     if rebase and sharded:
         raise SynchronizerError("arrival 'rebase' is not supported with FSDP-sharded learners yet (rank 0's copy of "
                                 "a fragment is current only when it is snapshotted): run with 'overwrite'")
     schedule = Schedule(config.fragments, config.sync_every, config.overlap)
-    return LearnerCore(learner, held, plan, schedule, ema=config.ema, rebase=rebase)
+    stage = SnapshotStager(held).stage if torch.device(base_device).type == "cpu" else None
+    return LearnerCore(learner, held, plan, schedule, ema=config.ema, rebase=rebase, base_device=base_device,
+                       stage=stage)
 
 
 def resync(core: LearnerCore, shard: int, versions: Mapping[int, int], force: dict[int, int]) -> None:

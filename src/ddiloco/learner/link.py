@@ -27,8 +27,10 @@ import grpc
 
 from ..core import Contribution, Decline, FragmentRequest, FragmentUpdate
 from ..wire import framing, rpc
+from ..wire.delta import DELTA_CODECS
 from ..wire.timeouts import Timeouts
-from . import addresses
+from . import addresses, staging
+from .held import HeldValues
 from .wan import WanLink
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,7 @@ class LinkContext:
     net_delay: float = 0.0  # chaos testing: seconds added per message (and per donation frame)
     wan: WanLink = field(default_factory=WanLink)  # an emulated wide-area link (none by default)
     max_frame: int = 256 << 20  # what this side accepts per frame; the synchronizer's own limit protects it
+    pin_memory: bool = False  # the model is on CUDA: arrivals are staged in page-locked host memory
     closing: threading.Event = field(default_factory=threading.Event)
     stop_requested: threading.Event = field(default_factory=threading.Event)
     global_progress: float = 0.0
@@ -99,6 +102,7 @@ class ShardLink:
         self.stats = LinkStats()
         self.control, self.bulk = self._open(self.address)
         self.info: dict = {}
+        self.held = HeldValues()  # the values differences apply to (`codec_down` int8 / int4)
         self._session: str | None = None
         self._session_cond = threading.Condition()
         self._pushq: queue.Queue = queue.Queue()
@@ -219,6 +223,7 @@ class ShardLink:
             try:
                 self._stream = self.bulk.subscribe(framing.message({"session": sid}), metadata=self.bulk.metadata)
                 reassembler = framing.Reassembler(1 << 40, max_open=8)
+                self.held.reset(self.info.get("codec_down") in DELTA_CODECS)
                 for frame in self._stream:
                     self.stats.bytes_received += len(frame)
                     self.ctx.wan.received(len(frame))
@@ -246,8 +251,11 @@ class ShardLink:
             p = int(head["fragment"])
             shapes = self.info["plan"]["shapes"]
             expected = {n: tuple(shapes[n]) for n in self.info["plan"]["names"][p]}
-            update = FragmentUpdate(p, int(head["version"]), msg.tensors(expected), (self.ctx.learner,),
-                                    merged_learners(head.get("admitted")))
+            version = int(head["version"])
+            tensors = self.held.take(p, version, head.get("delta_from"), msg.tensors(expected))
+            tensors = staging.pin(tensors, self.ctx.pin_memory)  # decoded here, not at the boundary
+            update = FragmentUpdate(p, version, tensors, (self.ctx.learner,),
+                                    merged_learners(head.get("admitted")), owned=True)
             self.ctx.inbound.put(("update", self.index, update, bool(head.get("force")), head.get("merged") or {}))
         elif kind == "request":
             request = FragmentRequest(int(head["fragment"]), int(head["version"]), (self.ctx.learner,))
@@ -274,11 +282,13 @@ class ShardLink:
             sid = self._wait_session(self.timeouts.failure)
             if sid is None:
                 self.stats.lost_in_transit += 1  # the resync after registering retries it
+                staging.release(c.outer_gradient)
                 continue
             head = {"kind": "contribution", "session": sid, "fragment": c.fragment, "base_version": c.base_version,
                     "steps": c.steps, "tokens": c.tokens, "seconds": c.seconds, "step_time": c.step_time,
                     "step": c.step, **extra}
             frames = framing.tensor_frames(head, c.outer_gradient, self.ctx.codec, self.chunk_bytes)
+            staging.release(c.outer_gradient)  # the frames are copies: the snapshot's buffers serve the next one
             nbytes = sum(len(f) for f in frames)
             self.ctx.delay()
             try:

@@ -15,7 +15,9 @@ from ..core import FragmentRequest, FragmentUpdate, Merged, SynchronizerCore
 from ..core.merge_job import MergeDue, MergeJob
 from ..records.events import EventLog
 from ..wire import framing
+from ..wire.delta import DELTA_CODECS
 from .commit import CommitLog
+from .downlink import DeltaDownlink, Encoded
 from .ledger import MergeLedger
 from .sessions import Session, SessionTable
 from .settings import ServiceSettings
@@ -42,7 +44,9 @@ class ActionDispatcher:
         self._due: dict[tuple[int, int], float] = {}  # (fragment, new version) -> when its round closed
         # fragment -> (version, when, frames): a join's or a reply's update, encoded once and shared by every
         # learner that asks for the same version soon after (a restart's rejoin wave), then dropped
-        self._encoded: dict[int, tuple[int, float, list[bytes]]] = {}
+        self._encoded: dict[int, tuple[int, float, list[bytes] | Encoded]] = {}
+        down = settings.codec_down
+        self.downlink = DeltaDownlink(down, settings.chunk_bytes) if down in DELTA_CODECS else None
 
     def dispatch(self, actions: list, now: float) -> None:
         for a in actions:
@@ -71,7 +75,7 @@ class ActionDispatcher:
                         s.outbox.put_control(frame)
         self.cond.notify_all()
 
-    def _frames(self, a: FragmentUpdate) -> list[bytes]:
+    def _frames(self, a: FragmentUpdate) -> list[bytes] | Encoded:
         """The update's frames. One that follows no merge (a join, a reply to stale work) is the
         fragment's current value: it is encoded once per version and shared while it is fresh."""
         merged, self._last_merged = self._last_merged, {}
@@ -81,7 +85,7 @@ class ActionDispatcher:
         head = {"kind": "update", "fragment": a.fragment, "version": a.version, "merged": merged}
         if a.merged is not None:  # who the merge took: a re-basing learner left out keeps its work
             head["admitted"] = list(a.merged)
-        frames = framing.tensor_frames(head, a.tensors, self.settings.codec_down, self.settings.chunk_bytes)
+        frames = self._encode(head, a.fragment, a.version, a.tensors)
         if merged:
             self._encoded.pop(a.fragment, None)
         else:
@@ -106,7 +110,12 @@ class ActionDispatcher:
                           learners=[r["learner"] for r in records], expected=a.expected,
                           quorum_seconds=a.quorum_time, grace_seconds=a.grace, admitted=records)
 
-    def send_update(self, s: Session, fragment: int, version: float, frames: list[bytes]) -> None:
+    def _encode(self, head: dict, fragment: int, version: int, tensors) -> list[bytes] | Encoded:
+        if self.downlink is not None:
+            return self.downlink.encode(head, fragment, version, tensors)
+        return framing.tensor_frames(head, tensors, self.settings.codec_down, self.settings.chunk_bytes)
+
+    def send_update(self, s: Session, fragment: int, version: float, frames: list[bytes] | Encoded) -> None:
         """Queue an update once its version is durable (see `commit`)."""
         self._deliver(fragment, version, lambda: s.outbox.put_update(fragment, version, frames))
 
@@ -120,5 +129,4 @@ class ActionDispatcher:
         """Send the learner the fragment's current global value, to overwrite its own (a "reset")."""
         update = self.core.current_update(fragment, (s.learner,))
         head = {"kind": "update", "fragment": fragment, "version": update.version, "force": True}
-        frames = framing.tensor_frames(head, update.tensors, self.settings.codec_down, self.settings.chunk_bytes)
-        self.send_update(s, fragment, update.version + 0.5, frames)
+        self.send_update(s, fragment, update.version + 0.5, self._encode(head, fragment, update.version, update.tensors))

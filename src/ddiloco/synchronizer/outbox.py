@@ -4,7 +4,9 @@ Control frames (fragment requests, stop notices) overtake bulk frames between an
 update, so a pull request is never stuck behind megabytes of tensors. Updates are coalesced: if a
 newer version of a fragment is queued before the older one started streaming, only the newer one is
 sent (the learner would discard the older one anyway). So the queue holds at most one update per
-fragment plus the one being streamed, whatever the learner's speed.
+fragment plus the one being streamed, whatever the learner's speed. An update sent down as a
+difference (`downlink`) goes as one only if the version it needs is the last this outbox streamed,
+and a version this outbox already streamed is not sent again unless forced.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict, deque
 
+from .downlink import Encoded
+
 
 class Outbox:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._control: deque[bytes] = deque()
-        self._updates: OrderedDict[int, tuple[float, list[bytes]]] = OrderedDict()
+        self._updates: OrderedDict[int, tuple[float, list[bytes] | Encoded]] = OrderedDict()
+        self._streamed: dict[int, float] = {}  # fragment -> the last version streamed to this learner
         self._current: deque[bytes] = deque()
         self.closed = False
 
@@ -27,7 +32,7 @@ class Outbox:
                 self._control.append(frame)
                 self._cond.notify()
 
-    def put_update(self, fragment: int, version: float, frames: list[bytes]) -> None:
+    def put_update(self, fragment: int, version: float, frames: list[bytes] | Encoded) -> None:
         """Queue an update; a forced re-send of version v is queued as v + 0.5 so that it replaces a
         plain v but a newer version still replaces it."""
         with self._cond:
@@ -36,6 +41,8 @@ class Outbox:
             queued = self._updates.get(fragment)
             if queued is not None and queued[0] >= version:
                 return
+            if float(version).is_integer() and self._streamed.get(fragment, -1.0) >= version:
+                return  # this learner has it already (a reply to stale work after the broadcast): it would drop it
             self._updates.pop(fragment, None)
             self._updates[fragment] = (version, frames)
             self._cond.notify()
@@ -49,10 +56,17 @@ class Outbox:
                 return None
             if self._control:
                 return self._control.popleft()
-            if not self._current and self._updates:
-                _, (_, frames) = self._updates.popitem(last=False)
-                self._current.extend(frames)
-            return self._current.popleft() if self._current else None
+            if self._current or not self._updates:
+                return self._current.popleft() if self._current else None
+            fragment, (version, item) = self._updates.popitem(last=False)
+            held, self._streamed[fragment] = self._streamed.get(fragment), version
+        if isinstance(item, Encoded):  # outside the lock: the whole value may have to be encoded first
+            item = item.delta if item.delta is not None and held == item.base else item.full()
+        with self._cond:  # one thread streams an outbox: nothing else filled _current meanwhile
+            if self.closed:
+                return None
+            self._current.extend(item[1:])
+            return item[0]
 
     def _ready(self) -> bool:
         return self.closed or bool(self._control or self._current or self._updates)

@@ -8,6 +8,7 @@ from ..wire import framing
 from ..wire.timeouts import Timeouts
 
 BUDGET_COUNTS = ("trained", "merged")
+CODECS_DOWN = ("bf16", "fp32", "int8", "int4")  # int8 / int4: differences from what a learner holds (`downlink`)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class ServiceSettings:
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0:
             raise ValueError("checkpoint_every must be >= 0")
+        if self.codec_down not in CODECS_DOWN:
+            raise ValueError(f"codec_down must be one of {CODECS_DOWN}, got {self.codec_down!r}")
         if self.budget_counts not in BUDGET_COUNTS:
             raise ValueError(f"budget_counts must be one of {BUDGET_COUNTS}, got {self.budget_counts!r}")
         if not 1 <= self.keep_versions <= 1000:

@@ -1,0 +1,123 @@
+"""Updates down as quantised differences: both sides hold the same bits, error feedback keeps the
+learners' value on the master copy, and a learner that lacks the base version gets the whole value."""
+
+import pytest
+import torch
+
+from ddiloco.core import AlgorithmConfig
+from ddiloco.learner.client import LearnerClient
+from ddiloco.learner.held import HeldValues
+from ddiloco.synchronizer.downlink import DeltaDownlink
+from ddiloco.synchronizer.outbox import Outbox
+from ddiloco.synchronizer.server import SynchronizerServer, build_service
+from ddiloco.synchronizer.settings import ServiceSettings
+from ddiloco.wire import framing
+
+from ..support.runtime import FAST
+
+
+def received(frames: list[bytes]) -> framing.Message:
+    r = framing.Reassembler(1 << 30)
+    out = [m for m in (r.feed(f) for f in frames) if m is not None]
+    assert len(out) == 1
+    return out[0]
+
+
+@pytest.mark.parametrize("codec, bound", [("int8", 0.02), ("int4", 0.2)])
+def test_the_learner_holds_the_synchronizers_bits_and_feedback_keeps_them_on_the_master(codec, bound):
+    torch.manual_seed(0)
+    down, learner = DeltaDownlink(codec, 1 << 16), HeldValues()
+    learner.reset(True)
+    theta = {"w": torch.randn(3000, 7), "b": torch.randn(5)}
+    step = 1e-2
+    sizes = []
+    for version in range(60):
+        if version:
+            for t in theta.values():
+                t.add_(step * torch.randn_like(t) + step)  # a drift, so that a lost residual would accumulate
+        enc = down.encode({"kind": "update", "fragment": 0, "version": version}, 0, version, theta)
+        frames = enc.full() if enc.delta is None else enc.delta
+        assert (enc.delta is None) == (version == 0)
+        msg = received(frames)
+        got = learner.take(0, version, msg.head.get("delta_from"), msg.tensors())
+        shadow = down._shadow[0][1]
+        assert all(torch.equal(got[n], shadow[n].float()) for n in theta), "learner and synchronizer disagree"
+        if enc.delta is not None:
+            sizes.append((sum(map(len, enc.delta)), sum(map(len, enc.full()))))
+        for n in theta:  # never further from the master than one quantisation step of one update and bf16
+            err = (got[n] - theta[n]).abs().max().item()
+            assert err <= bound * step * 10 + 2 ** -7 * theta[n].abs().max().item(), (version, n, err)
+    ratio = sum(d for d, _ in sizes) / sum(f for _, f in sizes)
+    assert ratio < (0.6 if codec == "int8" else 0.35), f"{codec} differences are {ratio:.2f} of bf16"
+
+
+def test_a_difference_from_a_version_the_learner_lacks_is_refused():
+    learner = HeldValues()
+    learner.reset(True)
+    learner.take(0, 3, None, {"w": torch.zeros(4)})
+    with pytest.raises(framing.WireError, match="holds 3"):
+        learner.take(0, 5, 4, {"w": torch.zeros(4)})
+    learner.reset(False)  # a synchronizer that sends whole values: a difference is a protocol error
+    with pytest.raises(framing.WireError):
+        learner.take(0, 4, 3, {"w": torch.zeros(4)})
+
+
+def drain(box: Outbox) -> list[bytes]:
+    out = []
+    while (f := box.get(0.01)) is not None:
+        out.append(f)
+    return out
+
+
+def test_the_outbox_sends_a_difference_only_after_the_version_it_needs():
+    down = DeltaDownlink("int8", 1 << 20)
+    theta = {"w": torch.ones(64)}
+    encoded = []
+    for v in range(4):
+        theta["w"] += 0.5
+        encoded.append(down.encode({"kind": "update", "fragment": 0, "version": v}, 0, v, theta))
+    box = Outbox()
+    box.put_update(0, 0, encoded[0])
+    assert drain(box) == encoded[0].full()
+    box.put_update(0, 1, encoded[1])
+    assert drain(box) == encoded[1].delta  # holds 0: the difference
+    box.put_update(0, 2, encoded[2])
+    box.put_update(0, 3, encoded[3])  # replaces 2 before it streamed: this learner never holds 2
+    assert drain(box) == encoded[3].full()
+    fresh = Outbox()  # a new session: nothing streamed yet, the whole value first
+    fresh.put_update(0, 1, encoded[1])
+    assert drain(fresh) == encoded[1].full()
+
+
+def test_a_learner_trains_on_differences_from_a_real_synchronizer_and_holds_its_shadow():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    service = build_service(params, AlgorithmConfig(fragments=2, sync_every=4, overlap=1),
+                            ServiceSettings(timeouts=FAST, tokens=10**9, codec_down="int8"))
+    server = SynchronizerServer(service)
+    address = server.start()
+    try:
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+        with LearnerClient(model, address, learner_id=0, timeouts=FAST, report_every=1e9) as client:
+            link = client.links[0]
+            for step in range(3000):
+                if step % 20 == 0 and link.stats.accepted >= 8:
+                    break
+                x = torch.randn(16, 8)
+                model(x).pow(2).mean().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                client.step(tokens=16)
+            assert link.stats.accepted >= 8
+            down = service.dispatcher.downlink
+            compared = 0
+            for p in range(2):  # what the learner's base copy holds is the synchronizer's shadow, bit for bit
+                version, shadow = down._shadow[p]
+                assert version >= 1, "no difference was ever sent"
+                if client.core.versions[p] == version:
+                    assert all(torch.equal(client.core.base[p][n], shadow[n].float()) for n in shadow)
+                    compared += 1
+            assert compared >= 1, "the learner never caught up with a shadow version"
+    finally:
+        server.stop(grace=0.2)
