@@ -70,11 +70,11 @@ def drain(box: Outbox) -> list[bytes]:
 
 
 def test_the_outbox_sends_a_difference_only_after_the_version_it_needs():
-    down = DeltaDownlink("int8", 1 << 20)
-    theta = {"w": torch.ones(64)}
+    down = DeltaDownlink("int4", 1 << 20)
+    theta = {"w": torch.ones(4096)}
     encoded = []
-    for v in range(4):
-        theta["w"] += 0.5
+    for v in range(6):
+        theta["w"] += 0.5 * torch.rand(4096)
         encoded.append(down.encode({"kind": "update", "fragment": 0, "version": v}, 0, v, theta))
     box = Outbox()
     box.put_update(0, 0, encoded[0])
@@ -82,11 +82,26 @@ def test_the_outbox_sends_a_difference_only_after_the_version_it_needs():
     box.put_update(0, 1, encoded[1])
     assert drain(box) == encoded[1].delta  # holds 0: the difference
     box.put_update(0, 2, encoded[2])
-    box.put_update(0, 3, encoded[3])  # replaces 2 before it streamed: this learner never holds 2
-    assert drain(box) == encoded[3].full()
+    box.put_update(0, 3, encoded[3])  # queued back to back (one group commit): a chain, smaller than the whole
+    assert drain(box) == encoded[2].delta + encoded[3].delta
+    box.put_update(0, 5, encoded[5])  # this learner never got 4: the whole value
+    assert drain(box) == encoded[5].full()
     fresh = Outbox()  # a new session: nothing streamed yet, the whole value first
     fresh.put_update(0, 1, encoded[1])
-    assert drain(fresh) == encoded[1].full()
+    fresh.put_update(0, 2, encoded[2])  # a chain must start from what the learner holds: none here
+    assert drain(fresh) == encoded[2].full()
+
+
+def test_a_chain_as_large_as_the_whole_value_gives_way_to_it():
+    down = DeltaDownlink("int8", 1 << 20)  # two int8 differences weigh about one bf16 value
+    encoded = [down.encode({"kind": "update", "fragment": 0, "version": v}, 0, v, {"w": torch.full((4096,), v + 1.0)})
+               for v in range(3)]
+    box = Outbox()
+    box.put_update(0, 0, encoded[0])
+    drain(box)
+    box.put_update(0, 1, encoded[1])
+    box.put_update(0, 2, encoded[2])
+    assert drain(box) == encoded[2].full()
 
 
 def test_a_learner_trains_on_differences_from_a_real_synchronizer_and_holds_its_shadow():

@@ -24,9 +24,11 @@ class Encoded:
     """One version's update: as a difference from version `base` (None: there is none), and whole,
     encoded only if some learner needs it (most hold `base`), by the thread that streams it."""
 
-    def __init__(self, head: Mapping, shadow: Mapping[str, torch.Tensor], chunk_bytes: int,
+    def __init__(self, head: Mapping, version: int, shadow: Mapping[str, torch.Tensor], chunk_bytes: int,
                  base: int | None = None, delta: list[bytes] | None = None) -> None:
-        self.base, self.delta = base, delta
+        self.version, self.base, self.delta = version, base, delta
+        self.delta_nbytes = sum(map(len, delta)) if delta is not None else 0
+        self.full_nbytes = sum(2 * t.numel() for t in shadow.values())  # bf16, before its headers
         self._args = (dict(head), shadow, chunk_bytes)  # the shadow of a version is never changed in place
         self._full: list[bytes] | None = None
         self._lock = threading.Lock()
@@ -53,11 +55,11 @@ class DeltaDownlink:
         """The frames of `version`, whose global value is `tensors`; moves the shadow to it."""
         held = self._shadow.get(fragment)
         if held is not None and held[0] == version:  # a join or a reply: the value learners hold
-            return Encoded(head, held[1], self.chunk_bytes)
+            return Encoded(head, version, held[1], self.chunk_bytes)
         if held is None or held[0] > version:
             shadow = {n: t.detach().to(torch.bfloat16, copy=True) for n, t in tensors.items()}
             self._shadow[fragment] = (version, shadow)
-            return Encoded(head, shadow, self.chunk_bytes)
+            return Encoded(head, version, shadow, self.chunk_bytes)
         base, old = held
         with torch.no_grad():
             diff = {n: tensors[n].detach().float() - old[n].float() for n in tensors}
@@ -66,5 +68,5 @@ class DeltaDownlink:
         self._shadow[fragment] = (version, shadow)
         delta = framing.frames(dict(head, delta_from=base, tensors=[s.to_json() for s in specs]), blobs,
                                self.chunk_bytes)
-        return Encoded(head, shadow, self.chunk_bytes, base, delta)
+        return Encoded(head, version, shadow, self.chunk_bytes, base, delta)
 

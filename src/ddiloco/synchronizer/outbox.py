@@ -21,7 +21,8 @@ class Outbox:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._control: deque[bytes] = deque()
-        self._updates: OrderedDict[int, tuple[float, list[bytes] | Encoded]] = OrderedDict()
+        # fragment -> (version, frames): plain frames, one Encoded, or a chain of differences
+        self._updates: OrderedDict[int, tuple[float, list[bytes] | Encoded | tuple[Encoded, ...]]] = OrderedDict()
         self._streamed: dict[int, float] = {}  # fragment -> the last version streamed to this learner
         self._current: deque[bytes] = deque()
         self.closed = False
@@ -43,9 +44,24 @@ class Outbox:
                 return
             if float(version).is_integer() and self._streamed.get(fragment, -1.0) >= version:
                 return  # this learner has it already (a reply to stale work after the broadcast): it would drop it
+            chain = self._chain(fragment, queued, frames)
             self._updates.pop(fragment, None)
-            self._updates[fragment] = (version, frames)
+            self._updates[fragment] = (version, frames if chain is None else chain)
             self._cond.notify()
+
+    def _chain(self, fragment: int, queued: tuple | None, new: object) -> tuple[Encoded, ...] | None:
+        """A difference from the version still queued: both stay, as a chain of differences, while the
+        chain starts from what this learner holds and is smaller than the whole value (two merges that
+        one group commit made durable at once would otherwise cost a whole value)."""
+        if queued is None or not isinstance(new, Encoded) or new.delta is None or new.base != queued[0]:
+            return None
+        before = queued[1] if isinstance(queued[1], tuple) else (queued[1],)
+        if not all(isinstance(e, Encoded) and e.delta is not None for e in before):
+            return None
+        chain = (*before, new)
+        if chain[0].base != self._streamed.get(fragment) or sum(e.delta_nbytes for e in chain) >= new.full_nbytes:
+            return None
+        return chain
 
     def get(self, timeout: float) -> bytes | None:
         """The next frame to send, or None after `timeout` seconds or once closed."""
@@ -60,8 +76,12 @@ class Outbox:
                 return self._current.popleft() if self._current else None
             fragment, (version, item) = self._updates.popitem(last=False)
             held, self._streamed[fragment] = self._streamed.get(fragment), version
-        if isinstance(item, Encoded):  # outside the lock: the whole value may have to be encoded first
-            item = item.delta if item.delta is not None and held == item.base else item.full()
+        if not isinstance(item, list):  # outside the lock: a whole value may have to be encoded first
+            frames: list[bytes] = []
+            for e in (item if isinstance(item, tuple) else (item,)):
+                frames += e.delta if e.delta is not None and held == e.base else e.full()
+                held = e.version
+            item = frames
         with self._cond:  # one thread streams an outbox: nothing else filled _current meanwhile
             if self.closed:
                 return None
