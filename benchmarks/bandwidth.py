@@ -44,7 +44,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--codec-down", default=None, choices=("bf16", "fp32", "int8", "int4"),
                    help="only this download codec (default: bf16, then int8 / int4 differences)")
-    args = parse_run_arguments(p, tokens=600_000)
+    args = parse_run_arguments(p, tokens=2_400_000)
     if args.quick:
         args.model_size, args.tokens = "tiny", 300_000
     rows = []

@@ -33,7 +33,7 @@ def invoke(*args: str):
     (["synchronizer", "--duration", "-1"], "--duration"),
     (["synchronizer", "--heartbeat", "0"], "--heartbeat"),
     (["synchronizer", "--max-learners", "0"], "--max-learners"),
-    (["synchronizer", "--codec-down", "int8"], "--codec-down"),
+    (["synchronizer", "--codec-down", "int3"], "--codec-down"),
     (["synchronizer", "--learners", "0"], "--learners"),
     (["learner", "--id", "0", "--codec", "int3"], "--codec"),
     (["learner", "--id", "0", "--precision", "fp8"], "--precision"),

@@ -136,3 +136,10 @@ def test_a_learner_trains_on_differences_from_a_real_synchronizer_and_holds_its_
             assert compared >= 1, "the learner never caught up with a shadow version"
     finally:
         server.stop(grace=0.2)
+
+
+def test_an_unknown_download_codec_is_refused_up_front():
+    with pytest.raises(ValueError, match="codec_down"):
+        ServiceSettings(codec_down="int3")
+    with pytest.raises(ValueError, match="difference codec"):
+        DeltaDownlink("bf16", 1 << 20)
