@@ -10,7 +10,7 @@ counted by the synchronizer on its bulk streams (contributions in, updates out: 
 its header); an inner step is one learner's step. A ring all-reduce sends and receives
 2 (W - 1) / W of the model per worker per step.
 
-    python benchmarks/bandwidth.py                 # ~9 minutes
+    python benchmarks/bandwidth.py                 # ~15 minutes
     python benchmarks/bandwidth.py --quick --json  # a smaller model and budget, ~4 minutes
 """
 
