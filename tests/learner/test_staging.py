@@ -1,23 +1,18 @@
 """Snapshots through reused host buffers: taken at the boundary, subtracted later, never shared while in use."""
 
-import time
 
 import pytest
 import torch
 
 from ddiloco.core import (
-    AlgorithmConfig,
     FragmentUpdate,
     LearnerCore,
     Schedule,
     balanced_fragments,
 )
-from ddiloco.learner.client import LearnerClient
 from ddiloco.learner.staging import SnapshotStager, StagedGradient, pin, release
-from ddiloco.synchronizer.server import SynchronizerServer, build_service
-from ddiloco.synchronizer.settings import ServiceSettings
 
-from ..support.runtime import FAST
+from ..support.runtime import mlp_run, train_until_accepted
 
 
 def test_the_snapshot_holds_the_values_of_the_boundary_not_of_the_later_access():
@@ -91,33 +86,12 @@ def test_an_owned_update_becomes_the_base_copy_without_a_copy_and_a_shared_one_i
 
 
 def test_a_client_reuses_one_buffer_set_per_fragment_over_a_real_run():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    service = build_service(params, AlgorithmConfig(fragments=2, sync_every=4, overlap=1),
-                            ServiceSettings(timeouts=FAST, tokens=10**9))
-    server = SynchronizerServer(service)
-    address = server.start()
-    try:
-        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-        with LearnerClient(model, address, learner_id=0, timeouts=FAST, report_every=1e9) as client:
-            stager = client.core.stage.__self__
-            assert isinstance(stager, SnapshotStager) and not stager.pinned  # no CUDA here: plain host buffers
-            deadline = time.monotonic() + 30
-            for step in range(5000):  # until enough contributions went through (bounded in steps and time)
-                if step % 20 == 0 and (client.stats()["accepted"] >= 8 or time.monotonic() > deadline):
-                    break
-                x = torch.randn(16, 8)
-                model(x).pow(2).mean().backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                client.step(tokens=16)
-            stats = client.stats()
-        assert stats["accepted"] >= 8
-        # every contribution after the first of its fragment reused that fragment's buffers
-        assert stager.allocated <= 2 + 1, f"{stager.allocated} buffer sets for 2 fragments"
-    finally:
-        server.stop(grace=0.2)
+    with mlp_run() as (_, client, model):
+        stager = client.core.stage.__self__
+        assert isinstance(stager, SnapshotStager) and not stager.pinned  # no CUDA here: plain host buffers
+        assert train_until_accepted(client, model, 8) >= 8
+    # every contribution after the first of its fragment reused that fragment's buffers
+    assert stager.allocated <= 2 + 1, f"{stager.allocated} buffer sets for 2 fragments"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

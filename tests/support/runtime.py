@@ -23,6 +23,38 @@ ALGORITHM = AlgorithmConfig(fragments=2, sync_every=4, overlap=2, quorum=1, grac
 
 
 @contextmanager
+def mlp_run(width: int = 16, **settings):
+    """A small MLP, an in-process synchronizer of it (2 fragments, H = 4) and a client of that model."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    service = build_service(params, AlgorithmConfig(fragments=2, sync_every=4, overlap=1),
+                            ServiceSettings(timeouts=FAST, tokens=10**9, **settings))
+    server = SynchronizerServer(service)
+    address = server.start()
+    try:
+        with LearnerClient(model, address, learner_id=0, timeouts=FAST, report_every=1e9) as client:
+            yield service, client, model
+    finally:
+        server.stop(grace=0.2)
+
+
+def train_until_accepted(client: LearnerClient, model: torch.nn.Module, accepted: int, seconds: float = 30) -> int:
+    """Train until the synchronizer accepted this many contributions (bounded in steps and time)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    deadline = time.monotonic() + seconds
+    for step in range(20_000):
+        if step % 20 == 0 and (client.stats()["accepted"] >= accepted or time.monotonic() > deadline):
+            break
+        x = torch.randn(16, 8)
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        client.step(tokens=16)
+    return client.stats()["accepted"]
+
+
+@contextmanager
 def synchronizer(task, tmp_path=None, algorithm=ALGORITHM, token=None, **settings):
     params = {n: p.detach() for n, p in task.build_model(0).named_parameters()}
     settings.setdefault("timeouts", FAST)

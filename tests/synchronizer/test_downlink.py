@@ -4,16 +4,13 @@ learners' value on the master copy, and a learner that lacks the base version ge
 import pytest
 import torch
 
-from ddiloco.core import AlgorithmConfig
-from ddiloco.learner.client import LearnerClient
 from ddiloco.learner.held import HeldValues
 from ddiloco.synchronizer.downlink import DeltaDownlink
 from ddiloco.synchronizer.outbox import Outbox
-from ddiloco.synchronizer.server import SynchronizerServer, build_service
 from ddiloco.synchronizer.settings import ServiceSettings
 from ddiloco.wire import framing
 
-from ..support.runtime import FAST
+from ..support.runtime import mlp_run, train_until_accepted
 
 
 def received(frames: list[bytes]) -> framing.Message:
@@ -105,37 +102,15 @@ def test_a_chain_as_large_as_the_whole_value_gives_way_to_it():
 
 
 def test_a_learner_trains_on_differences_from_a_real_synchronizer_and_holds_its_shadow():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    service = build_service(params, AlgorithmConfig(fragments=2, sync_every=4, overlap=1),
-                            ServiceSettings(timeouts=FAST, tokens=10**9, codec_down="int8"))
-    server = SynchronizerServer(service)
-    address = server.start()
-    try:
-        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-        with LearnerClient(model, address, learner_id=0, timeouts=FAST, report_every=1e9) as client:
-            link = client.links[0]
-            for step in range(3000):
-                if step % 20 == 0 and link.stats.accepted >= 8:
-                    break
-                x = torch.randn(16, 8)
-                model(x).pow(2).mean().backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                client.step(tokens=16)
-            assert link.stats.accepted >= 8
-            down = service.dispatcher.downlink
-            compared = 0
-            for p in range(2):  # what the learner's base copy holds is the synchronizer's shadow, bit for bit
-                version, shadow = down._shadow[p]
-                assert version >= 1, "no difference was ever sent"
-                if client.core.versions[p] == version:
-                    assert all(torch.equal(client.core.base[p][n], shadow[n].float()) for n in shadow)
-                    compared += 1
-            assert compared >= 1, "the learner never caught up with a shadow version"
-    finally:
-        server.stop(grace=0.2)
+    with mlp_run(width=32, codec_down="int8") as (service, client, model):
+        assert train_until_accepted(client, model, 8) >= 8
+        client.finish(timeout=30)  # sends what it holds and takes the updates of those merges
+        down = service.dispatcher.downlink
+        for p in range(2):  # what the learner's base copy holds is the synchronizer's shadow, bit for bit
+            version, shadow = down._shadow[p]
+            assert version >= 2 and client.core.versions[p] == version
+            assert all(torch.equal(client.core.base[p][n], shadow[n].float()) for n in shadow)
+            assert all(torch.equal(client.params[n].detach(), shadow[n].float()) for n in shadow)
 
 
 def test_an_unknown_download_codec_is_refused_up_front():
