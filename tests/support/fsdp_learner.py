@@ -68,7 +68,8 @@ def main(address: str, data: str, steps: int, out: str) -> None:
     if rank == 0:
         save_file(ddiloco.fetch_global(address), out)
         print("stats", stats["accepted"], stats["rejected"], flush=True)
-    if world > 1:
+    if world > 1:  # together: a rank that tears gloo down while the other still works can abort both
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -59,7 +59,8 @@ def main(address: str, data: str, learner: int, out: str) -> None:
         Path(out).write_text(json.dumps({"recovered": client.recovered, "after_start": after_start, "world": world,
                                          "accepted": stats["accepted"], "rejected": stats["rejected"],
                                          "donations": client.donations}))
-    if world > 1:
+    if world > 1:  # together: a rank that tears gloo down while the other still works can abort both
+        dist.barrier()
         dist.destroy_process_group()
 
 
