@@ -20,7 +20,7 @@ import torch
 
 from ..core.config import AlgorithmConfig
 from ..synchronizer.server import SynchronizerServer, build_service
-from ..synchronizer.settings import CODECS_DOWN, ServiceSettings
+from ..synchronizer.settings import ServiceSettings
 from ..wire.timeouts import Timeouts
 from .model import (
     balance_note,
@@ -60,8 +60,6 @@ class Synchronizer:
         `tokens` counts what `budget_counts` says: "trained" (every token learners trained) or "merged".
         `codec_down`: how updates travel to learners, "bf16" (half the bytes), "fp32" (exact), or "int8" /
         "int4": quantised differences from the version a learner holds, with error feedback."""
-        if codec_down not in CODECS_DOWN:
-            raise ValueError(f"codec_down must be one of {CODECS_DOWN}, got {codec_down!r}")
         params = parameters(model)
         if plain_names is not None:
             plain = check_plain_names(plain_names, params)

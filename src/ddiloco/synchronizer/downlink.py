@@ -16,7 +16,7 @@ from typing import Mapping
 
 import torch
 
-from ..wire import framing
+from ..wire import framing, quant
 from ..wire.delta import DELTA_CODECS, apply_delta
 
 
@@ -64,7 +64,8 @@ class DeltaDownlink:
         with torch.no_grad():
             diff = {n: tensors[n].detach().float() - old[n].float() for n in tensors}
             specs, blobs = framing.encode_tensors(diff, self.codec)
-            shadow = apply_delta(old, framing.decode_tensors(specs, memoryview(b"".join(blobs))))
+            codec = quant.get(self.codec)  # what each learner will decode, blob by blob (no joined copy)
+            shadow = apply_delta(old, {s.name: codec.decode(b, s.shape) for s, b in zip(specs, blobs)})
         self._shadow[fragment] = (version, shadow)
         delta = framing.frames(dict(head, delta_from=base, tensors=[s.to_json() for s in specs]), blobs,
                                self.chunk_bytes)

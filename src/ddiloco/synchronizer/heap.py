@@ -37,5 +37,5 @@ def return_freed_memory(threshold: int = THRESHOLD_BYTES, arenas: int = ARENAS) 
     except (OSError, AttributeError):  # not glibc (musl, macOS): its allocator keeps its own policy
         return False
     if not ok:
-        log.debug("mallopt(M_MMAP_THRESHOLD) refused")
+        log.debug("mallopt refused the mmap threshold or the arena count")
     return ok
