@@ -35,7 +35,7 @@ def test_bandwidth_rows_count_bytes_both_ways_for_every_upload_and_download_code
     assert set(rows) == {("bf16", "bf16"), ("int8", "bf16"), ("int4", "bf16"), ("bf16", "int8"), ("int8", "int8"),
                          ("int4", "int4")}
     for r in rows.values():
-        assert r["bytes_up_per_step"] > 0 and r["bytes_down_per_step"] > 0
+        assert r["bytes_up_per_step"] > 0 and r["bytes_down_per_step"] > 0 and r["inner_steps"] > 0
         assert r["ratio_both_ways_fp32"] == pytest.approx(2 * r["ratio_both_ways"])
     up = {c: rows[(c, "bf16")]["bytes_up_per_step"] for c in ("bf16", "int8", "int4")}
     assert up["int4"] < up["int8"] < up["bf16"]

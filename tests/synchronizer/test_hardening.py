@@ -255,6 +255,9 @@ def test_7_learner_state_is_bounded(tiny_task, tmp_path, sig):
     ({"learner": 0, "incarnation": "a", "signature": 5}, "signature"),
     ({"learner": True, "incarnation": "a", "signature": "s"}, "learner"),
     ({"learner": 0, "incarnation": ["a"], "signature": "s"}, "incarnation"),
+    ({"learner": 0, "incarnation": "a", "signature": "s", "holds": ["0" * 32]}, "holds"),
+    ({"learner": 0, "incarnation": "a", "signature": "s", "holds": {"no.such.tensor": "0" * 32}}, "holds"),
+    ({"learner": 0, "incarnation": "a", "signature": "s", "holds": {"x": 7}}, "holds"),
 ])
 def test_8_register_never_raises_on_malformed_input(tiny_task, tmp_path, head, field):
     with synchronizer(tiny_task, tmp_path) as (svc, address):

@@ -19,9 +19,8 @@ Recovery, in the training thread, from the events the links post:
   (it restarted from an older checkpoint) are overwritten with its value when it arrives
   (`LearnerCore.force`); fragments at the same version with a contribution in flight are retried
   (`LearnerCore.retry`: the contribution may have died with the old connection).
-* a rejected contribution: "retry" resends the work, "reset" overwrites the fragment with the
-  global value the synchronizer sends along (the work is counted as lost), "none" waits for the
-  update that is already on its way.
+* a rejected contribution: "retry" resends the work, "reset" overwrites the fragment with the global
+  value sent along (the work is counted as lost), "none" waits for the update already on its way.
 
 In a torch.distributed job, create the client on every rank with the same arguments: rank 0 talks to
 the synchronizer and broadcasts what changed (see `fanout`; FSDP2-sharded models too); `tokens` is the
@@ -47,7 +46,7 @@ from ..wire.timeouts import Timeouts
 from . import addresses as addresses_
 from . import peerstate, reporting
 from .fanout import RankFanout, active_group_size
-from .joining import await_global, check_replies, make_core, resync
+from .joining import await_global, check_replies, make_core, register_fresh, resync
 from .journal import Journal
 from .link import LinkContext, ShardLink, SynchronizerError
 from .wan import WanLink, WanSettings
@@ -158,7 +157,7 @@ class LearnerClient:
         deadline = time.monotonic() + self.start_timeout
         addresses_.wait_resolved(self.addresses, deadline)  # address files may not be written yet
         self.links = [ShardLink(i, a, self.ctx, self.timeouts) for i, a in enumerate(self.addresses)]
-        replies = [link.register(fresh=True, deadline=deadline) for link in self.links]
+        replies = register_fresh(self.links, self.ctx, self.params, self.fanout is None, deadline)
         plan, self.config, self.owner = check_replies(self.addresses, replies, self.params)
         self.timeouts = self.links[0].timeouts
         self.names = [list(n) for n in plan.names]
@@ -169,6 +168,7 @@ class LearnerClient:
         for link in self.links:
             link.start()
         updates, requests = await_global(self.inbound, plan.num_fragments, deadline)
+        self.ctx.initial = None  # only the first registration's replies may say "you hold it"
         self.core.join(updates)
         for r in requests:
             self.core.request(r)

@@ -20,7 +20,8 @@ from ..core import (
 )
 from ..wire.protocol import plan_from_json
 from ..wire.routing import check_cover
-from .link import SynchronizerError
+from .initial import InitialValues
+from .link import LinkContext, ShardLink, SynchronizerError
 from .staging import SnapshotStager
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,14 @@ def check_replies(addresses: Sequence[str], replies: Sequence[dict], params: Map
         if name not in params or tuple(params[name].shape) != shape:
             raise SynchronizerError(f"model parameter {name!r} does not match the synchronizer's shape {shape}")
     return plan, config, owner
+
+
+def register_fresh(links: Sequence[ShardLink], ctx: LinkContext, params: Mapping[str, torch.Tensor], offer: bool,
+                   deadline: float) -> list[dict]:
+    """Register with every shard; `offer`: with the digests of our values, so that a fragment that we
+    built exactly as the synchronizer did is not downloaded (one process: FSDP ranks hold shards)."""
+    ctx.initial = InitialValues(params) if offer else None
+    return [link.register(fresh=True, deadline=deadline) for link in links]
 
 
 def await_global(inbound: queue.Queue, num_fragments: int, deadline: float,

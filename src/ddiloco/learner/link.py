@@ -31,6 +31,7 @@ from ..wire.delta import DELTA_CODECS
 from ..wire.timeouts import Timeouts
 from . import addresses, staging
 from .held import HeldValues
+from .initial import InitialValues, kept
 from .wan import WanLink
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class LinkContext:
     wan: WanLink = field(default_factory=WanLink)  # an emulated wide-area link (none by default)
     max_frame: int = 256 << 20  # what this side accepts per frame; the synchronizer's own limit protects it
     pin_memory: bool = False  # the model is on CUDA: arrivals are staged in page-locked host memory
+    initial: InitialValues | None = None  # offered with the first registration (`wire.digest`)
     closing: threading.Event = field(default_factory=threading.Event)
     stop_requested: threading.Event = field(default_factory=threading.Event)
     global_progress: float = 0.0
@@ -158,6 +160,8 @@ class ShardLink:
         """Register (retrying with backoff until `deadline`); SynchronizerError on a permanent refusal."""
         head = {"kind": "register", "learner": self.ctx.learner, "incarnation": self.ctx.incarnation,
                 "signature": self.ctx.signature, "fresh": fresh}
+        if fresh and self.ctx.initial is not None:
+            head["holds"] = self.ctx.initial.digests
         delay = self.timeouts.backoff_min
         while True:
             try:
@@ -252,7 +256,8 @@ class ShardLink:
             shapes = self.info["plan"]["shapes"]
             expected = {n: tuple(shapes[n]) for n in self.info["plan"]["names"][p]}
             version = int(head["version"])
-            tensors = self.held.take(p, version, head.get("delta_from"), msg.tensors(expected))
+            values = kept(self.ctx.initial, expected) if head.get("held") is True else msg.tensors(expected)
+            tensors = self.held.take(p, version, head.get("delta_from"), values)
             tensors = staging.pin(tensors, self.ctx.pin_memory)  # decoded here, not at the boundary
             update = FragmentUpdate(p, version, tensors, (self.ctx.learner,),
                                     merged_learners(head.get("admitted")), owned=True)

@@ -2,20 +2,22 @@
 
 Order matters for durability: a merge is booked (and a checkpoint requested) before its update is
 queued, and an update leaves a learner's outbox only once the commit log says its version is on
-disk (`commit`), so no learner ever holds a version that a crash could lose.
+disk (`commit`), so no learner ever holds a version that a crash could lose. A fresh learner that
+built a fragment's initial value itself gets a one-line "you hold it" instead (`wire.digest`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 from ..core import FragmentRequest, FragmentUpdate, Merged, SynchronizerCore
 from ..core.merge_job import MergeDue, MergeJob
 from ..records.events import EventLog
 from ..wire import framing
 from ..wire.delta import DELTA_CODECS
+from ..wire.digest import value_digests
 from .commit import CommitLog
 from .downlink import DeltaDownlink, Encoded
 from .ledger import MergeLedger
@@ -45,6 +47,8 @@ class ActionDispatcher:
         # fragment -> (version, when, frames): a join's or a reply's update, encoded once and shared by every
         # learner that asks for the same version soon after (a restart's rejoin wave), then dropped
         self._encoded: dict[int, tuple[int, float, list[bytes] | Encoded]] = {}
+        self.initial = {p: value_digests({n: core.params[n] for n in core.plan.names[p]})
+                        for p in core.owned if core.versions[p] == 0}  # what a fresh learner may hold already
         down = settings.codec_down
         self.downlink = DeltaDownlink(down, settings.chunk_bytes) if down in DELTA_CODECS else None
 
@@ -59,7 +63,11 @@ class ActionDispatcher:
                 frames = self._frames(a)
                 for m in a.learners:
                     s = self.sessions.by_learner.get(m)
-                    if s is not None:
+                    if s is not None and a.version == 0 and a.fragment in s.holds:  # it built this value itself
+                        s.holds.discard(a.fragment)
+                        self.send_update(s, a.fragment, 0, [framing.message(
+                            {"kind": "update", "fragment": a.fragment, "version": 0, "merged": {}, "held": True})])
+                    elif s is not None:
                         self.send_update(s, a.fragment, a.version, frames)
                 due = self._due.pop((a.fragment, a.version), None)
                 if due is not None:  # after the sends: the round's time until its update is queued
@@ -91,6 +99,11 @@ class ActionDispatcher:
         else:
             self._encoded[a.fragment] = (a.version, time.monotonic(), frames)
         return frames
+
+    def held_by(self, holds: Mapping[str, str]) -> set[int]:
+        """The fragments still at version 0 whose every tensor a learner offered with our digest."""
+        return {p for p, digests in self.initial.items()
+                if self.core.versions[p] == 0 and all(holds.get(n) == d for n, d in digests.items())}
 
     def forget_encoded(self, older_than: float = SHARE_SECONDS) -> None:
         """Drop shared encodings older than `older_than` seconds (the timer calls this): once every

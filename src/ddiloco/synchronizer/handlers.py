@@ -92,6 +92,7 @@ class Handlers:
             fresh = head.get("fresh", True)
             if not isinstance(fresh, bool):
                 raise intake.BadField(f"field 'fresh' must be true or false, got {intake.show(fresh)}")
+            holds = intake.digests(head, "holds", self.service.shapes)
         except intake.BadField as exc:
             self._abort(context, "Register", "INVALID_ARGUMENT", f"bad register request: {exc}")
         expected = self.service.identity["signature"]
@@ -100,7 +101,7 @@ class Handlers:
                         f"model mismatch: the learner's parameters (signature {signature}) differ from the "
                         f"synchronizer's ({expected}); use the same model, size, sequence length and vocabulary")
         try:
-            reply = self.service.register(learner, incarnation, fresh)
+            reply = self.service.register(learner, incarnation, fresh, holds)
         except Refused as exc:
             self._abort(context, "Register", exc.code, exc.reason)
         return framing.message(reply)

@@ -9,6 +9,9 @@ float64), durations below 10**7 s, wall-clock stamps within the years 1970 to 22
 from __future__ import annotations
 
 import math
+from typing import Collection
+
+from ..wire.digest import is_digest
 
 MAX_COUNT = 2**53  # tokens, steps, data positions, versions
 MAX_SECONDS = 1e7  # durations: a step, the time a contribution took
@@ -92,6 +95,19 @@ def progress(head: dict) -> dict:
     if head.get("state") is not None:
         out["state"] = text(head, "state", MAX_STATE_CHARS)
     return out
+
+
+def digests(head: dict, key: str, names: Collection[str]) -> dict[str, str]:
+    """Digests of tensor values by name (`wire.digest`), names from the model; absent: none."""
+    value = head.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > len(names):
+        raise BadField(f"field {key!r} must map at most {len(names)} tensor names to digests")
+    for name, d in value.items():
+        if name not in names or not is_digest(d):
+            raise BadField(f"field {key!r}: {show(name)} is not a tensor of the model or {show(d)} is not a digest")
+    return value
 
 
 def show(value: object) -> str:

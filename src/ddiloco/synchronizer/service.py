@@ -18,6 +18,7 @@ import secrets
 import threading
 import time
 from collections import deque
+from typing import Mapping
 
 from ..core import Contribution, Decline, Rejected, SynchronizerCore
 from ..core.merge_job import MergeJob, MergeResult
@@ -170,7 +171,7 @@ class SynchronizerService:
         return self.ledger.tokens_merged if self.settings.budget_counts == "merged" else self.ledger.tokens_reported
 
     # --- membership -----------------------------------------------------------------------------
-    def register(self, learner: int, incarnation: str, fresh: bool) -> dict:
+    def register(self, learner: int, incarnation: str, fresh: bool, holds: Mapping[str, str] | None = None) -> dict:
         max_learners = self.settings.max_learners
         if learner < 0:
             raise Refused("INVALID_ARGUMENT", f"unknown learner id {learner}: learner ids are >= 0")
@@ -194,6 +195,8 @@ class SynchronizerService:
                     # A restarted process: its predecessor is gone, do not wait for it.
                     self.dispatch(self.core.leave(learner, now, self.arrivals.waiting()), now)
             session = Session(secrets.token_hex(8), learner, incarnation, Outbox(), time.monotonic(), time.time())
+            session.holds = self.dispatcher.held_by(holds or {})
+            kept = len(session.holds)
             self.sessions.add(session)
             resume = self.ledger.resume_position(learner, self._open_positions(learner))
             self.ledger.book(learner)
@@ -202,7 +205,7 @@ class SynchronizerService:
             if self.stopping:
                 session.outbox.put_control(framing.message({"kind": "stop", "reason": self.stop_reason}))
             self.events.write("join", learner=learner, incarnation=incarnation, fresh=fresh, resume_position=resume,
-                              versions=self.core.versions)
+                              versions=self.core.versions, kept=kept)
             log.info("learner %d registered (incarnation %s, %s), resumes at data position %d",
                      learner, incarnation, "fresh" if fresh else "reconnect", resume)
             return {

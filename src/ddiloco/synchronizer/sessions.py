@@ -23,6 +23,7 @@ class Session:
     registered_wall: float
     progress: dict = field(default_factory=dict)
     unbooked_tokens: int | None = None  # from a heartbeat answered while the service was busy
+    holds: set[int] = field(default_factory=set)  # fragments whose initial value it built itself
 
 
 class SessionTable:
