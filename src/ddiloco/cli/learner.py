@@ -61,7 +61,7 @@ def learner(
 
     from ..learner.addresses import check_spec
     from ..learner.link import SynchronizerError
-    from ..learner.trainer import LearnerSettings, train
+    from ..learner.trainer import LearnerSettings, leave_process_group, train
     from ..learner.wan import WanSettings
     from ..records import logsetup
     from ..train.device import resolve_device
@@ -92,6 +92,7 @@ def learner(
         raise user_error(exc) from None
     try:
         stats = train(settings)
+        leave_process_group()
     except (SynchronizerError, ConnectionError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)

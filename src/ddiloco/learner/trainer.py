@@ -84,6 +84,15 @@ def _exit_now(learner: int, code: int) -> None:
     os._exit(code)
 
 
+def leave_process_group() -> None:
+    """Ranks that reached the end of a run leave their group together. A rank that exits while its
+    peer's gloo connection is still open may die with SIGABRT at teardown ("terminate called without
+    an active exception"), and torchrun then restarts a group for a run that is over."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def train(settings: LearnerSettings) -> dict:
     """Train until the synchronizer says stop (or max_steps, or SIGTERM); returns the client's stats."""
     device = resolve_device(settings.device)
