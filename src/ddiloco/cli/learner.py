@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -92,11 +93,12 @@ def learner(
         raise user_error(exc) from None
     try:
         stats = train(settings)
-        leave_process_group()
     except (SynchronizerError, ConnectionError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
-    if as_json:
-        print(json.dumps(stats), flush=True)
+    if as_json:  # one write per line: the ranks of a torchrun group share this file
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), (json.dumps(stats) + "\n").encode())
+    leave_process_group()

@@ -157,7 +157,7 @@ class LearnerClient:
         deadline = time.monotonic() + self.start_timeout
         addresses_.wait_resolved(self.addresses, deadline)  # address files may not be written yet
         self.links = [ShardLink(i, a, self.ctx, self.timeouts) for i, a in enumerate(self.addresses)]
-        replies = register_fresh(self.links, self.ctx, self.params, self.fanout is None, deadline)
+        replies = register_fresh(self.links, self.ctx, self.params, self.fanout, deadline)
         plan, self.config, self.owner = check_replies(self.addresses, replies, self.params)
         self.timeouts = self.links[0].timeouts
         self.names = [list(n) for n in plan.names]

@@ -20,6 +20,7 @@ from ..core import (
 )
 from ..wire.protocol import plan_from_json
 from ..wire.routing import check_cover
+from .fanout import RankFanout
 from .initial import InitialValues
 from .link import LinkContext, ShardLink, SynchronizerError
 from .staging import SnapshotStager
@@ -44,11 +45,11 @@ def check_replies(addresses: Sequence[str], replies: Sequence[dict], params: Map
     return plan, config, owner
 
 
-def register_fresh(links: Sequence[ShardLink], ctx: LinkContext, params: Mapping[str, torch.Tensor], offer: bool,
-                   deadline: float) -> list[dict]:
-    """Register with every shard; `offer`: with the digests of our values, so that a fragment that we
-    built exactly as the synchronizer did is not downloaded (one process: FSDP ranks hold shards)."""
-    ctx.initial = InitialValues(params) if offer else None
+def register_fresh(links: Sequence[ShardLink], ctx: LinkContext, params: Mapping[str, torch.Tensor],
+                   fanout: RankFanout | None, deadline: float) -> list[dict]:
+    """Register with every shard, offering the digests of our values, so that a fragment that we built
+    exactly as the synchronizer did is not downloaded (not under FSDP: its ranks hold shards)."""
+    ctx.initial = InitialValues(params) if not (fanout and fanout.sharded) else None
     return [link.register(fresh=True, deadline=deadline) for link in links]
 
 

@@ -8,6 +8,7 @@ ranks of this one learner); rank r of learner m reads data shard m * world + r.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import logging
 import os
@@ -88,9 +89,16 @@ def leave_process_group() -> None:
     """Ranks that reached the end of a run leave their group together. A rank that exits while its
     peer's gloo connection is still open may die with SIGABRT at teardown ("terminate called without
     an active exception"), and torchrun then restarts a group for a run that is over."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        try:  # bounded on gloo: a rank that never comes (it failed) must not hold the others forever
+            if dist.get_backend() == "gloo":
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
+            else:
+                dist.barrier()
+        except RuntimeError as exc:
+            log.warning("not every rank reached the end of the run: %s", str(exc)[:300])
+        dist.destroy_process_group()
 
 
 def train(settings: LearnerSettings) -> dict:
