@@ -30,12 +30,13 @@ def test_synchronizer_scale_reports_rounds_heartbeats_and_memory_of_a_real_synch
 
 @pytest.mark.slow
 def test_bandwidth_rows_count_bytes_both_ways_for_every_upload_and_download_codec(shakespeare):
-    report = bench("bandwidth.py", "--quick", "--data", shakespeare, timeout=1500)
+    report = bench("bandwidth.py", "--quick", "--steady", "--data", shakespeare, timeout=2400)
     rows = {(r["codec"], r["codec_down"]): r for r in report["rows"]}
     assert set(rows) == {("bf16", "bf16"), ("int8", "bf16"), ("int4", "bf16"), ("bf16", "int8"), ("int8", "int8"),
                          ("int4", "int4")}
     for r in rows.values():
         assert r["bytes_up_per_step"] > 0 and r["bytes_down_per_step"] > 0 and r["inner_steps"] > 0
+        assert r["bytes_up_per_step_steady"] > 0 and r["bytes_down_per_step_steady"] > 0  # half-budget runs too
         assert r["ratio_both_ways_fp32"] == pytest.approx(2 * r["ratio_both_ways"])
     up = {c: rows[(c, "bf16")]["bytes_up_per_step"] for c in ("bf16", "int8", "int4")}
     assert up["int4"] < up["int8"] < up["bf16"]

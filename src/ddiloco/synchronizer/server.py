@@ -94,6 +94,9 @@ class SynchronizerServer:
         return self.address
 
     def stop(self, grace: float = 1.0) -> None:
-        """Final checkpoint, then close every stream and the listening socket."""
+        """Final checkpoint, then close every stream and the listening socket. Waits until gRPC's
+        threads are done (bounded): a process that exits while one is still inside gRPC's C core can
+        abort at interpreter shutdown ("terminate called without an active exception")."""
         self.service.close()
-        self.server.stop(grace).wait(grace + 1.0)
+        if not self.server.stop(grace).wait(grace + 10.0):
+            log.warning("the gRPC server did not finish stopping within %.0f s", grace + 10.0)
