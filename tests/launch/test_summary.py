@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from ddiloco.launch.summary import summarize
+from ddiloco.launch.summary import bandwidth, summarize
 from ddiloco.learner.journal import Journal
 
 
@@ -36,3 +36,16 @@ def test_goodput_uptime_and_stall_from_merge_records(tmp_path):
     assert s["tokens_merged"] == pytest.approx(100.0)
     assert s["tokens_trained"] == 300 and s["utilization"] == pytest.approx(8.0 / 20.0)
     assert s["outer_steps"] == 3 and s["contributions"] == 3 and s["rejected_contributions"] == 1
+
+
+def test_bytes_per_step_against_a_ring_all_reduce_by_hand():
+    # two shards of 600 + 400 parameters; 4 learners took 100 steps in all. A ring of 4 workers moves
+    # 2 * 3/4 * 1000 * 2 bytes (bf16) = 3000 each way per worker per step.
+    statuses = [{"params": 600, "bytes_received": 2400, "bytes_sent": 3600},
+                {"params": 400, "bytes_received": 1600, "bytes_sent": 8400}]
+    b = bandwidth(statuses, steps=100, learners=4)
+    assert (b["bytes_up_per_step"], b["bytes_down_per_step"], b["inner_steps"]) == (40, 120, 100)
+    assert b["allreduce_bf16_bytes_per_step"] == 3000 and b["allreduce_workers"] == 4
+    assert b["bandwidth_ratio_up"] == pytest.approx(75) and b["bandwidth_ratio_down"] == pytest.approx(25)
+    assert b["bandwidth_ratio_both_ways"] == pytest.approx(2 * 3000 / (40 + 120))  # 37.5: between the two
+    assert bandwidth([{"params": 10}], steps=0, learners=4)["bandwidth_ratio_up"] is None

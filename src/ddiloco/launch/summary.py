@@ -108,6 +108,7 @@ def bandwidth(statuses: list[dict], steps: int, learners: int) -> dict:
     def ratio(ours: float) -> float | None:
         return ring / ours if ours > 0 and ring > 0 else None
 
-    return {"params": params, "inner_steps": steps, "bytes_up_per_step": up, "bytes_down_per_step": down, "allreduce_bf16_bytes_per_step": ring,
+    return {"params": params, "inner_steps": steps, "bytes_up_per_step": up, "bytes_down_per_step": down,
+            "allreduce_bf16_bytes_per_step": ring, "allreduce_workers": learners,
             "bandwidth_ratio_up": ratio(up), "bandwidth_ratio_down": ratio(down),
-            "bandwidth_ratio_both_ways": ratio(up + down)}
+            "bandwidth_ratio_both_ways": ratio((up + down) / 2)}  # the ring's both ways are 2 * ring
