@@ -25,6 +25,8 @@ def test_a_learner_built_like_the_synchronizer_joins_without_downloading_and_tra
         assert joined < 1000 < model_bytes(model), f"{joined} bytes received at the join"
         assert all(torch.equal(client.params[n].detach(), service.core.params[n]) for n in client.params)
         assert client.ctx.initial is None  # no later update may say "you hold it"
+        if codec_down == "bf16":
+            assert not service.dispatcher._encoded  # nobody needed the value: it was not even encoded
         assert train_until_accepted(client, model, 6) >= 6
         client.finish(timeout=30)
         for p in range(2):  # merged updates came down and apply (a difference needs the held shadow)

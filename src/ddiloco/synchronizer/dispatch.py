@@ -60,14 +60,17 @@ class ActionDispatcher:
             elif isinstance(a, Merged):
                 self._merged(a)
             elif isinstance(a, FragmentUpdate):
-                frames = self._frames(a)
-                for m in a.learners:
-                    s = self.sessions.by_learner.get(m)
-                    if s is not None and a.version == 0 and a.fragment in s.holds:  # it built this value itself
-                        s.holds.discard(a.fragment)
-                        self.send_update(s, a.fragment, 0, [framing.message(
-                            {"kind": "update", "fragment": a.fragment, "version": 0, "merged": {}, "held": True})])
-                    elif s is not None:
+                built, others = [], []  # learners that built this initial value themselves, and the rest
+                for s in (self.sessions.by_learner.get(m) for m in a.learners):
+                    if s is not None:
+                        (built if a.version == 0 and a.fragment in s.holds else others).append(s)
+                for s in built:
+                    s.holds.discard(a.fragment)
+                    self.send_update(s, a.fragment, 0, [framing.message(
+                        {"kind": "update", "fragment": a.fragment, "version": 0, "merged": {}, "held": True})])
+                if others or self.downlink is not None:  # encoded only if someone needs it (or the shadow starts)
+                    frames = self._frames(a)
+                    for s in others:
                         self.send_update(s, a.fragment, a.version, frames)
                 due = self._due.pop((a.fragment, a.version), None)
                 if due is not None:  # after the sends: the round's time until its update is queued
