@@ -32,6 +32,8 @@ def test_a_learner_built_like_the_synchronizer_joins_without_downloading_and_tra
         for p in range(2):  # merged updates came down and apply (a difference needs the held shadow)
             assert client.core.versions[p] >= 1
         assert client.links[0].stats.bytes_received > joined + model_bytes(model) // 8
+        # pushes stream their frames as they are made: the learner still counts every byte the synchronizer got
+        assert client.links[0].stats.bytes_pushed == service.traffic.bytes_received > 0
         if codec_down == "int8":
             down = service.dispatcher.downlink
             for p in range(2):

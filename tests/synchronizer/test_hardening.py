@@ -16,6 +16,7 @@ import torch
 from ddiloco.records.events import read_events
 from ddiloco.synchronizer.checkpoint import CheckpointError, CheckpointStore
 from ddiloco.wire import framing
+from ddiloco.wire.buffers import BufferPool
 from ddiloco.wire.protocol import signature
 from ddiloco.wire.timeouts import Timeouts
 
@@ -210,12 +211,22 @@ def test_4_one_session_holds_at_most_two_pushes_and_one_subscribe(tiny_task, tmp
         client.close()
 
 
-def test_5_memory_is_reserved_only_as_payload_arrives():
-    r = framing.Reassembler(limit=1 << 31)
-    head = {"msg": 1, "part": 0, "parts": 4, "head": {"kind": "contribution", "nbytes": 1 << 30}}
-    assert r.feed(framing.pack_frame(head, b"x" * 100)) is None
-    [(state)] = r._open.values()
-    assert len(state[1]) == 100  # not a gigabyte
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_5_memory_is_taken_only_as_payload_arrives():
+    """A first frame that declares 2 GiB reserves address space for the message, not memory: the
+    process's resident memory does not grow by the gigabytes (with or without a buffer pool)."""
+    for pool in (None, BufferPool(4 << 30)):
+        r = framing.Reassembler(limit=1 << 32, pool=pool)
+        before = _rss_bytes()
+        head = {"msg": 1, "part": 0, "parts": 4, "head": {"kind": "contribution", "nbytes": 2 << 30}}
+        assert r.feed(framing.pack_frame(head, b"x" * 100)) is None
+        assert _rss_bytes() - before < 256 << 20  # not gigabytes
+        [(state)] = r._open.values()
+        assert state[2] == 100 and bytes(state[1][:100]) == b"x" * 100
 
 
 def test_6_a_fragment_file_left_by_a_killed_writer_is_not_reused(tiny_task, tmp_path):

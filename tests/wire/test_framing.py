@@ -96,3 +96,35 @@ def test_headers_are_plain_json():
     frame = framing.message({"kind": "k"})
     header, _ = framing.unpack_frame(frame)
     assert json.loads(json.dumps(header)) == header
+
+
+def _strip_ids(frames: list[bytes]) -> list[tuple[dict, bytes]]:
+    out = []
+    for f in frames:
+        header, body = framing.unpack_frame(f)
+        out.append((dict(header, msg=0), bytes(body)))
+    return out
+
+
+@pytest.mark.parametrize("codec", ["fp32", "bf16"])
+@pytest.mark.parametrize("chunk", [2, 4, 6, 64, 1000, 4096, 1 << 20])
+def test_frames_converted_chunk_by_chunk_are_those_of_the_whole_tensors(codec, chunk):
+    """`tensor_frames` converts a frame at a time (no fragment-sized copy in the wire dtype): its frames
+    must be byte for byte those of encoding every tensor whole and cutting the bytes, across tensor
+    boundaries, for 0-dim, empty and non-contiguous tensors (chunk 6 is no multiple of an fp32)."""
+    g = torch.Generator().manual_seed(3)
+    tensors = {
+        "a": torch.randn(1000, generator=g),
+        "b": torch.randn(3, 7, generator=g) * 1e30,  # bf16 rounding at large magnitudes
+        "scalar": torch.tensor(2.5),
+        "empty": torch.empty(0, 4),
+        "strided": torch.randn(16, 33, generator=g)[:, ::2],
+        "c": torch.tensor([float("nan"), float("inf"), -0.0, 1e-40]),
+    }
+    specs, blobs = framing.encode_tensors(tensors, codec)
+    whole = framing.frames({"k": 1, "tensors": [s.to_json() for s in specs]}, blobs, chunk)
+    assert _strip_ids(framing.tensor_frames({"k": 1}, tensors, codec, chunk)) == _strip_ids(whole)
+    for empty in ({}, {"z": torch.empty(0)}):
+        specs, blobs = framing.encode_tensors(empty, codec)
+        whole = framing.frames({"k": 1, "tensors": [s.to_json() for s in specs]}, blobs, chunk)
+        assert _strip_ids(framing.tensor_frames({"k": 1}, empty, codec, chunk)) == _strip_ids(whole)

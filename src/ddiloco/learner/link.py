@@ -16,6 +16,7 @@ after a SIGSTOP, or a dropped connection all heal the same way.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import random
 import threading
@@ -27,6 +28,7 @@ import grpc
 
 from ..core import Contribution, Decline, FragmentRequest, FragmentUpdate
 from ..wire import framing, rpc
+from ..wire.buffers import BufferPool
 from ..wire.delta import DELTA_CODECS
 from ..wire.timeouts import Timeouts
 from . import addresses, staging
@@ -82,6 +84,7 @@ class LinkContext:
     max_frame: int = 256 << 20  # what this side accepts per frame; the synchronizer's own limit protects it
     pin_memory: bool = False  # the model is on CUDA: arrivals are staged in page-locked host memory
     initial: InitialValues | None = None  # offered with the first registration (`wire.digest`)
+    arrivals: BufferPool = field(default_factory=lambda: BufferPool(0))  # reused update buffers, sized at register
     closing: threading.Event = field(default_factory=threading.Event)
     stop_requested: threading.Event = field(default_factory=threading.Event)
     global_progress: float = 0.0
@@ -226,7 +229,8 @@ class ShardLink:
                 sid = self._session
             try:
                 self._stream = self.bulk.subscribe(framing.message({"session": sid}), metadata=self.bulk.metadata)
-                reassembler = framing.Reassembler(1 << 40, max_open=8)
+                self.ctx.arrivals.max_bytes = 4 * sum(math.prod(s) for s in self.info["plan"]["shapes"].values())
+                reassembler = framing.Reassembler(1 << 40, max_open=8, pool=self.ctx.arrivals)
                 self.held.reset(self.info.get("codec_down") in DELTA_CODECS)
                 for frame in self._stream:
                     self.stats.bytes_received += len(frame)
@@ -292,9 +296,9 @@ class ShardLink:
             head = {"kind": "contribution", "session": sid, "fragment": c.fragment, "base_version": c.base_version,
                     "steps": c.steps, "tokens": c.tokens, "seconds": c.seconds, "step_time": c.step_time,
                     "step": c.step, **extra}
-            frames = framing.tensor_frames(head, c.outer_gradient, self.ctx.codec, self.chunk_bytes)
-            staging.release(c.outer_gradient)  # the frames are copies: the snapshot's buffers serve the next one
-            nbytes = sum(len(f) for f in frames)
+            # made frame by frame as gRPC sends them; then the snapshot's buffers serve the next one
+            frames = framing.Counted(framing.iter_tensor_frames(head, c.outer_gradient, self.ctx.codec, self.chunk_bytes))
+            nbytes = framing.payload_nbytes(c.outer_gradient, self.ctx.codec)
             self.ctx.delay()
             try:
                 reply = framing.read_message(self.bulk.push(
@@ -313,8 +317,10 @@ class ShardLink:
                 else:
                     self.invalidate(sid)
                 continue
+            finally:
+                staging.release(c.outer_gradient)
             self.stats.pushed += 1
-            self.stats.bytes_pushed += nbytes
+            self.stats.bytes_pushed += frames.nbytes
             if reply.get("ok"):
                 self.stats.accepted += 1
                 continue

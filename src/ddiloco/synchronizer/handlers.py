@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 from typing import Callable, Iterator
 
@@ -18,6 +19,7 @@ import grpc
 
 from ..core import Contribution
 from ..wire import framing
+from ..wire.buffers import BufferPool
 from . import intake
 from .donation_rpc import DonationRpc
 from .ledger import PendingWork
@@ -35,6 +37,9 @@ class Handlers:
     def __init__(self, service: SynchronizerService) -> None:
         self.service = service
         self.streams = StreamGuard(service.settings.timeouts, service.refuse_rpc)
+        owned = [n for p in service.core.owned for n in service.core.plan.names[p]]
+        # contributions arrive into reused buffers: up to the owned model's float32 size kept between pushes
+        self.push_buffers = BufferPool(4 * sum(math.prod(service.shapes[n]) for n in owned))
 
     def _bulk_deadline(self, nbytes: int) -> float:
         """A bulk stream's total limit: the learner's own deadline for that size, plus one failure timeout."""
@@ -144,7 +149,7 @@ class Handlers:
     def _push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext, key: int,
               stream: Stream) -> bytes:
         service = self.service
-        reassembler = framing.Reassembler(service.settings.max_message_bytes, max_open=1)
+        reassembler = framing.Reassembler(service.settings.max_message_bytes, max_open=1, pool=self.push_buffers)
         msg = None
         try:
             for data in request_iterator:
@@ -245,16 +250,24 @@ class Handlers:
             service.bulk_slots.release()
 
     def fetch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        """The global model, a fragment at a time: each is framed straight from the live tensors under
+        the lock (one copy, and one fragment's worth of frames held; a whole-model clone first cost
+        a second copy and the model's size again in memory)."""
         self._head(request, context, "Fetch")
-        service = self.service
-        versions, tensors = service.snapshot()
-        nbytes = sum(t.numel() * 4 for values in tensors.values() for t in values.values())
+        service, core = self.service, self.service.core
+        with service.lock:
+            owned = sorted(core.owned)
+        nbytes = sum(4 * math.prod(service.shapes[n]) for p in owned for n in core.plan.names[p])
         key, stream = self.streams.open("Fetch", context, self._bulk_deadline(nbytes))
         try:
-            for p, values in tensors.items():
-                head = {"kind": "fragment", "fragment": p, "version": versions[p]}
-                for frame in framing.tensor_frames(head, values, "fp32", service.settings.chunk_bytes):
+            for p in owned:
+                with service.lock:
+                    head = {"kind": "fragment", "fragment": p, "version": core.versions[p]}
+                    values = {n: core.params[n] for n in core.plan.names[p]}
+                    frames = framing.tensor_frames(head, values, "fp32", service.settings.chunk_bytes)
+                for frame in frames:
                     stream.waiting()
                     yield frame
+                del frames
         finally:
             self.streams.close(key)

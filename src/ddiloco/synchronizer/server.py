@@ -66,8 +66,9 @@ class SynchronizerServer:
         self.credentials = credentials
         settings = service.settings
         interceptors = (auth.TokenInterceptor(token, lambda m, r: service.refuse_rpc(m, r)),) if token else ()
+        self.handlers = Handlers(service)
         self.server = rpc.make_server(
-            Handlers(service).table(),
+            self.handlers.table(),
             max_frame=settings.chunk_bytes + rpc.FRAME_MARGIN,
             workers=settings.workers,
             interceptors=interceptors,

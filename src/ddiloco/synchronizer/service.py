@@ -387,11 +387,6 @@ class SynchronizerService:
         ticks.tick(self)
 
     # --- reads ----------------------------------------------------------------------------------
-    def snapshot(self) -> tuple[dict[int, int], dict[int, dict]]:
-        """Versions and a copy of every owned fragment's tensors."""
-        with self.lock:
-            return dict(self.core.versions), {p: dict(self.core.current_update(p, ()).tensors) for p in self.core.owned}
-
     def status(self) -> dict:
         with self.lock:
             return status.status(self)

@@ -24,6 +24,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import torch
 
 from . import quant
+from .buffers import BufferPool
 
 MAGIC = b"DDL"
 PROTOCOL_VERSION = 1
@@ -180,8 +181,71 @@ def _frame(head: Mapping, msg: int, part: int, parts: int, total: int, pieces: l
 def tensor_frames(
     head: Mapping, tensors: Mapping[str, torch.Tensor], codec: str, chunk_size: int = DEFAULT_CHUNK_BYTES
 ) -> list[bytes]:
+    return list(iter_tensor_frames(head, tensors, codec, chunk_size))
+
+
+def iter_tensor_frames(
+    head: Mapping, tensors: Mapping[str, torch.Tensor], codec: str, chunk_size: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[bytes]:
+    """The frames of `tensors`, each made when it is asked for: a sender that streams them overlaps
+    the encoding with the transfer and holds a frame, not the message (`tensors` must not change
+    until the last frame is made)."""
+    c = quant.get(codec)
+    if isinstance(c, quant.FloatCodec) and chunk_size % c.itemsize == 0:
+        specs = [TensorSpec(name, tuple(t.shape), codec) for name, t in tensors.items()]
+        yield from _converted_frames(dict(head, tensors=[s.to_json() for s in specs]), tensors.values(), c, chunk_size)
+        return
     specs, blobs = encode_tensors(tensors, codec)
-    return frames(dict(head, tensors=[s.to_json() for s in specs]), blobs, chunk_size)
+    yield from frames(dict(head, tensors=[s.to_json() for s in specs]), blobs, chunk_size)
+
+
+def payload_nbytes(tensors: Mapping[str, torch.Tensor], codec: str) -> int:
+    """The bytes of `tensors` in `codec`, without their frames' headers."""
+    c = quant.get(codec)
+    return sum(c.nbytes(tuple(t.shape)) for t in tensors.values())
+
+
+class Counted:
+    """Frames passed through, counting their bytes as a sender takes them."""
+
+    def __init__(self, frames: Iterable[bytes]) -> None:
+        self._frames = iter(frames)
+        self.nbytes = 0
+
+    def __iter__(self) -> "Counted":
+        return self
+
+    def __next__(self) -> bytes:
+        frame = next(self._frames)
+        self.nbytes += len(frame)
+        return frame
+
+
+def _converted_frames(head: Mapping, tensors: Iterable[torch.Tensor], codec: "quant.FloatCodec",
+                      chunk_size: int) -> Iterator[bytes]:
+    """The frames of `frames(head, [codec.encode(t) for t in tensors])`, converted a frame at a time
+    into one chunk-sized buffer: encoding whole tensors first made a fragment-sized copy in the wire
+    dtype (its memory and page faults, on the learner for every push and on the synchronizer for every
+    update) that the frames then copied again."""
+    flats = [t.detach().reshape(-1) for t in tensors]
+    per_frame = chunk_size // codec.itemsize
+    total = sum(f.numel() for f in flats)
+    parts = max(1, -(-total // per_frame))
+    msg = next(_ids)
+    scratch = torch.empty(min(per_frame, total), dtype=codec.dtype)
+    raw = scratch.view(torch.int16) if codec.dtype == torch.bfloat16 else scratch
+    pending = iter(flats)
+    flat, start = next(pending, None), 0
+    for part in range(parts):
+        filled = 0
+        while flat is not None and filled < per_frame:
+            take = min(per_frame - filled, flat.numel() - start)
+            scratch[filled : filled + take].copy_(flat[start : start + take])  # converts (and leaves a device)
+            filled, start = filled + take, start + take
+            if start == flat.numel():
+                flat, start = next(pending, None), 0
+        body = memoryview(raw[:filled].numpy()).cast("B")
+        yield _frame(head, msg, part, parts, total * codec.itemsize, [body])
 
 
 @dataclass
@@ -203,14 +267,18 @@ class Message:
 class Reassembler:
     """Collects frames into messages; frames of different messages may interleave (a small control
     message may overtake a large update). Each message's declared size is checked against `limit`
-    before anything is buffered, memory grows only as payload actually arrives (a header that
-    declares a gigabyte costs nothing until the gigabyte comes), and at most `max_open` messages may
-    be incomplete at once."""
+    before anything is buffered, and at most `max_open` messages may be incomplete at once.
 
-    def __init__(self, limit: int, max_open: int = 4) -> None:
+    A message's buffer is taken whole at its first frame (from `pool`, see `buffers`, else new) and
+    each body is copied once, to its place. It is address space until written, so memory grows only
+    as payload actually arrives: a header that declares a gigabyte costs nothing until the gigabyte
+    comes, and one the system cannot even reserve is refused as a WireError."""
+
+    def __init__(self, limit: int, max_open: int = 4, pool: BufferPool | None = None) -> None:
         self.limit = limit
         self.max_open = max_open
-        self._open: dict[object, list] = {}  # msg id -> [head, buffer, declared bytes, next part, parts]
+        self.pool = pool
+        self._open: dict[object, list] = {}  # msg id -> [head, buffer, bytes filled, next part, parts]
 
     def feed(self, data: bytes) -> Message | None:
         """Add one frame; returns the message when its last frame arrives."""
@@ -230,25 +298,34 @@ class Reassembler:
                 raise WireError(f"message of {head['nbytes']} bytes exceeds the limit of {self.limit} bytes")
             if parts > 1 and len(self._open) >= self.max_open:
                 raise WireError(f"more than {self.max_open} messages in flight at once")
-            state = [head, bytearray(), head["nbytes"], 0, parts]
+            state = [head, self._reserve(head["nbytes"]), 0, 0, parts]
             if parts > 1:
                 self._open[msg] = state
         else:
             state = self._open.get(msg)
             if state is None or part != state[3] or parts != state[4]:
                 raise WireError(f"frame {part}/{parts} of message {msg} arrived out of order")
-        head, buf, declared, _, _ = state
-        if len(buf) + len(body) > declared:
+        head, buf, filled, _, _ = state
+        end = filled + len(body)
+        if end > len(buf):
             self._open.pop(msg, None)
-            raise WireError(f"message body is longer than its declared {declared} bytes")
-        buf += body
-        state[3] = part + 1
+            raise WireError(f"message body is longer than its declared {len(buf)} bytes")
+        buf[filled:end] = body
+        state[2], state[3] = end, part + 1
         if part + 1 < parts:
             return None
         self._open.pop(msg, None)
-        if len(buf) != declared:
-            raise WireError(f"message body has {len(buf)} bytes, declared {declared}")
-        return Message(head, memoryview(buf))
+        if end != len(buf):
+            raise WireError(f"message body has {end} bytes, declared {len(buf)}")
+        return Message(head, buf)
+
+    def _reserve(self, nbytes: int) -> memoryview:
+        try:
+            if self.pool is not None:
+                return self.pool.take(nbytes)
+            return memoryview(torch.empty(nbytes, dtype=torch.uint8).numpy()).cast("B")
+        except (RuntimeError, MemoryError) as exc:
+            raise WireError(f"cannot reserve {nbytes} bytes for a message: {str(exc)[:120]}") from None
 
 
 def read_stream(frames_in: Iterable[bytes], limit: int) -> Iterator[Message]:

@@ -31,7 +31,7 @@ def _from_bytes(buf: memoryview | bytes, dtype: torch.dtype) -> torch.Tensor:
 
 def _to_bytes(t: torch.Tensor) -> memoryview:
     """The tensor's bytes without a copy (a view that keeps the tensor alive)."""
-    t = t.detach().contiguous().cpu()
+    t = t.detach().contiguous().cpu().reshape(-1)  # flat: a shape with a zero cannot be cast to bytes
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
     return memoryview(t.numpy()).cast("B")
