@@ -3,7 +3,12 @@ the very same training loop without any synchronizer, measured side by side in o
 
 A real `ddiloco synchronizer` runs in its own process (write-ahead checkpoints on, as by default);
 the learner loop runs here. Blocks of plain steps and of steps with `client.step(...)` alternate,
-so that both modes see the same machine load; the ratio is mean(with client) / mean(plain).
+so that both modes see the same machine load, in the order plain, client, client, plain, ...: the
+step time drifts during a run (on this CPU a GPT's steps slowed by about 10 % per 8 steps at 10M
+parameters in both modes: denormal numbers appearing as it trains), and with plain always first in
+each pair the drift read as 9-10 % of overhead. Denormals are flushed to zero in both modes
+(`torch.set_flush_denormal`; `--keep-denormals` keeps them, and the drift), which removes the drift.
+The ratio is mean(with client) / mean(plain).
 
     python benchmarks/overhead.py                      # default GPT (~0.9M parameters), ~2 minutes
     python benchmarks/overhead.py --quick --json       # tiny model, seconds
@@ -66,6 +71,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads of the learner")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--quick", action="store_true", help="tiny model, few steps")
+    p.add_argument("--keep-denormals", action="store_true",
+                   help="do not flush denormal numbers to zero (both modes then slow down as the run goes on)")
     p.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # so `finally` ends the children
@@ -73,6 +80,7 @@ def main() -> None:
         args.model_size, args.seq_len, args.batch_size, args.fragments = "tiny", 64, 16, 8
         args.blocks, args.block_steps = 4, 16
     torch.set_num_threads(args.threads)
+    flushed = not args.keep_denormals and torch.set_flush_denormal(True)
     task = make_task("gpt", str(args.data), seq_len=args.seq_len, model_size=args.model_size)
     model = task.build_model(0)
     optimizer = make_inner_optimizer(model, InnerConfig(batch_size=args.batch_size))
@@ -97,9 +105,9 @@ def main() -> None:
 
             run("plain", args.block_steps, False)  # warm-up: allocator, caches, the synchronizer's first merges
             run("client", args.block_steps, False)
-            for _ in range(args.blocks):
-                run("plain", args.block_steps, True)
-                run("client", args.block_steps, True)
+            for i in range(args.blocks):  # ABBA: a steady drift of the step time cancels out
+                for mode in ("plain", "client") if i % 2 == 0 else ("client", "plain"):
+                    run(mode, args.block_steps, True)
             stats = client.finish(timeout=10)
         finally:
             procs.stop_all()
@@ -112,6 +120,7 @@ def main() -> None:
         "client_median_ms": 1000 * statistics.median(times["client"]),
         "contributions_accepted": stats["accepted"], "contributions_pushed": stats["pushed"],
         "ratio": synced / plain, "cpus": os.cpu_count(), "synchronizer_on_same_cores": True,
+        "denormals_flushed": bool(flushed),
     }
     table = Table(title="learner overhead: syncing one fragment every step (P = H)")
     for col in ("mode", "mean step (ms)", "median step (ms)"):
