@@ -37,9 +37,13 @@ class Handlers:
     def __init__(self, service: SynchronizerService) -> None:
         self.service = service
         self.streams = StreamGuard(service.settings.timeouts, service.refuse_rpc)
-        owned = [n for p in service.core.owned for n in service.core.plan.names[p]]
         # contributions arrive into reused buffers: up to the owned model's float32 size kept between pushes
-        self.push_buffers = BufferPool(4 * sum(math.prod(service.shapes[n]) for n in owned))
+        self.push_buffers = BufferPool(self._fp32_bytes(service.core.owned))
+
+    def _fp32_bytes(self, fragments) -> int:
+        """The float32 size of `fragments`' tensors."""
+        names = self.service.core.plan.names
+        return sum(4 * math.prod(self.service.shapes[n]) for p in fragments for n in names[p])
 
     def _bulk_deadline(self, nbytes: int) -> float:
         """A bulk stream's total limit: the learner's own deadline for that size, plus one failure timeout."""
@@ -257,8 +261,7 @@ class Handlers:
         service, core = self.service, self.service.core
         with service.lock:
             owned = sorted(core.owned)
-        nbytes = sum(4 * math.prod(service.shapes[n]) for p in owned for n in core.plan.names[p])
-        key, stream = self.streams.open("Fetch", context, self._bulk_deadline(nbytes))
+        key, stream = self.streams.open("Fetch", context, self._bulk_deadline(self._fp32_bytes(owned)))
         try:
             for p in owned:
                 with service.lock:

@@ -20,6 +20,12 @@ import torch
 MIN_POOLED_BYTES = 1 << 20  # smaller messages come and go through the allocator's own free lists
 
 
+def new_buffer(nbytes: int) -> memoryview:
+    """A writable, uninitialised buffer: address space until written (`torch.empty` maps pages
+    lazily); RuntimeError or MemoryError if the system cannot even reserve it."""
+    return memoryview(torch.empty(nbytes, dtype=torch.uint8).numpy()).cast("B")
+
+
 class BufferPool:
     def __init__(self, max_bytes: int, min_bytes: int = MIN_POOLED_BYTES) -> None:
         """`max_bytes`: the most the pool keeps while its buffers are unused."""
@@ -37,10 +43,9 @@ class BufferPool:
         return self._free_bytes
 
     def take(self, nbytes: int) -> memoryview:
-        """A writable buffer of exactly `nbytes`, not initialised; RuntimeError or MemoryError if the
-        system cannot even reserve it (the pages are touched only as they are written)."""
+        """A buffer of exactly `nbytes`, as `new_buffer` makes them."""
         if nbytes < self.min_bytes or nbytes > self.max_bytes:
-            return memoryview(torch.empty(nbytes, dtype=torch.uint8).numpy()).cast("B")
+            return new_buffer(nbytes)
         base = None
         with self._lock:
             free = self._free.get(nbytes)

@@ -24,7 +24,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import torch
 
 from . import quant
-from .buffers import BufferPool
+from .buffers import BufferPool, new_buffer
 
 MAGIC = b"DDL"
 PROTOCOL_VERSION = 1
@@ -321,9 +321,7 @@ class Reassembler:
 
     def _reserve(self, nbytes: int) -> memoryview:
         try:
-            if self.pool is not None:
-                return self.pool.take(nbytes)
-            return memoryview(torch.empty(nbytes, dtype=torch.uint8).numpy()).cast("B")
+            return self.pool.take(nbytes) if self.pool is not None else new_buffer(nbytes)
         except (RuntimeError, MemoryError) as exc:
             raise WireError(f"cannot reserve {nbytes} bytes for a message: {str(exc)[:120]}") from None
 
