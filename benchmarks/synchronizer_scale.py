@@ -3,7 +3,8 @@ models from M learners, against memcpy measured in the same run.
 
 Per model size and learner count M, the benchmark starts the synchronizer (P = 4 fragments, K = M,
 no grace, bf16 uploads, write-ahead checkpoints every merge, updates down in the default codec),
-registers M sessions over gRPC and runs rounds: all M push their outer gradient for a fragment at
+registers M sessions and runs rounds: all M push their outer gradient (on the bulk socket plane,
+or over gRPC with `--plane grpc`) for a fragment at
 once. The round time is the synchronizer's own (its `sent` events): from the round closing to the
 merged fragment queued for every learner (merge, outer step, encoding, write-ahead checkpoint);
 `delivered_ms` adds the transfer, from the last push's reply to the last byte at every learner.
@@ -27,6 +28,7 @@ Everything runs on this machine's cores: the learners' pushes and the synchroniz
 
     python benchmarks/synchronizer_scale.py                  # 1M..150M, M = 2, 4, 8 (~15 minutes)
     python benchmarks/synchronizer_scale.py --quick --json   # 1M and 10M, M = 2 and 4
+    python benchmarks/synchronizer_scale.py --plane grpc     # pushes over gRPC instead of the bulk socket
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from safetensors.torch import save_file
 from ddiloco.core import plan_for_model
 from ddiloco.launch.procs import ProcessTable, ddiloco_command
 from ddiloco.records.events import read_events
-from ddiloco.wire import framing, rpc
+from ddiloco.wire import framing, rpc, sockets
 from ddiloco.wire.protocol import signature
 
 console = Console(stderr=True, width=180)
@@ -110,7 +112,8 @@ def peak_rss(pid: int) -> int:
 class Run:
     """One synchronizer process and M registered sessions with their subscriber streams."""
 
-    def __init__(self, procs: ProcessTable, tmp: Path, params: dict[str, torch.Tensor], learners: int) -> None:
+    def __init__(self, procs: ProcessTable, tmp: Path, params: dict[str, torch.Tensor], learners: int,
+                 bulk_socket: bool = True) -> None:
         save_file(params, str(tmp / "init.safetensors"))
         cmd = ddiloco_command(
             "synchronizer", "--port", "0", "--address-file", str(tmp / "address"),
@@ -119,6 +122,7 @@ class Run:
             "--max-learners", str(learners), "--heartbeat", "5", "--checkpoint-dir", str(tmp / "ckpt"),
             "--event-log", str(tmp / "events.jsonl"),
             "--log-level", LOG_LEVEL, "--no-exit-when-done", "--no-dashboard",
+            *([] if bulk_socket else ["--no-bulk-socket"]),
         )
         self.child = procs.start("sync", cmd, tmp / "sync.log")
         deadline = time.monotonic() + 300
@@ -130,9 +134,12 @@ class Run:
         self.control = rpc.Stubs(rpc.open_channel(address, "control", CHUNK + rpc.FRAME_MARGIN), None)
         self.bulk = rpc.Stubs(rpc.open_channel(address, "bulk", CHUNK + rpc.FRAME_MARGIN), None)
         sig = signature(params)
-        self.sessions = [framing.read_message(self.control.call("Register", framing.message(
-            {"learner": m, "incarnation": f"bench{m}", "signature": sig, "fresh": True}), 60))["session"]
-            for m in range(learners)]
+        replies = [framing.read_message(self.control.call("Register", framing.message(
+            {"learner": m, "incarnation": f"bench{m}", "signature": sig, "fresh": True}), 60)) for m in range(learners)]
+        self.sessions = [r["session"] for r in replies]
+        host = address.rpartition(":")[0]
+        self.socket = sockets.BulkSocketClient(host, replies[0]["bulk_port"], None, CHUNK + rpc.FRAME_MARGIN) \
+            if bulk_socket else None
         self.arrived: dict[tuple[int, int, int], float] = {}  # (learner, fragment, version) -> time
         self.cond = threading.Condition()
         self.streams = [threading.Thread(target=self._subscribe, args=(m,), daemon=True)
@@ -163,15 +170,17 @@ class Run:
         head = {"kind": "contribution", "session": self.sessions[m], "fragment": fragment, "base_version": version,
                 "steps": 4, "tokens": 1024, "seconds": 1.0, "step_time": 0.25, "step": 4 * (version + 1),
                 "position": 0}
-        frames = framing.tensor_frames(head, grads, "bf16", CHUNK)
-        reply = framing.read_message(self.bulk.push(iter(frames), timeout=600))
+        if self.socket is not None:  # as a learner sends on the bulk socket plane
+            reply, _ = self.socket.push(framing.iter_frame_parts(head, grads, "bf16", CHUNK), 600)
+        else:  # as a learner sends over gRPC: each frame made as gRPC asks for it
+            reply = framing.read_message(self.bulk.push(framing.iter_tensor_frames(head, grads, "bf16", CHUNK), timeout=600))
         if not reply.get("ok"):
             raise RuntimeError(f"push refused: {reply}")
 
 
 PROBE = r"""
 import json, os, sys, time
-from ddiloco.wire import framing, rpc
+from ddiloco.wire import framing, rpc, sockets
 address, sessions, stop_file = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 control = rpc.Stubs(rpc.open_channel(address, "control", 1 << 20), None)
 control.call("Heartbeat", framing.message({"session": sessions[0]}), 30)
@@ -196,13 +205,13 @@ def start_probe(run: Run, stop_file: Path) -> subprocess.Popen:
     return probe
 
 
-def measure(params_count: int, learners: int, rounds: int, memcpy: float, idle_rss: int) -> dict:
+def measure(params_count: int, learners: int, rounds: int, memcpy: float, idle_rss: int, bulk_socket: bool = True) -> dict:
     params = model(params_count)
     numel = sum(t.numel() for t in params.values())
     procs = ProcessTable()
     with tempfile.TemporaryDirectory() as tmp_name:
         try:
-            run = Run(procs, Path(tmp_name), params, learners)
+            run = Run(procs, Path(tmp_name), params, learners, bulk_socket)
             fragments = _fragment_names(params)
             frag_numel = [sum(params[n].numel() for n in f) for f in fragments]
             grads = [{n: torch.randn_like(params[n]) * 1e-3 for n in f} for f in fragments]
@@ -242,7 +251,7 @@ def measure(params_count: int, learners: int, rounds: int, memcpy: float, idle_r
     need = numel * 8 + largest * (2 * learners + 4)  # params + momentum fp32; incoming bf16; one workspace
     lat = sorted(latencies)
     return {
-        "params": numel, "learners": learners, "rounds": len(times), "fragment_mb": fragment_mb,
+        "params": numel, "learners": learners, "rounds": len(times), "plane": "socket" if bulk_socket else "grpc", "fragment_mb": fragment_mb,
         "round_ms": round_s * 1e3, "round_ms_per_mb": round_s * 1e3 / fragment_mb,
         "round_vs_memcpy": round_s / (touched / (memcpy * 1e9)),
         "merged_ms": statistics.median(merged) * 1e3,
@@ -273,6 +282,8 @@ def main() -> None:
     p.add_argument("--sizes", default="1e6,1e7,5e7,1.5e8", help="model sizes in parameters")
     p.add_argument("--learners", default="2,4,8")
     p.add_argument("--rounds", type=int, default=2, help="measured rounds per fragment")
+    p.add_argument("--plane", choices=("socket", "grpc"), default="socket",
+                   help="how the learners push: the bulk socket plane (the default) or gRPC")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -287,7 +298,7 @@ def main() -> None:
     for size in (int(float(s)) for s in args.sizes.split(",")):
         for m in (int(x) for x in args.learners.split(",")):
             console.log(f"{size / 1e6:.0f}M parameters, M = {m}")
-            rows.append(measure(size, m, args.rounds, memcpy, idle_rss))
+            rows.append(measure(size, m, args.rounds, memcpy, idle_rss, args.plane == "socket"))
     table = Table(title=f"synchronizer rounds (P = {FRAGMENTS}, K = M, write-ahead on); memcpy {memcpy:.1f} GB/s")
     for col in ("params", "M", "fragment MB", "round ms", "ms / MB", "x memcpy", "merged ms", "merged x memcpy",
                 "delivered ms", "checkpoint x raw",

@@ -23,15 +23,16 @@ ALGORITHM = AlgorithmConfig(fragments=2, sync_every=4, overlap=2, quorum=1, grac
 
 
 @contextmanager
-def mlp_run(width: int = 16, **settings):
+def mlp_run(width: int = 16, bulk_socket: bool = True, **settings):
     """A small MLP, an in-process synchronizer of it (2 fragments, H = 4) and a client of that model."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     service = build_service(params, AlgorithmConfig(fragments=2, sync_every=4, overlap=1),
                             ServiceSettings(timeouts=FAST, tokens=10**9, **settings))
-    server = SynchronizerServer(service)
+    server = SynchronizerServer(service, bulk_socket=bulk_socket)
     address = server.start()
+    service.server = server  # for tests that look at the server's planes
     try:
         with LearnerClient(model, address, learner_id=0, timeouts=FAST, report_every=1e9) as client:
             yield service, client, model
@@ -55,13 +56,13 @@ def train_until_accepted(client: LearnerClient, model: torch.nn.Module, accepted
 
 
 @contextmanager
-def synchronizer(task, tmp_path=None, algorithm=ALGORITHM, token=None, **settings):
+def synchronizer(task, tmp_path=None, algorithm=ALGORITHM, token=None, bulk_socket=True, **settings):
     params = {n: p.detach() for n, p in task.build_model(0).named_parameters()}
     settings.setdefault("timeouts", FAST)
     service = build_service(params, algorithm, ServiceSettings(**settings), task.embedding_names,
                             checkpoint_dir=tmp_path / "ckpt" if tmp_path is not None else None,
                             event_log=tmp_path / "events.jsonl" if tmp_path is not None else None)
-    server = SynchronizerServer(service, "127.0.0.1", 0, token)
+    server = SynchronizerServer(service, "127.0.0.1", 0, token, bulk_socket=bulk_socket)
     address = server.start()
     try:
         yield service, address

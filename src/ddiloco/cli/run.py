@@ -46,6 +46,8 @@ def run(
     codec: options.Codec = options.CODEC,
     codec_down: options.CodecDown = typer.Option(options.CodecDown.bf16, help="Codec of global fragments sent to "
                                                  "learners (the synchronizer's master copy stays fp32)."),
+    bulk_socket: bool = typer.Option(True, help="Learners push on the synchronizers' plain TCP bulk plane "
+                                     "(ddiloco synchronizer --bulk-socket); --no-bulk-socket: over gRPC."),
     heartbeat: float = options.HEARTBEAT,
     checkpoint_every: int = typer.Option(1, min=0, help="Synchronizer merges between checkpoints."),
     threads: int = options.THREADS,
@@ -151,7 +153,7 @@ def run(
             outer_lr=outer_lr, outer_momentum=outer_momentum, arrival=options.plain(arrival)[0], final_momentum=final_momentum,
             inner_lr=inner_lr, batch_size=batch_size, seed=seed,
             tokens=tokens if tokens is not None or duration is not None else 400_000, duration=duration,
-            sync_shards=sync_shards, codec=codec, codec_down=codec_down,
+            sync_shards=sync_shards, codec=codec, codec_down=codec_down, bulk_socket=bulk_socket,
             wan=(net_latency, net_bandwidth, net_jitter), heartbeat=heartbeat, checkpoint_every=checkpoint_every,
             threads=options.shared_threads(threads, learners + sync_shards), min_step_seconds=min_step_seconds, eval_batches=eval_batches, eval_every=eval_every, token=auth.resolve_token(token),
             peer_recovery=peer_recovery,

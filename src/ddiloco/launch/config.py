@@ -39,6 +39,7 @@ class RunConfig:
     sync_shards: int = 1
     codec: str = "bf16"
     codec_down: str = "bf16"
+    bulk_socket: bool = True  # pushes on the synchronizers' plain TCP bulk plane (`wire.sockets`), not gRPC
     wan: tuple[float, float, float] = (0.0, 0.0, 0.0)  # emulated link: latency ms, MB/s, jitter ms
     heartbeat: float = 0.5
     checkpoint_every: int = 1
@@ -92,6 +93,8 @@ class RunConfig:
                 "--summary", str(d / "summary.json"), "--codec-down", self.codec_down]
         if self.merge:
             args += ["--merge", self.merge]
+        if not self.bulk_socket:
+            args += ["--no-bulk-socket"]
         if self.tokens is not None:
             args += ["--tokens", str(self.tokens)]
         if self.duration is not None:

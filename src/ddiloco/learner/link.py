@@ -34,6 +34,7 @@ from ..wire.timeouts import Timeouts
 from . import addresses, staging
 from .held import HeldValues
 from .initial import InitialValues, kept
+from .uplink import Uplink
 from .wan import WanLink
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class ShardLink:
         self.timeouts = timeouts
         self.stats = LinkStats()
         self.control, self.bulk = self._open(self.address)
+        self.uplink = Uplink(ctx.token, ctx.credentials, ctx.max_frame, ctx.wan)
         self.info: dict = {}
         self.held = HeldValues()  # the values differences apply to (`codec_down` int8 / int4)
         self._session: str | None = None
@@ -189,6 +191,7 @@ class ShardLink:
         self.info = reply
         self.timeouts = Timeouts.from_dict(reply["timeouts"])
         self.chunk_bytes = int(reply.get("chunk_bytes", self.chunk_bytes))
+        self.uplink.configure(self.address, reply)
         self.stats.registrations += 1
         if reply.get("stopping"):
             self.ctx.stop_requested.set()
@@ -296,14 +299,11 @@ class ShardLink:
             head = {"kind": "contribution", "session": sid, "fragment": c.fragment, "base_version": c.base_version,
                     "steps": c.steps, "tokens": c.tokens, "seconds": c.seconds, "step_time": c.step_time,
                     "step": c.step, **extra}
-            # made frame by frame as gRPC sends them; then the snapshot's buffers serve the next one
-            frames = framing.Counted(framing.iter_tensor_frames(head, c.outer_gradient, self.ctx.codec, self.chunk_bytes))
             nbytes = framing.payload_nbytes(c.outer_gradient, self.ctx.codec)
             self.ctx.delay()
             try:
-                reply = framing.read_message(self.bulk.push(
-                    self.ctx.wan.paced_up(frames), timeout=self.timeouts.bulk(nbytes) + self.ctx.wan.transfer_seconds(nbytes),
-                    metadata=self.bulk.metadata))
+                reply, sent = self.uplink.push(self.bulk, head, c.outer_gradient, self.ctx.codec, self.chunk_bytes,
+                                               self.timeouts.bulk(nbytes) + self.ctx.wan.transfer_seconds(nbytes))
             except grpc.RpcError as exc:
                 if self.ctx.closing.is_set():
                     return
@@ -320,7 +320,7 @@ class ShardLink:
             finally:
                 staging.release(c.outer_gradient)
             self.stats.pushed += 1
-            self.stats.bytes_pushed += frames.nbytes
+            self.stats.bytes_pushed += sent
             if reply.get("ok"):
                 self.stats.accepted += 1
                 continue

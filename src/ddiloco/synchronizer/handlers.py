@@ -16,6 +16,7 @@ import time
 from typing import Callable, Iterator
 
 import grpc
+import torch
 
 from ..core import Contribution
 from ..wire import framing
@@ -39,6 +40,7 @@ class Handlers:
         self.streams = StreamGuard(service.settings.timeouts, service.refuse_rpc)
         # contributions arrive into reused buffers: up to the owned model's float32 size kept between pushes
         self.push_buffers = BufferPool(self._fp32_bytes(service.core.owned))
+        self.bulk_port: int | None = None  # the bulk socket plane's port, told to learners at registration
 
     def _fp32_bytes(self, fragments) -> int:
         """The float32 size of `fragments`' tensors."""
@@ -113,6 +115,8 @@ class Handlers:
             reply = self.service.register(learner, incarnation, fresh, holds)
         except Refused as exc:
             self._abort(context, "Register", exc.code, exc.reason)
+        if self.bulk_port is not None:
+            reply["bulk_port"] = self.bulk_port
         return framing.message(reply)
 
     # Out-of-range fields raise intake.BadField; `_guarded` answers INVALID_ARGUMENT naming the field.
@@ -162,7 +166,7 @@ class Handlers:
                 if msg is not None:
                     raise framing.WireError("a push carries exactly one contribution")
                 if stream.session is None:
-                    early = self._first_frame(data, key, stream, context)
+                    early = self.first_frame(framing.unpack_frame(data)[0], key, stream, context)
                     if early is not None:
                         return early
                 msg = reassembler.feed(data)
@@ -173,6 +177,11 @@ class Handlers:
             self._abort(context, "Push", code, f"bad contribution: {exc}")
         except grpc.RpcError:  # cancelled by the stream guard (idle or too long) or by the client
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, stream.cancelled or "push cancelled")
+        return self.contribution_reply(msg, context)
+
+    def contribution_reply(self, msg: framing.Message, context: grpc.ServicerContext) -> bytes:
+        """A complete pushed message taken in (any plane): the reply to send."""
+        service = self.service
         head = msg.head
         if head.get("kind") != "contribution":
             self._abort(context, "Push", "INVALID_ARGUMENT", f"expected a contribution, got {head.get('kind')!r}")
@@ -212,11 +221,10 @@ class Handlers:
         )
         return framing.message(service.contribute(session, contribution, work, tokens_total))
 
-    def _first_frame(self, data: bytes, key: int, stream: Stream, context: grpc.ServicerContext) -> bytes | None:
-        """Look at a push's first frame: a reply to send at once (unknown session), or None to go on.
-        An unknown session is answered before the payload is read, and a known one may only have
+    def first_frame(self, frame: dict, key: int, stream: Stream, context: grpc.ServicerContext) -> bytes | None:
+        """Look at a push's first frame header: a reply to send at once (unknown session), or None to go
+        on. An unknown session is answered before the payload is read, and a known one may only have
         `MAX_PUSHES_PER_SESSION` pushes in flight."""
-        frame, _ = framing.unpack_frame(data)
         head = frame.get("head") if isinstance(frame.get("head"), dict) else {}
         session = self.service.session(head.get("session"))
         if session is None:
@@ -254,23 +262,30 @@ class Handlers:
             service.bulk_slots.release()
 
     def fetch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-        """The global model, a fragment at a time: each is framed straight from the live tensors under
-        the lock (one copy, and one fragment's worth of frames held; a whole-model clone first cost
-        a second copy and the model's size again in memory)."""
         self._head(request, context, "Fetch")
+        for parts in self.fetch_frames(context):
+            yield b"".join(parts)
+
+    def fetch_frames(self, context: grpc.ServicerContext) -> Iterator[list]:
+        """The global model a fragment at a time, as frame parts (`framing.iter_frame_parts`). Each
+        fragment is copied under the lock into working space faulted in beforehand, then framed from
+        it outside the lock: framing under the lock held it for as long as a fragment's frames took
+        to make, and a whole-model clone first cost the model's size again in memory."""
         service, core = self.service, self.service.core
         with service.lock:
             owned = sorted(core.owned)
         key, stream = self.streams.open("Fetch", context, self._bulk_deadline(self._fp32_bytes(owned)))
         try:
             for p in owned:
+                names = core.plan.names[p]
+                staged = {n: torch.zeros(service.shapes[n], dtype=torch.float32) for n in names}
                 with service.lock:
                     head = {"kind": "fragment", "fragment": p, "version": core.versions[p]}
-                    values = {n: core.params[n] for n in core.plan.names[p]}
-                    frames = framing.tensor_frames(head, values, "fp32", service.settings.chunk_bytes)
-                for frame in frames:
+                    for n in names:
+                        staged[n].copy_(core.params[n])
+                for parts in framing.iter_frame_parts(head, staged, "fp32", service.settings.chunk_bytes):
                     stream.waiting()
-                    yield frame
-                del frames
+                    yield parts
+                del staged
         finally:
             self.streams.close(key)

@@ -15,6 +15,7 @@ from ..records.events import EventLog
 from ..wire import auth, rpc
 from ..wire.protocol import plan_to_json, signature
 from ..wire.routing import owned_fragments
+from .bulk_socket import BulkSocketServer
 from .checkpoint import CheckpointStore
 from .handlers import Handlers
 from .service import SynchronizerService
@@ -57,13 +58,25 @@ class SynchronizerServer:
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
-        credentials=None,  # grpc.ServerCredentials
+        credentials=None,  # grpc.ServerCredentials, or auth.Tls (needed for TLS on the bulk socket plane)
+        bulk_socket: bool = True,
+        bulk_port: int = 0,
     ) -> None:
+        """`bulk_socket`: also serve pushes and fetches on a plain TCP port (`bulk_port`, 0: any free one;
+        `wire.sockets`), which learners learn at registration: about twice gRPC's speed for
+        fragment-sized tensors, and no gRPC buffers in the synchronizer's memory."""
         self.service = service
         self.host = host
         self.port = port
         self.token = token
-        self.credentials = credentials
+        self.credentials = auth.grpc_part(credentials)
+        self.bulk_tls = auth.ssl_part(credentials)
+        if bulk_socket and credentials is not None and self.bulk_tls is None:
+            log.warning("TLS was given as bare gRPC credentials, which the bulk socket plane cannot use: serving "
+                        "bulk on gRPC only (give auth.server_credentials(cert, key) for both planes)")
+            bulk_socket = False
+        self.bulk_socket, self.bulk_port = bulk_socket, bulk_port
+        self.bulk: BulkSocketServer | None = None
         settings = service.settings
         interceptors = (auth.TokenInterceptor(token, lambda m, r: service.refuse_rpc(m, r)),) if token else ()
         self.handlers = Handlers(service)
@@ -88,6 +101,9 @@ class SynchronizerServer:
             raise OSError(f"cannot listen on {target} (address in use?)")
         host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
         self.address = f"{host}:{bound}"
+        if self.bulk_socket:
+            self.bulk = BulkSocketServer(self.handlers, self.host, self.token, self.bulk_tls, self.bulk_port)
+            self.handlers.bulk_port = self.bulk.start()
         self.service.start()
         self.server.start()
         log.info("synchronizer shard %d/%d listening on %s", self.service.settings.shard,
@@ -99,5 +115,7 @@ class SynchronizerServer:
         threads are done (bounded): a process that exits while one is still inside gRPC's C core can
         abort at interpreter shutdown ("terminate called without an active exception")."""
         self.service.close()
+        if self.bulk is not None:
+            self.bulk.stop()
         if not self.server.stop(grace).wait(grace + 10.0):
             log.warning("the gRPC server did not finish stopping within %.0f s", grace + 10.0)

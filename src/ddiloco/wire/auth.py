@@ -13,6 +13,8 @@ import ipaddress
 import logging
 import os
 import socket
+import ssl
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -86,15 +88,37 @@ class TokenInterceptor(grpc.ServerInterceptor):
         return self._deny_unary
 
 
-def server_credentials(cert: Path | None, key: Path | None) -> grpc.ServerCredentials | None:
+@dataclass(frozen=True)
+class Tls:
+    """TLS for both planes: gRPC's credentials, and the same certificates as an `ssl` context for the
+    bulk socket plane (`sockets`). Pass it wherever gRPC credentials go."""
+
+    grpc: object  # grpc.ServerCredentials or grpc.ChannelCredentials
+    ssl: ssl.SSLContext
+
+
+def server_credentials(cert: Path | None, key: Path | None) -> Tls | None:
     if cert is None and key is None:
         return None
     if cert is None or key is None:
         raise ValueError("TLS needs both --tls-cert and --tls-key")
-    return grpc.ssl_server_credentials([(Path(key).read_bytes(), Path(cert).read_bytes())])
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+    return Tls(grpc.ssl_server_credentials([(Path(key).read_bytes(), Path(cert).read_bytes())]), context)
 
 
-def channel_credentials(ca: Path | None) -> grpc.ChannelCredentials | None:
+def channel_credentials(ca: Path | None) -> Tls | None:
     if ca is None:
         return None
-    return grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes())
+    return Tls(grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes()),
+               ssl.create_default_context(cafile=str(ca)))
+
+
+def grpc_part(credentials: object) -> object:
+    """gRPC's credentials from a `Tls` or from gRPC credentials given directly."""
+    return credentials.grpc if isinstance(credentials, Tls) else credentials
+
+
+def ssl_part(credentials: object) -> ssl.SSLContext | None:
+    """The `ssl` context of a `Tls`; None for plain gRPC credentials (the bulk socket plane is then not used)."""
+    return credentials.ssl if isinstance(credentials, Tls) else None

@@ -29,6 +29,7 @@ from .buffers import BufferPool, new_buffer
 MAGIC = b"DDL"
 PROTOCOL_VERSION = 1
 _PREFIX = struct.Struct("<3sBI")
+PREFIX_BYTES = _PREFIX.size
 MAX_HEADER_BYTES = 1 << 20
 DEFAULT_CHUNK_BYTES = 1 << 20
 _ids = itertools.count(1)
@@ -38,11 +39,31 @@ class WireError(ValueError):
     """A frame or message that does not follow the wire format; the reason says what is wrong."""
 
 
-def pack_frame(header: Mapping, body: bytes | memoryview = b"") -> bytes:
+def frame_start(header: Mapping) -> bytes:
+    """A frame's prefix and header: the frame is these bytes followed by its body."""
     raw = json.dumps(header, separators=(",", ":")).encode()
     if len(raw) > MAX_HEADER_BYTES:
         raise WireError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
-    return b"".join((_PREFIX.pack(MAGIC, PROTOCOL_VERSION, len(raw)), raw, body))
+    return _PREFIX.pack(MAGIC, PROTOCOL_VERSION, len(raw)) + raw
+
+
+def pack_frame(header: Mapping, body: bytes | memoryview = b"") -> bytes:
+    return b"".join((frame_start(header), body))
+
+
+def header_length(prefix: bytes | memoryview) -> int:
+    """The header length a frame's fixed prefix declares (a reader that receives a frame piece by piece
+    learns from it how much header to read); WireError on a bad magic, version or length."""
+    if len(prefix) != _PREFIX.size:
+        raise WireError(f"frame prefix of {len(prefix)} bytes, expected {_PREFIX.size}")
+    magic, version, length = _PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise WireError("not a ddiloco frame (bad magic)")
+    if version != PROTOCOL_VERSION:
+        raise WireError(f"protocol version mismatch: peer speaks {version}, this side speaks {PROTOCOL_VERSION}")
+    if length > MAX_HEADER_BYTES:
+        raise WireError(f"header length {length} exceeds {MAX_HEADER_BYTES}")
+    return length
 
 
 def unpack_frame(data: bytes) -> tuple[dict, memoryview]:
@@ -50,12 +71,8 @@ def unpack_frame(data: bytes) -> tuple[dict, memoryview]:
     view = memoryview(data)
     if len(view) < _PREFIX.size:
         raise WireError(f"frame of {len(view)} bytes is shorter than the {_PREFIX.size}-byte prefix")
-    magic, version, length = _PREFIX.unpack_from(view)
-    if magic != MAGIC:
-        raise WireError("not a ddiloco frame (bad magic)")
-    if version != PROTOCOL_VERSION:
-        raise WireError(f"protocol version mismatch: peer speaks {version}, this side speaks {PROTOCOL_VERSION}")
-    if length > MAX_HEADER_BYTES or _PREFIX.size + length > len(view):
+    length = header_length(view[: _PREFIX.size])
+    if _PREFIX.size + length > len(view):
         raise WireError(f"header length {length} does not fit the frame of {len(view)} bytes")
     try:
         header = json.loads(bytes(view[_PREFIX.size : _PREFIX.size + length]))
@@ -172,10 +189,15 @@ def frames(head: Mapping, blobs: Iterable[bytes | memoryview], chunk_size: int =
 
 
 def _frame(head: Mapping, msg: int, part: int, parts: int, total: int, pieces: list[memoryview]) -> bytes:
+    return b"".join(_frame_parts(head, msg, part, parts, total, pieces))
+
+
+def _frame_parts(head: Mapping, msg: int, part: int, parts: int, total: int,
+                 pieces: list[memoryview]) -> list[bytes | memoryview]:
     header: dict = {"msg": msg, "part": part, "parts": parts}
     if part == 0:
         header["head"] = dict(head, nbytes=total)
-    return pack_frame(header, pieces[0] if len(pieces) == 1 else b"".join(pieces))
+    return [frame_start(header), *pieces]
 
 
 def tensor_frames(
@@ -190,13 +212,24 @@ def iter_tensor_frames(
     """The frames of `tensors`, each made when it is asked for: a sender that streams them overlaps
     the encoding with the transfer and holds a frame, not the message (`tensors` must not change
     until the last frame is made)."""
+    return (b"".join(parts) for parts in iter_frame_parts(head, tensors, codec, chunk_size))
+
+
+def iter_frame_parts(
+    head: Mapping, tensors: Mapping[str, torch.Tensor], codec: str, chunk_size: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[list[bytes | memoryview]]:
+    """Each frame as the buffers it is made of, laid end to end (prefix and header, then body pieces),
+    for a sender that writes them out without joining them (`sockets`). Body pieces may be the
+    tensors' own memory or a scratch buffer the next frame reuses: send each before asking for the
+    next, and do not change `tensors` until the last is sent."""
     c = quant.get(codec)
     if isinstance(c, quant.FloatCodec) and chunk_size % c.itemsize == 0:
         specs = [TensorSpec(name, tuple(t.shape), codec) for name, t in tensors.items()]
         yield from _converted_frames(dict(head, tensors=[s.to_json() for s in specs]), tensors.values(), c, chunk_size)
         return
     specs, blobs = encode_tensors(tensors, codec)
-    yield from frames(dict(head, tensors=[s.to_json() for s in specs]), blobs, chunk_size)
+    for frame in frames(dict(head, tensors=[s.to_json() for s in specs]), blobs, chunk_size):
+        yield [frame]
 
 
 def payload_nbytes(tensors: Mapping[str, torch.Tensor], codec: str) -> int:
@@ -221,31 +254,42 @@ class Counted:
         return frame
 
 
+def _byte_view(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy."""
+    return memoryview((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()).cast("B")
+
+
 def _converted_frames(head: Mapping, tensors: Iterable[torch.Tensor], codec: "quant.FloatCodec",
-                      chunk_size: int) -> Iterator[bytes]:
-    """The frames of `frames(head, [codec.encode(t) for t in tensors])`, converted a frame at a time
-    into one chunk-sized buffer: encoding whole tensors first made a fragment-sized copy in the wire
-    dtype (its memory and page faults, on the learner for every push and on the synchronizer for every
-    update) that the frames then copied again."""
+                      chunk_size: int) -> Iterator[list[bytes | memoryview]]:
+    """The frames of `frames(head, [codec.encode(t) for t in tensors])`, a frame at a time: values in
+    another dtype (or on a device) are converted into one chunk-sized scratch buffer; values already
+    in the wire dtype on the host are sent from their own memory. Encoding whole tensors first made a
+    fragment-sized copy in the wire dtype (its memory and page faults, on the learner for every push
+    and on the synchronizer for every update) that the frames then copied again."""
     flats = [t.detach().reshape(-1) for t in tensors]
     per_frame = chunk_size // codec.itemsize
     total = sum(f.numel() for f in flats)
     parts = max(1, -(-total // per_frame))
     msg = next(_ids)
-    scratch = torch.empty(min(per_frame, total), dtype=codec.dtype)
-    raw = scratch.view(torch.int16) if codec.dtype == torch.bfloat16 else scratch
+    scratch = None
     pending = iter(flats)
     flat, start = next(pending, None), 0
     for part in range(parts):
-        filled = 0
+        filled, pieces = 0, []
         while flat is not None and filled < per_frame:
             take = min(per_frame - filled, flat.numel() - start)
-            scratch[filled : filled + take].copy_(flat[start : start + take])  # converts (and leaves a device)
+            piece = flat[start : start + take]
+            if piece.dtype == codec.dtype and piece.device.type == "cpu" and piece.is_contiguous():
+                pieces.append(_byte_view(piece))  # already wire bytes: no copy
+            else:
+                if scratch is None:
+                    scratch = torch.empty(min(per_frame, total), dtype=codec.dtype)
+                scratch[filled : filled + take].copy_(piece)  # converts (and leaves a device)
+                pieces.append(_byte_view(scratch[filled : filled + take]))
             filled, start = filled + take, start + take
             if start == flat.numel():
                 flat, start = next(pending, None), 0
-        body = memoryview(raw[:filled].numpy()).cast("B")
-        yield _frame(head, msg, part, parts, total * codec.itemsize, [body])
+        yield _frame_parts(head, msg, part, parts, total * codec.itemsize, pieces)
 
 
 @dataclass
@@ -279,10 +323,17 @@ class Reassembler:
         self.max_open = max_open
         self.pool = pool
         self._open: dict[object, list] = {}  # msg id -> [head, buffer, bytes filled, next part, parts]
+        self._placed: tuple | None = None
 
     def feed(self, data: bytes) -> Message | None:
         """Add one frame; returns the message when its last frame arrives."""
         frame, body = unpack_frame(data)
+        self.place(frame, len(body))[:] = body
+        return self.complete()
+
+    def place(self, frame: dict, nbytes: int) -> memoryview:
+        """Where the `nbytes` of body of the frame with header `frame` go, after the checks `feed`
+        makes; write them there, then call `complete` (a socket reader receives straight into it)."""
         part, parts, msg = frame.get("part"), frame.get("parts"), frame.get("msg")
         if not (isinstance(part, int) and isinstance(parts, int) and 0 <= part < parts):
             raise WireError(f"bad part numbering {part}/{parts}")
@@ -305,12 +356,19 @@ class Reassembler:
             state = self._open.get(msg)
             if state is None or part != state[3] or parts != state[4]:
                 raise WireError(f"frame {part}/{parts} of message {msg} arrived out of order")
-        head, buf, filled, _, _ = state
-        end = filled + len(body)
+        buf, filled = state[1], state[2]
+        end = filled + nbytes
         if end > len(buf):
             self._open.pop(msg, None)
             raise WireError(f"message body is longer than its declared {len(buf)} bytes")
-        buf[filled:end] = body
+        self._placed = (msg, state, end)
+        return buf[filled:end]
+
+    def complete(self) -> Message | None:
+        """The frame `place` answered has been written; returns the message when it was the last."""
+        msg, state, end = self._placed
+        self._placed = None
+        head, buf, _, part, parts = state
         state[2], state[3] = end, part + 1
         if part + 1 < parts:
             return None

@@ -82,7 +82,7 @@ def open_channel(
     address: str,
     plane: str,
     max_frame: int,
-    credentials: grpc.ChannelCredentials | None = None,
+    credentials: object = None,  # grpc.ChannelCredentials or auth.Tls
     backoff: tuple[float, float] = (0.1, 1.0),
 ) -> grpc.Channel:
     """A channel with its own TCP connection, tagged by plane ("control" or "bulk"); `backoff` is the
@@ -97,7 +97,9 @@ def open_channel(
         ("grpc.max_reconnect_backoff_ms", max(1, int(backoff[1] * 1000))),
     ]
     if credentials is not None:
-        return grpc.secure_channel(address, credentials, options=options)
+        from .auth import grpc_part
+
+        return grpc.secure_channel(address, grpc_part(credentials), options=options)
     return grpc.insecure_channel(address, options=options)
 
 

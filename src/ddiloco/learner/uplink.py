@@ -1,0 +1,58 @@
+"""How a shard link sends a contribution: on the synchronizer's bulk socket plane when it offers one
+(`wire.sockets`: each frame sent from the snapshot's memory, no gRPC copies), else as a gRPC Push.
+
+A bulk port that cannot be reached (a firewall that lets only the gRPC port through) is given up
+for gRPC, once, with a warning; the next registration offers it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Mapping
+
+import torch
+
+from ..wire import auth, framing, rpc, sockets
+from .wan import WanLink
+
+log = logging.getLogger(__name__)
+
+
+class Uplink:
+    def __init__(self, token: str | None, credentials: object, max_frame: int, wan: WanLink) -> None:
+        self.token, self.credentials, self.max_frame, self.wan = token, credentials, max_frame, wan
+        self.socket: sockets.BulkSocketClient | None = None
+
+    def configure(self, address: str, reply: Mapping) -> None:
+        """From a registration reply: the bulk socket to use, if the synchronizer offers one we can use."""
+        port = reply.get("bulk_port")
+        self.socket = None
+        if not isinstance(port, int) or not 1 <= port <= 65535:
+            return
+        if self.credentials is not None and auth.ssl_part(self.credentials) is None:
+            log.info("the synchronizer offers a bulk socket, but TLS was given as bare gRPC credentials "
+                     "(use auth.channel_credentials(ca) for both planes); pushing over gRPC")
+            return
+        host = address.rpartition(":")[0]
+        self.socket = sockets.BulkSocketClient(host, port, self.token, self.max_frame, auth.ssl_part(self.credentials))
+
+    def push(self, bulk: rpc.Stubs, head: dict, tensors: Mapping[str, torch.Tensor], codec: str, chunk: int,
+             timeout: float) -> tuple[dict, int]:
+        """Send one contribution; (the synchronizer's reply, frame bytes sent). Raises grpc.RpcError."""
+        client = self.socket
+        if client is not None:
+            try:
+                return client.push(framing.iter_frame_parts(head, tensors, codec, chunk), timeout, self._pace)
+            except sockets.ConnectFailed as exc:
+                log.warning("cannot reach the synchronizer's bulk socket %s:%d (%s); pushing over gRPC from now on",
+                            client.host, client.port, exc.details())
+                self.socket = None
+        # made frame by frame as gRPC sends them; then the snapshot's buffers serve the next one
+        frames = framing.Counted(framing.iter_tensor_frames(head, tensors, codec, chunk))
+        reply = bulk.push(self.wan.paced_up(frames), timeout=timeout, metadata=bulk.metadata)
+        return framing.read_message(reply), frames.nbytes
+
+    def _pace(self, nbytes: int) -> None:
+        if self.wan.up is not None:
+            self.wan.up.take(nbytes)
+

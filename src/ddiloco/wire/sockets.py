@@ -1,0 +1,248 @@
+"""The bulk socket plane: our frames over a plain TCP connection (optionally TLS), for pushes and
+fetches of fragment-sized tensors.
+
+gRPC moves at most about 0.6 of what a plain socket moves on this machine (`benchmarks/transport.py`):
+every message is copied into its buffers and out again, and crosses its threads. Here a frame's
+pieces go out with one `sendmsg` from the tensors' own memory, and each body is received with
+`recv_into` straight to its place in the message buffer (`framing.Reassembler.place`), so the bytes
+are touched once on each side. Control stays on gRPC; this carries only bulk tensors.
+
+A connection carries one call. Every frame is a u32 length and then the frame. The client opens with
+a hello message {"method", "token"}; the server answers a push with one reply message, a fetch with
+its messages and then {"end": true}, and any refusal with {"error": CODE, "details"}, which the client
+raises as a `SocketRpcError` (a `grpc.RpcError`, so callers handle both planes alike). Every receive
+is bounded by a deadline and every length is checked before anything is read or reserved.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import ssl
+import struct
+import time
+from typing import Callable, Iterable, Iterator
+
+import grpc
+
+from . import framing
+from .buffers import BufferPool
+
+_LENGTH = struct.Struct("<I")
+MAX_HELLO_BYTES = 1 << 16
+CONNECT_SECONDS = 10.0  # a bulk port behind a firewall that drops packets is given up after this
+BULK_METHODS = ("Push", "Fetch")
+
+
+class SocketRpcError(grpc.RpcError):
+    """A bulk socket call that failed: a refusal from the server, a broken connection or a deadline."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class ConnectFailed(SocketRpcError):
+    """The bulk socket could not be reached (nothing was sent)."""
+
+
+class Deadline:
+    """The time left for a call; every blocking socket operation waits at most `step` and at most
+    until the deadline."""
+
+    def __init__(self, seconds: float, step: float | None = None) -> None:
+        self.end = time.monotonic() + seconds
+        self.step = step
+
+    def arm(self, sock: socket.socket) -> None:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline exceeded")
+        sock.settimeout(left if self.step is None else min(left, self.step))
+
+
+def send_frame(sock: socket.socket, parts: Iterable[bytes | memoryview], deadline: Deadline) -> int:
+    """One frame (its buffers laid end to end) with its length; the bytes sent."""
+    views = [memoryview(p).cast("B") for p in parts]
+    n = sum(len(v) for v in views)
+    views.insert(0, memoryview(_LENGTH.pack(n)))
+    if isinstance(sock, ssl.SSLSocket):  # TLS has no sendmsg: its records are copied anyway
+        for v in views:
+            deadline.arm(sock)
+            sock.sendall(v)
+        return n
+    views = [v for v in views if len(v)]
+    while views:
+        deadline.arm(sock)
+        sent = sock.sendmsg(views)
+        while sent:
+            if sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            else:
+                views[0], sent = views[0][sent:], 0
+    return n
+
+
+def recv_into(sock: socket.socket, view: memoryview, deadline: Deadline) -> None:
+    """Exactly len(view) bytes into `view`; ConnectionError if the peer closes first."""
+    got = 0
+    while got < len(view):
+        deadline.arm(sock)
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise ConnectionError("the peer closed the connection in the middle of a frame")
+        got += k
+
+
+def recv_head(sock: socket.socket, max_frame: int, deadline: Deadline) -> tuple[dict, int, int]:
+    """A frame's header: (header, body bytes still to read, frame bytes). The sizes are checked
+    before anything more is read."""
+    small = memoryview(bytearray(_LENGTH.size + framing.PREFIX_BYTES))
+    recv_into(sock, small, deadline)
+    (n,) = _LENGTH.unpack(small[: _LENGTH.size])
+    if not framing.PREFIX_BYTES <= n <= max_frame:
+        raise framing.WireError(f"frame of {n} bytes (at most {max_frame})")
+    length = framing.header_length(small[_LENGTH.size :])
+    if framing.PREFIX_BYTES + length > n:
+        raise framing.WireError(f"header length {length} does not fit the frame of {n} bytes")
+    header = memoryview(bytearray(length))
+    recv_into(sock, header, deadline)
+    frame, _ = framing.unpack_frame(bytes(small[_LENGTH.size :]) + bytes(header))
+    return frame, n - framing.PREFIX_BYTES - length, n
+
+
+def recv_body(sock: socket.socket, reassembler: framing.Reassembler, frame: dict, nbytes: int,
+              deadline: Deadline) -> framing.Message | None:
+    """A frame's body, straight into its place in the message buffer; the message it completes."""
+    recv_into(sock, reassembler.place(frame, nbytes), deadline)
+    return reassembler.complete()
+
+
+def recv_frame(sock: socket.socket, max_frame: int, deadline: Deadline,
+               reassembler: framing.Reassembler | None = None) -> tuple[dict, int, framing.Message | None]:
+    """One frame: (its header, its size, the message it completes or None). Without a `reassembler`
+    it must have no body (a small message)."""
+    frame, body, n = recv_head(sock, max_frame, deadline)
+    if reassembler is None:
+        if body:
+            raise framing.WireError("expected a message without payload")
+        return frame, n, None
+    return frame, n, recv_body(sock, reassembler, frame, body, deadline)
+
+
+def recv_small(sock: socket.socket, deadline: Deadline, max_frame: int = MAX_HELLO_BYTES) -> dict:
+    """The head of a single-frame message without payload."""
+    frame, _, _ = recv_frame(sock, max_frame, deadline)
+    head = frame.get("head")
+    if frame.get("parts") != 1 or not isinstance(head, dict):
+        raise framing.WireError("expected a single-frame message")
+    return head
+
+
+def send_small(sock: socket.socket, head: dict, deadline: Deadline) -> None:
+    send_frame(sock, [framing.message(head)], deadline)
+
+
+def raise_if_error(head: dict) -> dict:
+    if "error" in head:
+        code = getattr(grpc.StatusCode, str(head["error"]), None)
+        raise SocketRpcError(code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN,
+                             str(head.get("details", ""))[:500])
+    return head
+
+
+class BulkSocketClient:
+    """Pushes and fetches on a synchronizer's bulk socket port; one connection per call."""
+
+    def __init__(self, host: str, port: int, token: str | None, max_frame: int,
+                 tls: ssl.SSLContext | None = None) -> None:
+        if not 1 <= int(port) <= 65535:
+            raise ValueError(f"bad bulk socket port {port!r}")
+        self.host, self.port, self.token, self.max_frame, self.tls = host.strip("[]"), int(port), token, max_frame, tls
+
+    def _connect(self, method: str, deadline: Deadline) -> socket.socket:
+        try:
+            left = max(0.001, deadline.end - time.monotonic())
+            sock = socket.create_connection((self.host, self.port), timeout=min(left, CONNECT_SECONDS))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:
+                sock = self.tls.wrap_socket(sock, server_hostname=self.host)
+            send_small(sock, {"method": method, "token": self.token}, deadline)
+            return sock
+        except OSError as exc:
+            raise ConnectFailed(grpc.StatusCode.UNAVAILABLE, f"bulk socket {self.host}:{self.port}: {exc}") from None
+
+    def push(self, frames: Iterable[list[bytes | memoryview]], timeout: float,
+             pace: Callable[[int], None] | None = None) -> tuple[dict, int]:
+        """Send one message's frames (`framing.iter_frame_parts`); (the reply's head, bytes sent)."""
+        deadline = Deadline(timeout)
+        sock = self._connect("Push", deadline)
+        sent = 0
+        try:
+            for parts in frames:
+                if _answered(sock):  # the server answered early: it reads no more
+                    break
+                if pace is not None:
+                    pace(sum(len(p) for p in parts))
+                sent += send_frame(sock, parts, deadline)
+            return raise_if_error(recv_small(sock, deadline)), sent
+        except (OSError, framing.WireError) as exc:
+            early = _early_reply(sock)  # refused after its first frame: the reply says why
+            if early is not None:
+                return raise_if_error(early), sent
+            raise _failure(exc) from None
+        finally:
+            sock.close()
+
+    def fetch(self, timeout: float, pool: BufferPool | None = None, limit: int = 1 << 40,
+              received: Callable[[int], None] | None = None) -> Iterator[framing.Message]:
+        """The messages a fetch returns, each received straight into its buffer."""
+        deadline = Deadline(timeout)
+        sock = self._connect("Fetch", deadline)
+        try:
+            reassembler = framing.Reassembler(limit, max_open=1, pool=pool)
+            while True:
+                frame, n, msg = recv_frame(sock, self.max_frame, deadline, reassembler)
+                if received is not None:
+                    received(n)
+                if msg is None:
+                    continue
+                if msg.head.get("end") is True or "error" in msg.head:
+                    raise_if_error(msg.head)
+                    return
+                yield msg
+        except (OSError, framing.WireError) as exc:
+            raise _failure(exc) from None
+        finally:
+            sock.close()
+
+
+def _answered(sock: socket.socket) -> bool:
+    """Whether the server has sent something (its early reply). Not asked of TLS, whose own records
+    (session tickets after the handshake) make a socket readable: there the server takes and drops
+    the rest of the message before it closes."""
+    return not isinstance(sock, ssl.SSLSocket) and bool(select.select([sock], [], [], 0)[0])
+
+
+def _early_reply(sock: socket.socket) -> dict | None:
+    """The reply a server sent before it stopped reading (an unknown session, a refusal), if any."""
+    try:
+        return recv_small(sock, Deadline(1.0))
+    except (OSError, framing.WireError):
+        return None
+
+
+def _failure(exc: BaseException) -> SocketRpcError:
+    if isinstance(exc, SocketRpcError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return SocketRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, f"bulk socket: {exc}")
+    if isinstance(exc, framing.WireError):
+        return SocketRpcError(grpc.StatusCode.INTERNAL, f"bulk socket: bad frame from the server: {exc}")
+    return SocketRpcError(grpc.StatusCode.UNAVAILABLE, f"bulk socket: {type(exc).__name__}: {exc}")

@@ -1,0 +1,92 @@
+"""A learner pushes on the synchronizer's bulk socket plane when it offers one (`learner.uplink`)."""
+
+import pytest
+import torch
+
+from ddiloco.core import AlgorithmConfig
+from ddiloco.learner.client import LearnerClient
+from ddiloco.learner.uplink import Uplink
+from ddiloco.learner.wan import WanLink
+from ddiloco.synchronizer.server import SynchronizerServer, build_service
+from ddiloco.synchronizer.settings import ServiceSettings
+from ddiloco.wire import auth, framing, rpc
+
+from ..support.runtime import FAST, mlp_run, train_until_accepted
+from ..wire.test_auth import _self_signed
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_learner_pushes_on_the_bulk_socket_and_counts_what_arrived():
+    with mlp_run(width=256, bulk_socket=True) as (service, client, model):
+        assert client.links[0].uplink.socket is not None
+        assert train_until_accepted(client, model, 6) >= 6
+        client.finish(timeout=30)
+        stats = client.links[0].stats
+        assert service.server.bulk.served["Push"] == stats.pushed >= 6
+        assert stats.bytes_pushed == service.traffic.bytes_received > 0
+        assert all(v >= 1 for v in client.core.versions)
+
+
+def test_tls_covers_the_bulk_socket_too(tmp_path):
+    cert, key = _self_signed(tmp_path)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    service = build_service(params, AlgorithmConfig(fragments=2, sync_every=4, overlap=1),
+                            ServiceSettings(timeouts=FAST, tokens=10**9))
+    server = SynchronizerServer(service, "127.0.0.1", 0, "tok", auth.server_credentials(cert, key), bulk_socket=True)
+    address = server.start()
+    try:
+        with LearnerClient(model, address, 0, token="tok", timeouts=FAST, report_every=1e9,
+                           credentials=auth.channel_credentials(cert)) as client:
+            assert client.links[0].uplink.socket.tls is not None
+            assert train_until_accepted(client, model, 2) >= 2
+        assert server.bulk.served["Push"] >= 2
+    finally:
+        server.stop(grace=0.2)
+
+
+def test_bare_grpc_credentials_cannot_serve_the_bulk_socket(tiny_task, tmp_path):
+    cert, key = _self_signed(tmp_path)
+    params = {n: p.detach() for n, p in tiny_task.build_model(0).named_parameters()}
+    service = build_service(params, AlgorithmConfig(fragments=2), ServiceSettings(timeouts=FAST))
+    server = SynchronizerServer(service, "127.0.0.1", 0, None, auth.server_credentials(cert, key).grpc)
+    assert server.bulk_socket is False  # bulk on gRPC only
+    uplink = Uplink(None, auth.channel_credentials(cert).grpc, 1 << 22, WanLink())
+    uplink.configure("127.0.0.1:1", {"bulk_port": 5000})
+    assert uplink.socket is None  # a learner with bare gRPC TLS credentials stays on gRPC
+
+
+def test_an_unreachable_bulk_port_falls_back_to_grpc():
+    with mlp_run(width=64, bulk_socket=False) as (service, client, model):
+        link = client.links[0]
+        session = link.session
+        dead = Uplink(None, None, 1 << 22, WanLink())
+        dead.configure(link.address, {"bulk_port": _free_port()})
+        head = {"kind": "contribution", "session": session, "fragment": 0, "base_version": 0, "steps": 1,
+                "tokens": 1, "seconds": 0.1, "step_time": 0.1, "step": 1, "position": 1}
+        names = service.core.plan.names[0]
+        grads = {n: torch.zeros(service.shapes[n]) for n in names}
+        reply, sent = dead.push(link.bulk, head, grads, "bf16", framing.DEFAULT_CHUNK_BYTES, 30)
+        assert dead.socket is None and sent > 0
+        assert reply.get("ok") or "reason" in reply  # gRPC answered it
+        assert service.traffic.bytes_received >= sent
+
+
+def _free_port() -> int:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_the_register_reply_names_the_bulk_port_only_when_served():
+    for bulk_socket in (False, True):
+        with mlp_run(bulk_socket=bulk_socket) as (service, client, model):
+            port = client.links[0].info.get("bulk_port")
+            assert (port == service.server.bulk.port) if bulk_socket else port is None
+    assert rpc.FRAME_MARGIN > 0

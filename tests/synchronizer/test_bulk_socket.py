@@ -1,0 +1,232 @@
+"""The synchronizer's bulk socket plane (`--bulk-socket`) over real loopback connections: what it takes
+in merges exactly as over gRPC, and everything that guards the gRPC plane guards it too."""
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+import torch
+
+from ddiloco.core import AlgorithmConfig
+from ddiloco.synchronizer.server import SynchronizerServer, build_service
+from ddiloco.synchronizer.settings import ServiceSettings
+from ddiloco.wire import framing, rpc, sockets
+
+from ..support.runtime import FAST
+
+pytestmark = pytest.mark.timeout(120)
+NUMEL = 1 << 20
+
+
+@pytest.fixture
+def served():
+    params = {"w": torch.zeros(NUMEL), "b": torch.ones(3)}
+    algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=2, grace=0.0, outer_lr=1.0,
+                                outer_momentum=0.0, merge="mean")
+    service = build_service(params, algorithm, ServiceSettings(timeouts=FAST, max_learners=2, max_message_bytes=8 << 20))
+    server = SynchronizerServer(service, "127.0.0.1", 0, "tok", bulk_socket=True)
+    address = server.start()
+    done = threading.Event()
+    keeper = threading.Thread(target=_keep_alive, args=(service, done), daemon=True)
+    keeper.start()
+    try:
+        yield service, server, address
+    finally:
+        done.set()
+        keeper.join(5)
+        server.stop(grace=0.2)
+
+
+def _keep_alive(service, done):
+    """Heartbeats for every session, as learners send them, so that a slow machine loses none."""
+    while not done.wait(FAST.heartbeat / 2):
+        with service.lock:
+            ids = [session.id for session in service.sessions]
+        for sid in ids:
+            service.heartbeat(sid, {})
+
+
+def _head(session, version, fragment=0):
+    return {"kind": "contribution", "session": session, "fragment": fragment, "base_version": version, "steps": 4,
+            "tokens": 64, "seconds": 0.1, "step_time": 0.025, "step": 4 * (version + 1), "position": 4 * (version + 1)}
+
+
+def _client(server, token="tok"):
+    return sockets.BulkSocketClient("127.0.0.1", server.handlers.bulk_port, token, framing.DEFAULT_CHUNK_BYTES + rpc.FRAME_MARGIN)
+
+
+def _wait(predicate, seconds=30):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_pushes_over_the_socket_merge_exactly_into_reused_buffers(served):
+    service, server, _ = served
+    client = _client(server)
+    sessions = [service.register(m, f"inc{m}", True)["session"] for m in range(2)]
+    for version in range(3):
+        for m in range(2):
+            grad = {"w": torch.full((NUMEL,), -0.25 * (m + 1)), "b": torch.zeros(3)}  # exact in bf16
+            reply, sent = client.push(framing.iter_frame_parts(_head(sessions[m], version), grad, "bf16"), 30)
+            assert reply.get("ok"), reply
+            assert sent > 2 * NUMEL
+        _wait(lambda: service.core.versions[0] == version + 1)
+    pool = server.handlers.push_buffers
+    assert pool.allocated == 1 and pool.reused == 5
+    with service.lock:
+        assert torch.equal(service.core.params["w"], torch.full((NUMEL,), 3 * 0.375))
+        assert torch.equal(service.core.params["b"], torch.ones(3))
+
+
+def test_a_fetch_over_the_socket_is_the_model_gRPC_fetches(served):
+    service, server, address = served
+    with service.lock:
+        service.core.params["w"].copy_(torch.randn(NUMEL))
+    msgs = list(_client(server).fetch(30))
+    assert [m.head["fragment"] for m in msgs] == [0] and msgs[0].head["version"] == 0
+    bulk = rpc.Stubs(rpc.open_channel(address, "bulk", framing.DEFAULT_CHUNK_BYTES + rpc.FRAME_MARGIN), "tok")
+    via_grpc = list(framing.read_stream(bulk.fetch(framing.message({}), timeout=30, metadata=bulk.metadata), 1 << 40))
+    got, expected = msgs[0].tensors(), via_grpc[0].tensors()
+    with service.lock:
+        assert torch.equal(got["w"], service.core.params["w"]) and torch.equal(got["w"], expected["w"])
+
+
+def test_a_wrong_token_is_refused_before_anything_is_read(served):
+    service, server, _ = served
+    session = service.register(0, "inc0", True)["session"]
+    before = service.status()["rejected_contributions"]
+    for token in ("wrong", None):
+        with pytest.raises(grpc.RpcError) as err:
+            _client(server, token).push(framing.iter_frame_parts(_head(session, 0), {"w": torch.zeros(NUMEL),
+                                                                                    "b": torch.zeros(3)}, "bf16"), 30)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert service.traffic.bytes_received == 0 and service.status()["contributions"] == 0
+    assert service.status()["rejected_contributions"] == before + 2  # counted as refused pushes
+    assert service.refused_rpcs >= 2
+
+
+def test_a_message_over_the_limit_is_refused_at_its_first_frame(served):
+    service, server, _ = served
+    session = service.register(0, "inc0", True)["session"]
+    big = {"w": torch.zeros(5 << 20)}  # 10 MB in bf16, the limit is 8 MB
+    t0 = time.monotonic()
+    with pytest.raises(grpc.RpcError) as err:
+        _client(server).push(framing.iter_frame_parts(_head(session, 0), big, "bf16"), 30)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "exceeds the limit" in err.value.details()
+    assert time.monotonic() - t0 < 20
+
+
+def test_an_unknown_session_is_answered_before_the_payload_is_read(served):
+    """The synchronizer answers after the first frame's header: it reserves no buffer and reads no more
+    frames, and the client reads that reply (however much it had sent by then)."""
+    service, server, _ = served
+    grad = {"w": torch.zeros(4 * NUMEL)}  # 8 MB in 8 frames
+    reply, _ = _client(server).push(framing.iter_frame_parts(_head("nobody", 0), grad, "bf16"), 30)
+    assert reply["ok"] is False and reply["action"] == "reregister"
+    assert service.traffic.bytes_received < 2 * framing.DEFAULT_CHUNK_BYTES  # the first frame only
+    assert server.handlers.push_buffers.allocated == 0
+
+
+def test_a_wrong_shape_is_an_ordinary_rejection(served):
+    service, server, _ = served
+    session = service.register(0, "inc0", True)["session"]
+    reply, _ = _client(server).push(framing.iter_frame_parts(_head(session, 0), {"w": torch.zeros(7), "b": torch.zeros(3)},
+                                                             "bf16"), 30)
+    assert reply["ok"] is False and "shape" in reply["reason"]
+
+
+def test_a_silent_connection_takes_no_bulk_slot_and_is_closed(served):
+    """Connections that never authenticate hold only a greeting place, and lose it after the hello
+    deadline; honest pushes meanwhile find their slots."""
+    service, server, _ = served
+    free = service.bulk_slots._value
+    silent = [socket.create_connection(("127.0.0.1", server.handlers.bulk_port)) for _ in range(free + 2)]
+    try:
+        time.sleep(0.1)
+        assert service.bulk_slots._value == free
+        session = service.register(0, "inc0", True)["session"]
+        reply, _ = _client(server).push(framing.iter_frame_parts(_head(session, 0), {"w": torch.zeros(NUMEL),
+                                                                                     "b": torch.zeros(3)}, "bf16"), 30)
+        assert reply.get("ok"), reply
+        for sock in silent:
+            sock.settimeout(10 + 3 * FAST.failure)
+            assert sock.recv(1) == b""  # closed by the synchronizer
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_a_pusher_killed_mid_push_frees_its_slot_and_the_next_push_merges(served, tmp_path):
+    """kill -9 of a real process half way through a push: the synchronizer drops the half message,
+    gives the slot back, and a complete push afterwards is taken in."""
+    service, server, _ = served
+    free = service.bulk_slots._value
+    sessions = [service.register(m, f"inc{m}", True)["session"] for m in range(2)]
+    script = f"""
+import sys, time, torch
+from ddiloco.wire import framing, sockets
+from ddiloco.wire.sockets import Deadline, send_frame, send_small
+import socket
+s = socket.create_connection(("127.0.0.1", {server.handlers.bulk_port}))
+send_small(s, {{"method": "Push", "token": "tok"}}, Deadline(10))
+head = {_head(sessions[0], 0)!r}
+for i, parts in enumerate(framing.iter_frame_parts(head, {{"w": torch.ones({NUMEL}), "b": torch.zeros(3)}}, "bf16")):
+    if i == 1:
+        print("half", flush=True)
+        time.sleep(60)
+    send_frame(s, parts, Deadline(10))
+"""
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "half"
+        _wait(lambda: service.bulk_slots._value == free - 1, 10)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+        _wait(lambda: service.bulk_slots._value == free, 10)
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(10)
+    assert service.status()["contributions"] == 0
+    client = _client(server)
+    for m in range(2):
+        reply, _ = client.push(framing.iter_frame_parts(_head(sessions[m], 0), {"w": torch.full((NUMEL,), -0.5),
+                                                                                "b": torch.zeros(3)}, "bf16"), 30)
+        assert reply.get("ok"), reply
+    _wait(lambda: service.core.versions[0] == 1)
+    with service.lock:
+        assert torch.equal(service.core.params["w"], torch.full((NUMEL,), 0.5))
+
+
+def test_connections_beyond_the_bulk_slots_are_refused(served):
+    service, server, _ = served
+    taken = 0
+    while service.bulk_slots.acquire(blocking=False):
+        taken += 1
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            list(_client(server).fetch(10))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        for _ in range(taken):
+            service.bulk_slots.release()
+
+
+def test_a_garbage_hello_is_refused(served):
+    service, server, _ = served
+    sock = socket.create_connection(("127.0.0.1", server.handlers.bulk_port))
+    try:
+        sock.sendall(struct.pack("<I", 50) + b"x" * 50)
+        head = sockets.recv_small(sock, sockets.Deadline(10))
+        assert head["error"] == "INVALID_ARGUMENT" and "magic" in head["details"]
+    finally:
+        sock.close()

@@ -1,0 +1,134 @@
+"""The bulk socket plane's framing over real loopback TCP connections (`wire.sockets`)."""
+
+import socket
+import struct
+import threading
+import time
+
+import pytest
+import torch
+
+from ddiloco.wire import framing, sockets
+from ddiloco.wire.buffers import BufferPool
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def pair():
+    """A connected pair of loopback TCP sockets."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    listener.close()
+    yield client, server
+    client.close()
+    server.close()
+
+
+def _receive_message(sock, limit=1 << 30, pool=None, max_frame=1 << 24):
+    r = framing.Reassembler(limit, pool=pool)
+    deadline = sockets.Deadline(20)
+    while True:
+        _, _, msg = sockets.recv_frame(sock, max_frame, deadline, r)
+        if msg is not None:
+            return msg
+
+
+@pytest.mark.parametrize("codec,chunk", [("bf16", 1000), ("fp32", 1 << 12), ("fp32", 12), ("int8", 333), ("bf16", 1 << 20)])
+def test_frame_parts_over_a_socket_arrive_as_the_tensors_sent(pair, codec, chunk):
+    """Bodies received straight into the message buffer give the tensors a gRPC push would: frames that
+    span tensors, odd chunk sizes, pieces sent from the tensors' own memory (fp32) or converted."""
+    client, server = pair
+    torch.manual_seed(0)
+    tensors = {"a": torch.randn(37, 5), "b": torch.randn(0, 4), "c": torch.randn(()), "d": torch.randn(1000)[::3]}
+    expected = framing.Reassembler(1 << 30)
+    for frame in framing.tensor_frames({"kind": "x"}, tensors, codec, chunk):
+        via_grpc = expected.feed(frame)
+    sender = threading.Thread(target=lambda: [sockets.send_frame(client, parts, sockets.Deadline(20))
+                                              for parts in framing.iter_frame_parts({"kind": "x"}, tensors, codec, chunk)])
+    sender.start()
+    msg = _receive_message(server, pool=BufferPool(1 << 20, min_bytes=0))
+    sender.join(10)
+    assert msg.head == via_grpc.head
+    assert bytes(msg.payload) == bytes(via_grpc.payload)
+    shapes = {n: tuple(t.shape) for n, t in tensors.items()}
+    for name, t in msg.tensors(shapes).items():
+        assert torch.equal(t, via_grpc.tensors(shapes)[name])
+
+
+def test_partial_sends_are_completed(pair):
+    """A receiver slower than the socket buffers: sendmsg returns short counts, and every byte still
+    arrives in order."""
+    client, server = pair
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    values = {"w": torch.arange(300_000, dtype=torch.float32)}
+    sender = threading.Thread(target=lambda: [sockets.send_frame(client, parts, sockets.Deadline(20))
+                                              for parts in framing.iter_frame_parts({}, values, "fp32", 1 << 18)])
+    sender.start()
+    time.sleep(0.2)  # the sender's buffers fill up first
+    msg = _receive_message(server)
+    sender.join(10)
+    assert torch.equal(msg.tensors({"w": (300_000,)})["w"], values["w"])
+
+
+def test_a_frame_longer_than_allowed_is_refused_before_its_body_is_read(pair):
+    client, server = pair
+    client.sendall(struct.pack("<I", 1 << 30) + framing.pack_frame({"msg": 1, "part": 0, "parts": 1})[:8])
+    with pytest.raises(framing.WireError, match="at most"):
+        sockets.recv_frame(server, 1 << 20, sockets.Deadline(5), framing.Reassembler(1 << 40))
+
+
+@pytest.mark.parametrize("bad,match", [(b"XYZ\x01\x05\x00\x00\x00", "magic"), (b"DDL\x09\x05\x00\x00\x00", "version"),
+                                       (b"DDL\x01\xff\x00\x00\x00", "does not fit")])
+def test_a_bad_prefix_is_refused(pair, bad, match):
+    client, server = pair
+    client.sendall(struct.pack("<I", 100) + bad)
+    with pytest.raises(framing.WireError, match=match):
+        sockets.recv_frame(server, 1 << 20, sockets.Deadline(5), framing.Reassembler(1 << 40))
+
+
+def test_a_message_over_the_limit_is_refused_at_its_first_header(pair):
+    """The declared size is checked before a buffer is reserved or a body byte read."""
+    client, server = pair
+    start = framing.frame_start({"msg": 1, "part": 0, "parts": 2, "head": {"nbytes": 1 << 40}})
+    client.sendall(struct.pack("<I", len(start) + 10) + start)
+    with pytest.raises(framing.WireError, match="exceeds the limit"):
+        sockets.recv_frame(server, 1 << 20, sockets.Deadline(5), framing.Reassembler(1 << 20))
+
+
+def test_a_silent_peer_hits_the_deadline(pair):
+    client, server = pair
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        sockets.recv_frame(server, 1 << 20, sockets.Deadline(0.3), framing.Reassembler(1 << 20))
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_peer_that_closes_mid_frame_is_an_error(pair):
+    client, server = pair
+    frame = framing.pack_frame({"msg": 1, "part": 0, "parts": 1, "head": {"nbytes": 100}}, bytes(100))
+    client.sendall(struct.pack("<I", len(frame)) + frame[:-40])
+    client.close()
+    with pytest.raises(ConnectionError):
+        sockets.recv_frame(server, 1 << 20, sockets.Deadline(5), framing.Reassembler(1 << 20))
+
+
+def test_an_error_reply_is_raised_as_an_rpc_error():
+    import grpc
+
+    with pytest.raises(sockets.SocketRpcError) as err:
+        sockets.raise_if_error({"error": "RESOURCE_EXHAUSTED", "details": "too many"})
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and err.value.details() == "too many"
+    assert isinstance(err.value, grpc.RpcError)
+    assert sockets.raise_if_error({"ok": True}) == {"ok": True}
+
+
+def test_an_unreachable_port_is_a_connect_failure():
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there now
+    client = sockets.BulkSocketClient("127.0.0.1", port, None, 1 << 20)
+    with pytest.raises(sockets.ConnectFailed):
+        client.push(iter([]), timeout=5)
