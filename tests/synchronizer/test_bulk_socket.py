@@ -230,3 +230,24 @@ def test_a_garbage_hello_is_refused(served):
         assert head["error"] == "INVALID_ARGUMENT" and "magic" in head["details"]
     finally:
         sock.close()
+
+
+def test_a_fixed_bulk_port_is_taken_again_after_a_restart_but_never_twice_at_once(served):
+    service, server, _ = served
+    port = server.bulk.port
+    client = _client(server)
+    list(client.fetch(30))  # a connection that leaves TIME_WAIT behind on one side
+    params = {"w": torch.zeros(NUMEL), "b": torch.ones(3)}
+    other = SynchronizerServer(build_service(params, AlgorithmConfig(fragments=1), ServiceSettings(timeouts=FAST)),
+                               "127.0.0.1", 0, bulk_port=port)
+    with pytest.raises(OSError, match="cannot listen for bulk sockets"):
+        other.start()  # the running one holds it
+    other.service.close()
+    server.stop(grace=0.2)
+    again = SynchronizerServer(build_service(params, AlgorithmConfig(fragments=1), ServiceSettings(timeouts=FAST)),
+                               "127.0.0.1", 0, bulk_port=port)
+    try:
+        again.start()
+        assert again.bulk.port == port
+    finally:
+        again.stop(grace=0.2)

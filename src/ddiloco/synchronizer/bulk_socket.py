@@ -61,6 +61,9 @@ class BulkSocketServer:
         self.max_frame = self.service.settings.chunk_bytes + rpc.FRAME_MARGIN
         family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
         self.listener = socket.socket(family, socket.SOCK_STREAM)
+        # a restart on the same --bulk-port must not wait out the old connections' TIME_WAIT (on Linux
+        # this never lets two processes listen on one port)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self.listener.bind((host.strip("[]"), port))
         except OSError as exc:

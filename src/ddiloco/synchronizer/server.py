@@ -102,7 +102,11 @@ class SynchronizerServer:
         host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
         self.address = f"{host}:{bound}"
         if self.bulk_socket:
-            self.bulk = BulkSocketServer(self.handlers, self.host, self.token, self.bulk_tls, self.bulk_port)
+            try:
+                self.bulk = BulkSocketServer(self.handlers, self.host, self.token, self.bulk_tls, self.bulk_port)
+            except OSError:
+                self.server.stop(0)  # the gRPC port is let go too
+                raise
             self.handlers.bulk_port = self.bulk.start()
         self.service.start()
         self.server.start()

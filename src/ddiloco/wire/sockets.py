@@ -200,17 +200,14 @@ class BulkSocketClient:
         finally:
             sock.close()
 
-    def fetch(self, timeout: float, pool: BufferPool | None = None, limit: int = 1 << 40,
-              received: Callable[[int], None] | None = None) -> Iterator[framing.Message]:
+    def fetch(self, timeout: float, pool: BufferPool | None = None, limit: int = 1 << 40) -> Iterator[framing.Message]:
         """The messages a fetch returns, each received straight into its buffer."""
         deadline = Deadline(timeout)
         sock = self._connect("Fetch", deadline)
         try:
             reassembler = framing.Reassembler(limit, max_open=1, pool=pool)
             while True:
-                frame, n, msg = recv_frame(sock, self.max_frame, deadline, reassembler)
-                if received is not None:
-                    received(n)
+                _, _, msg = recv_frame(sock, self.max_frame, deadline, reassembler)
                 if msg is None:
                     continue
                 if msg.head.get("end") is True or "error" in msg.head:
@@ -227,7 +224,11 @@ def _answered(sock: socket.socket) -> bool:
     """Whether the server has sent something (its early reply). Not asked of TLS, whose own records
     (session tickets after the handshake) make a socket readable: there the server takes and drops
     the rest of the message before it closes."""
-    return not isinstance(sock, ssl.SSLSocket) and bool(select.select([sock], [], [], 0)[0])
+    if isinstance(sock, ssl.SSLSocket):
+        return False
+    poller = select.poll()  # not select.select: it fails on descriptors above 1023
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _early_reply(sock: socket.socket) -> dict | None:
