@@ -209,9 +209,12 @@ class Ours:
         self.sessions = learner_sessions or ["-"]
         self.arrivals = BufferPool(8 * numel)  # as a learner's link receives (`wire.buffers`)
 
-    def push(self, grad: torch.Tensor) -> int:
-        head = {"kind": "contribution", "session": self.sessions[0], "fragment": 0, "base_version": 0, "steps": 1,
+    def head(self) -> dict:
+        return {"kind": "contribution", "session": self.sessions[0], "fragment": 0, "base_version": 0, "steps": 1,
                 "tokens": 1, "seconds": 0.1, "step_time": 0.1, "step": 1, "position": 1}
+
+    def push(self, grad: torch.Tensor) -> int:
+        head = self.head()
         frames = framing.Counted(framing.iter_tensor_frames(head, {"w": grad}, "bf16", self.chunk))  # as a learner
         reply = framing.read_message(self.bulk.push(frames, timeout=300))
         if not (reply.get("ok") or "duplicate" in reply.get("reason", "")):
@@ -243,8 +246,7 @@ class OursSocket(Ours):
         self.client = sockets.BulkSocketClient(host, port, None, self.chunk + rpc.FRAME_MARGIN)
 
     def push(self, grad: torch.Tensor) -> int:
-        head = {"kind": "contribution", "session": self.sessions[0], "fragment": 0, "base_version": 0, "steps": 1,
-                "tokens": 1, "seconds": 0.1, "step_time": 0.1, "step": 1, "position": 1}
+        head = self.head()
         reply, sent = self.client.push(framing.iter_frame_parts(head, {"w": grad}, "bf16", self.chunk), 300)
         if not (reply.get("ok") or "duplicate" in reply.get("reason", "")):
             raise RuntimeError(f"push refused: {reply}")

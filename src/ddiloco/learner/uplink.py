@@ -42,7 +42,7 @@ class Uplink:
         client = self.socket
         if client is not None:
             try:
-                return client.push(framing.iter_frame_parts(head, tensors, codec, chunk), timeout, self._pace)
+                return client.push(framing.iter_frame_parts(head, tensors, codec, chunk), timeout, self.wan.sent)
             except sockets.ConnectFailed as exc:
                 log.warning("cannot reach the synchronizer's bulk socket %s:%d (%s); pushing over gRPC from now on",
                             client.host, client.port, exc.details())
@@ -51,8 +51,4 @@ class Uplink:
         frames = framing.Counted(framing.iter_tensor_frames(head, tensors, codec, chunk))
         reply = bulk.push(self.wan.paced_up(frames), timeout=timeout, metadata=bulk.metadata)
         return framing.read_message(reply), frames.nbytes
-
-    def _pace(self, nbytes: int) -> None:
-        if self.wan.up is not None:
-            self.wan.up.take(nbytes)
 

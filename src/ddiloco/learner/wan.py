@@ -84,9 +84,12 @@ class WanLink:
 
     def paced_up(self, frames: Iterable[bytes]) -> Iterator[bytes]:
         for frame in frames:
-            if self.up is not None:
-                self.up.take(len(frame))
+            self.sent(len(frame))
             yield frame
+
+    def sent(self, nbytes: int) -> None:
+        if self.up is not None:
+            self.up.take(nbytes)
 
     def received(self, nbytes: int) -> None:
         if self.down is not None:

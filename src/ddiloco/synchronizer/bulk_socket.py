@@ -59,6 +59,7 @@ class BulkSocketServer:
         self.handlers, self.service = handlers, handlers.service
         self.token, self.tls = token, tls
         self.max_frame = self.service.settings.chunk_bytes + rpc.FRAME_MARGIN
+        self.message_drain = self.service.settings.max_message_bytes + self.max_frame  # a whole push, dropped
         family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
         self.listener = socket.socket(family, socket.SOCK_STREAM)
         # a restart on the same --bulk-port must not wait out the old connections' TIME_WAIT (on Linux
@@ -167,7 +168,7 @@ class BulkSocketServer:
                 raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad {method} request: {str(exc)[:200]}") from None
         except Abort as abort:
             self._answer(conn, {"error": abort.code.name, "details": abort.details},
-                         self.service.settings.max_message_bytes + self.max_frame)
+                         self.message_drain)
 
     def _answer(self, conn: socket.socket, head: dict, drain: int) -> None:
         """Send a reply while the peer may still be sending, then take and drop up to `drain` bytes
@@ -191,9 +192,9 @@ class BulkSocketServer:
     def _push(self, conn: socket.socket, context: SocketContext) -> bytes | None:
         """The reply to a push, or None when it was answered early (an unknown session)."""
         handlers, service = self.handlers, self.service
-        key, stream = handlers.streams.open("Push", context, handlers._bulk_deadline(service.settings.max_message_bytes))
+        key, stream = handlers.open_push(context)
         try:
-            reassembler = framing.Reassembler(service.settings.max_message_bytes, max_open=1, pool=handlers.push_buffers)
+            reassembler = handlers.push_reassembler()
             deadline = wire_sockets.Deadline(float("inf"), step=service.settings.timeouts.failure)
             msg = None
             while msg is None:
@@ -203,7 +204,7 @@ class BulkSocketServer:
                 if stream.session is None:
                     early = handlers.first_frame(frame, key, stream, context)
                     if early is not None:
-                        self._answer(conn, framing.read_message(early), service.settings.max_message_bytes + self.max_frame)
+                        self._answer(conn, framing.read_message(early), self.message_drain)
                         return None
                 msg = wire_sockets.recv_body(conn, reassembler, frame, body, deadline)
             return handlers.contribution_reply(msg, context)

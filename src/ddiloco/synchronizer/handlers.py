@@ -147,17 +147,25 @@ class Handlers:
         service = self.service
         if not service.bulk_slots.acquire(blocking=False):
             self._abort(context, "Push", "RESOURCE_EXHAUSTED", "too many bulk transfers at once; retry later")
-        key, stream = self.streams.open("Push", context, self._bulk_deadline(service.settings.max_message_bytes))
+        key, stream = self.open_push(context)
         try:
             return self._push(request_iterator, context, key, stream)
         finally:
             self.streams.close(key)
             service.bulk_slots.release()
 
+    def open_push(self, context: grpc.ServicerContext) -> tuple[int, Stream]:
+        """A push's entry in the stream guard (either plane)."""
+        return self.streams.open("Push", context, self._bulk_deadline(self.service.settings.max_message_bytes))
+
+    def push_reassembler(self) -> framing.Reassembler:
+        """Where a push's one message lands: size-limited, into the reused push buffers."""
+        return framing.Reassembler(self.service.settings.max_message_bytes, max_open=1, pool=self.push_buffers)
+
     def _push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext, key: int,
               stream: Stream) -> bytes:
         service = self.service
-        reassembler = framing.Reassembler(service.settings.max_message_bytes, max_open=1, pool=self.push_buffers)
+        reassembler = self.push_reassembler()
         msg = None
         try:
             for data in request_iterator:

@@ -74,13 +74,18 @@ def unpack_frame(data: bytes) -> tuple[dict, memoryview]:
     length = header_length(view[: _PREFIX.size])
     if _PREFIX.size + length > len(view):
         raise WireError(f"header length {length} does not fit the frame of {len(view)} bytes")
+    return parse_header(view[_PREFIX.size : _PREFIX.size + length]), view[_PREFIX.size + length :]
+
+
+def parse_header(raw: bytes | memoryview) -> dict:
+    """A frame's JSON header (the bytes after its prefix); WireError unless it is a JSON object."""
     try:
-        header = json.loads(bytes(view[_PREFIX.size : _PREFIX.size + length]))
+        header = json.loads(bytes(raw))
     except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, integers over 4300 digits, deep nesting
         raise WireError(f"header is not acceptable JSON: {str(exc)[:200]}") from None
     if not isinstance(header, dict):
         raise WireError("header must be a JSON object")
-    return header, view[_PREFIX.size + length :]
+    return header
 
 
 def message(header: Mapping) -> bytes:

@@ -113,8 +113,7 @@ def recv_head(sock: socket.socket, max_frame: int, deadline: Deadline) -> tuple[
         raise framing.WireError(f"header length {length} does not fit the frame of {n} bytes")
     header = memoryview(bytearray(length))
     recv_into(sock, header, deadline)
-    frame, _ = framing.unpack_frame(bytes(small[_LENGTH.size :]) + bytes(header))
-    return frame, n - framing.PREFIX_BYTES - length, n
+    return framing.parse_header(header), n - framing.PREFIX_BYTES - length, n
 
 
 def recv_body(sock: socket.socket, reassembler: framing.Reassembler, frame: dict, nbytes: int,
