@@ -26,6 +26,7 @@ def test_synchronizer_scale_reports_rounds_heartbeats_and_memory_of_a_real_synch
     assert row["round_ms"] > 0 and row["delivered_ms"] > 0
     assert row["heartbeats"] > 0 and 0 < row["heartbeat_p50_ms"] <= row["heartbeat_p99_ms"]
     assert row["peak_rss_over_fp32"] > 1 and report["memcpy_gb_s"] > 0 and row["checkpoint_vs_raw"] > 0
+    assert 0 < row["round_vs_limit"] < row["round_vs_memcpy"] and row["raw_write_ms"] > 0
 
 
 @pytest.mark.slow

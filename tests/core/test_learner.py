@@ -266,3 +266,26 @@ def test_rebase_without_a_pending_snapshot_keeps_all_unsent_work_and_repairs_sti
     core.force(FragmentUpdate(0, 1, {"a": torch.tensor([3.0, 3.0])}, (0,)))
     core.apply_arrivals()
     assert torch.equal(params["a"], torch.tensor([3.0, 3.0])) and core.counters[0].steps == 0
+
+
+def test_acknowledge_ends_a_leaving_learners_pending_work_without_values():
+    core, params = make(overlap=1, period=8)
+    core.after_step(3, 1.0)
+    with torch.no_grad():
+        params["a"].add_(0.5)  # trained: a = 1.5
+    with pytest.raises(RuntimeError, match="flush"):
+        core.acknowledge(0, 1)  # a training learner applies updates, it is not told about them
+    [c0, c1] = core.flush()
+    assert (c0.fragment, c0.base_version, c0.tokens) == (0, 0, 3)
+    assert torch.equal(c0.outer_gradient["a"], torch.full((4,), -0.5))  # Theta - theta = 1 - 1.5
+    assert not core.acknowledge(0, 0)  # not newer than the version it was sent against
+    assert core.pending == [0, 0]
+    assert core.acknowledge(0, 1)
+    assert core.pending == [None, 0]
+    assert not core.acknowledge(0, 2)  # nothing awaited any more
+    assert core.versions == [0, 0]  # no value was taken: the parameters stay the trained ones
+    assert torch.equal(params["a"], torch.full((4,), 1.5))
+    assert core.counters[0].steps == 0 and core.counters[1].steps == 1
+    assert core.flush() == []  # the acknowledged work is not sent again; fragment 1 is still in flight
+    assert core.acknowledge(1, 3)  # merged into a later version (other learners' rounds came first)
+    assert core.pending == [None, None] and core.flush() == []

@@ -101,6 +101,8 @@ def test_unknown_session_fragment_and_stale_version(service):
     assert answer["ok"] is False and "unknown version 5" in answer["reason"]
     answer = client.push_frames(client.contribution(reply["session"], 0, tensors, steps="many"))
     assert answer["ok"] is False and "malformed" in answer["reason"]
+    answer = client.push_frames(client.contribution(reply["session"], 0, tensors, final="yes"))
+    assert answer["ok"] is False and "malformed" in answer["reason"] and "'final'" in answer["reason"]
 
 
 def test_oversized_contribution_is_refused_before_it_is_read(service):

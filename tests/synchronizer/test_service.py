@@ -1,6 +1,7 @@
 """The synchronizer service and learner clients in one process, over real loopback gRPC."""
 
 import contextlib
+import math
 
 import pytest
 
@@ -26,9 +27,9 @@ def k1_sessions(tiny_task, tmp_path, learners: int = 2):
         sessions = [service.session(service.register(m, f"inc{m}", True)["session"]) for m in range(learners)]
         grads = {n: torch.full(service.shapes[n], 1e-3) for n in service.core.plan.names[0]}
 
-        def push(m: int) -> dict:
+        def push(m: int, final: bool = False) -> dict:
             c = Contribution(m, 0, 0, grads, steps=4, tokens=256, seconds=1.0, step_time=0.25, step=4)
-            return service.contribute(sessions[m], c, PendingWork(4, f"inc{m}", 0.0, 1.0), None)
+            return service.contribute(sessions[m], c, PendingWork(4, f"inc{m}", 0.0, 1.0, final), None)
 
         yield service, sessions, push
 
@@ -183,6 +184,34 @@ def test_updates_tell_each_learner_whether_the_merge_took_its_work(tiny_task, tm
     assert heads[0] and all(merged_learners(h.get("admitted")) == (0,) for h in heads[0] + heads[1])
     assert heads[1]  # the broadcast and the reply to its stale work: neither took learner 1's
     assert merged_learners([0, "x"]) is None and merged_learners(None) is None and merged_learners([True]) is None
+
+
+def test_a_finishing_learner_is_told_its_final_work_was_merged_without_the_values(tiny_task, tmp_path):
+    """Final work (the learner is leaving) that a merge took is acknowledged by a notice of a few
+    bytes; the others get the update in full, and so does final work the merge did not take."""
+    from ddiloco.wire.framing import Reassembler
+
+    with k1_sessions(tiny_task, tmp_path) as (service, sessions, push):
+
+        def received(m: int) -> list[tuple[dict, int]]:
+            got, reassembler = [], Reassembler(1 << 30)
+            while (frame := sessions[m].outbox.get(0.5)) is not None:
+                msg = reassembler.feed(frame)
+                if msg is not None and msg.head.get("kind") in ("update", "merged"):
+                    got.append((msg.head, len(frame)))
+            return got
+
+        assert push(0, final=True) == {"ok": True}
+        wait_for(lambda: service.core.versions[0] == 1, 10, message="the merge of learner 0's final work")
+        late = push(1, final=True)  # still against version 0: refused as stale, so not merged
+        assert late["ok"] is False and "stale" in late["reason"], late
+        got = {m: [(h, n) for h, n in received(m) if h["version"] == 1] for m in range(2)}
+    [(notice, size)] = got[0]
+    assert notice["kind"] == "merged" and notice["fragment"] == 0 and "tensors" not in notice
+    assert notice["merged"] == {"0": 4} and size < 300
+    full = sum(math.prod(service.shapes[n]) for n in service.core.plan.names[0]) * 2  # bf16 down
+    assert got[1] and all(h["kind"] == "update" and h["tensors"] for h, _ in got[1])  # one queued update per version
+    assert all(n > full for _, n in got[1])
 
 
 def test_the_timer_does_not_merge_a_round_while_contributions_are_queued_for_it(tiny_task, tmp_path):

@@ -149,6 +149,24 @@ class LearnerCore:
         self.anchors[fragment] = self.step - self.schedule.period
         return True
 
+    def acknowledge(self, fragment: int, version: int) -> bool:
+        """Our pending contribution to `fragment` went into `version`, whose values we will not take.
+
+        Only after `flush()`: a learner that is leaving needs to know its work was counted, not the
+        new values (the final model is the synchronizer's), so the update comes down as a notice without
+        tensors. The fragment's parameters and version stay as they were; its pending work is done.
+        Returns False (and changes nothing) if no contribution against an older version is awaited.
+        """
+        if not self.stopped:
+            raise RuntimeError("acknowledge() is for a learner that has flushed; apply updates with receive()")
+        pending = self.pending[fragment]
+        if pending is None or version <= pending:
+            return False
+        self.pending[fragment] = None
+        self.at_snapshot[fragment] = None
+        self.counters[fragment].reset()  # no steps since the flush: the snapshot held all the work
+        return True
+
     def request(self, request: FragmentRequest) -> None:
         if self.id in request.learners:
             self.requested[request.fragment] = request.version

@@ -134,10 +134,7 @@ class LearnerClient:
     # --- start ----------------------------------------------------------------------------------
     def start(self) -> int:
         """Register with every shard, take the global parameters; returns the data position to resume at."""
-        if self.is_leader:
-            position = self._start_leader()
-        else:
-            position = 0
+        position = self._start_leader() if self.is_leader else 0
         if self.fanout is not None:
             shared = {"names": self.names, "blocking": self._blocking, "position": position,
                       "recovered": self.recovered}
@@ -289,17 +286,20 @@ class LearnerClient:
     def _handle(self, event: tuple) -> None:
         core = self.core
         kind = event[0]
+        if kind in ("update", "merged"):
+            counted = event[-1].get(str(self.learner)) if isinstance(event[-1], dict) else None
+            if isinstance(counted, int):
+                self.counted_position = max(self.counted_position, counted)
         if kind == "update":
-            _, _, update, force, merged = event
+            _, _, update, force, _ = event
             p = update.fragment
             if force or self._force.get(p) == update.version:
                 self._force.pop(p, None)
                 core.force(update)
             else:
                 core.receive(update)
-            counted = merged.get(str(self.learner)) if isinstance(merged, dict) else None
-            if isinstance(counted, int):
-                self.counted_position = max(self.counted_position, counted)
+        elif kind == "merged" and core.stopped:
+            core.acknowledge(event[2], event[3])
         elif kind == "request":
             core.request(event[2])
         elif kind == "rejected":
@@ -326,7 +326,7 @@ class LearnerClient:
                 raise RuntimeError(f"fragment {m.fragment} was snapshotted without gathering its shards first")
             link = self.links[self.owner[m.fragment]]
             if isinstance(m, Contribution):
-                link.push(m, {"position": self.position, "tokens_total": self.tokens,
+                link.push(m, {"position": self.position, "tokens_total": self.tokens, "final": self.core.stopped,
                               "span_start": self._span_start[m.fragment], "snapshot_wall": time.time()})
             elif isinstance(m, Decline):
                 link.decline(m)
@@ -348,8 +348,8 @@ class LearnerClient:
     # --- the end --------------------------------------------------------------------------------
     def finish(self, timeout: float | None = None) -> dict:
         """Send the work still held, wait (bounded) for it to be merged, leave. Returns stats().
-        Collective in a sharded learner (every rank calls it). Updates that arrive while finishing
-        reach rank 0's algorithm only: the final global model is the synchronizer's (`fetch_global`)."""
+        Collective in a sharded learner (every rank calls it). Merges of this final work come down as
+        notices without values: the final global model is the synchronizer's (`fetch_global`)."""
         started = self.state == "training"
         self.state = "finishing"
         everything = list(range(len(self.names)))

@@ -269,6 +269,9 @@ class ShardLink:
             update = FragmentUpdate(p, version, tensors, (self.ctx.learner,),
                                     merged_learners(head.get("admitted")), owned=True)
             self.ctx.inbound.put(("update", self.index, update, bool(head.get("force")), head.get("merged") or {}))
+        elif kind == "merged":  # our final work went into this version; a leaving learner takes no values
+            self.ctx.inbound.put(("merged", self.index, int(head["fragment"]), int(head["version"]),
+                                  head.get("merged") or {}))
         elif kind == "request":
             request = FragmentRequest(int(head["fragment"]), int(head["version"]), (self.ctx.learner,))
             self.ctx.inbound.put(("request", self.index, request))

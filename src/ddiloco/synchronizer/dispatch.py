@@ -60,24 +60,7 @@ class ActionDispatcher:
             elif isinstance(a, Merged):
                 self._merged(a)
             elif isinstance(a, FragmentUpdate):
-                built, others = [], []  # learners that built this initial value themselves, and the rest
-                for s in (self.sessions.by_learner.get(m) for m in a.learners):
-                    if s is not None:
-                        (built if a.version == 0 and a.fragment in s.holds else others).append(s)
-                for s in built:
-                    s.holds.discard(a.fragment)
-                    self.send_update(s, a.fragment, 0, [framing.message(
-                        {"kind": "update", "fragment": a.fragment, "version": 0, "merged": {}, "held": True})])
-                if others or self.downlink is not None:  # encoded only if someone needs it (or the shadow starts)
-                    frames = self._frames(a)
-                    for s in others:
-                        self.send_update(s, a.fragment, a.version, frames)
-                due = self._due.pop((a.fragment, a.version), None)
-                if due is not None:  # after the sends: the round's time until its update is queued
-                    merged = time.perf_counter() - due
-                    self._deliver(a.fragment, a.version, lambda a=a, due=due, merged=merged: self.events.write(
-                        "sent", fragment=a.fragment, version=a.version, merged_seconds=merged,
-                        round_seconds=time.perf_counter() - due))
+                self._update(a)
             elif isinstance(a, FragmentRequest):
                 frame = framing.message({"kind": "request", "fragment": a.fragment, "version": a.version})
                 for m in a.learners:
@@ -85,6 +68,36 @@ class ActionDispatcher:
                     if s is not None:
                         s.outbox.put_control(frame)
         self.cond.notify_all()
+
+    def _update(self, a: FragmentUpdate) -> None:
+        built, leaving, others = [], [], []  # built this initial value themselves; merged final work; the rest
+        for s in (self.sessions.by_learner.get(m) for m in a.learners):
+            if s is None:
+                continue
+            if a.version == 0 and a.fragment in s.holds:
+                built.append(s)
+            else:
+                (leaving if s.finishing and str(s.learner) in self._last_merged else others).append(s)
+        if leaving:  # told that their final work went in, without the values a leaving learner would not use
+            notice = framing.message({"kind": "merged", "fragment": a.fragment, "version": a.version,
+                                      "merged": self._last_merged})
+            for s in leaving:
+                self._deliver(a.fragment, a.version, lambda s=s: s.outbox.put_control(notice))
+        for s in built:
+            s.holds.discard(a.fragment)
+            self.send_update(s, a.fragment, 0, [framing.message(
+                {"kind": "update", "fragment": a.fragment, "version": 0, "merged": {}, "held": True})])
+        if others or self.downlink is not None:  # encoded only if someone needs it (or the shadow starts)
+            frames = self._frames(a)
+            for s in others:
+                self.send_update(s, a.fragment, a.version, frames)
+        self._last_merged = {}  # (taken by `_frames` where it ran) sent with this update only
+        due = self._due.pop((a.fragment, a.version), None)
+        if due is not None:  # after the sends: the round's time until its update is queued
+            merged = time.perf_counter() - due
+            self._deliver(a.fragment, a.version, lambda: self.events.write(
+                "sent", fragment=a.fragment, version=a.version, merged_seconds=merged,
+                round_seconds=time.perf_counter() - due))
 
     def _frames(self, a: FragmentUpdate) -> list[bytes] | Encoded:
         """The update's frames. One that follows no merge (a join, a reply to stale work) is the

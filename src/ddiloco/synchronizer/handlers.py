@@ -204,6 +204,7 @@ class Handlers:
             now = time.time()
             span_start = intake.wall_time(head, "span_start", now)
             snapshot_wall = intake.wall_time(head, "snapshot_wall", now)
+            final = intake.flag(head, "final")
         except intake.BadField as exc:
             return framing.message(service.reject(session, None, f"malformed contribution header: {exc}"))
         if session is None:
@@ -226,6 +227,7 @@ class Handlers:
             incarnation=session.incarnation,
             span_start=span_start,
             snapshot_wall=snapshot_wall,
+            final=final,
         )
         return framing.message(service.contribute(session, contribution, work, tokens_total))
 

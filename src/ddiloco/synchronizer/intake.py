@@ -38,6 +38,14 @@ def count(head: dict, key: str, *, low: int = 0, high: int = MAX_COUNT, default:
     return value
 
 
+def flag(head: dict, key: str) -> bool:
+    """A true/false field; a missing one is false."""
+    value = head.get(key, False)
+    if not isinstance(value, bool):
+        raise BadField(f"field {key!r} must be true or false, got {show(value)}")
+    return value
+
+
 def optional_count(head: dict, key: str) -> int | None:
     return None if head.get(key) is None else count(head, key)
 

@@ -34,6 +34,7 @@ class PendingWork:
     incarnation: str
     span_start: float  # wall time the work began (the learner last received the fragment)
     snapshot_wall: float
+    final: bool = False  # sent by a learner that is finishing: it leaves once this is merged
 
 
 @dataclass

@@ -318,6 +318,7 @@ class SynchronizerService:
             if self.sessions.get(s.id) is not s:
                 return self.reject(None, c.fragment, "unknown session: register again", c.learner)
             s.last_seen = time.monotonic()
+            s.finishing = s.finishing or work.final
             if tokens_total is not None:
                 self.ledger.report_tokens(s.learner, s.incarnation, tokens_total)
             key = (c.learner, c.fragment, c.base_version)

@@ -24,6 +24,7 @@ class Session:
     progress: dict = field(default_factory=dict)
     unbooked_tokens: int | None = None  # from a heartbeat answered while the service was busy
     holds: set[int] = field(default_factory=set)  # fragments whose initial value it built itself
+    finishing: bool = False  # it sent its final work: merges of that work go down as notices, without values
 
 
 class SessionTable:
