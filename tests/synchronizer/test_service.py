@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @contextlib.contextmanager
-def k1_sessions(tiny_task, tmp_path, learners: int = 2):
+def k1_sessions(tiny_task, tmp_path, learners: int = 2, **settings):
     """A K = 1, no-grace synchronizer with `learners` registered sessions, and push(m): learner m's
     small outer gradient against version 0, contributed in this thread."""
     import torch
@@ -23,7 +23,7 @@ def k1_sessions(tiny_task, tmp_path, learners: int = 2):
     from ddiloco.synchronizer.ledger import PendingWork
 
     algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=1, grace=0.0)
-    with synchronizer(tiny_task, tmp_path, algorithm=algorithm, max_learners=learners) as (service, _):
+    with synchronizer(tiny_task, tmp_path, algorithm=algorithm, max_learners=learners, **settings) as (service, _):
         sessions = [service.session(service.register(m, f"inc{m}", True)["session"]) for m in range(learners)]
         grads = {n: torch.full(service.shapes[n], 1e-3) for n in service.core.plan.names[0]}
 
@@ -191,7 +191,10 @@ def test_a_finishing_learner_is_told_its_final_work_was_merged_without_the_value
     bytes; the others get the update in full, and so does final work the merge did not take."""
     from ddiloco.wire.framing import Reassembler
 
-    with k1_sessions(tiny_task, tmp_path) as (service, sessions, push):
+    from ddiloco.wire.timeouts import Timeouts
+
+    # sessions that send no heartbeats: declared gone only after 6 s, however loaded the machine
+    with k1_sessions(tiny_task, tmp_path, timeouts=Timeouts.derive(1.0)) as (service, sessions, push):
 
         def received(m: int) -> list[tuple[dict, int]]:
             got, reassembler = [], Reassembler(1 << 30)
