@@ -190,7 +190,6 @@ def test_a_finishing_learner_is_told_its_final_work_was_merged_without_the_value
     """Final work (the learner is leaving) that a merge took is acknowledged by a notice of a few
     bytes; the others get the update in full, and so does final work the merge did not take."""
     from ddiloco.wire.framing import Reassembler
-
     from ddiloco.wire.timeouts import Timeouts
 
     # sessions that send no heartbeats: declared gone only after 6 s, however loaded the machine
