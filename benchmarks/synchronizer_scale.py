@@ -218,7 +218,8 @@ def measure(params_count: int, learners: int, rounds: int, memcpy: float, idle_r
             run = Run(procs, Path(tmp_name), params, learners, bulk_socket)
             fragments = _fragment_names(params)
             frag_numel = [sum(params[n].numel() for n in f) for f in fragments]
-            raw_writes = raw_write_seconds(Path(tmp_name), max(frag_numel) * 8)  # params + momentum, fp32
+            checkpoint_bytes = max(frag_numel) * 8  # one fragment's params + momentum, fp32
+            raw_writes = raw_write_seconds(Path(tmp_name), checkpoint_bytes)
             grads = [{n: torch.randn_like(params[n]) * 1e-3 for n in f} for f in fragments]
             probe = start_probe(run, Path(tmp_name) / "stop-probe")
             times, sizes = [], []
@@ -244,7 +245,7 @@ def measure(params_count: int, learners: int, rounds: int, memcpy: float, idle_r
         finally:
             procs.stop_all()
         events = list(read_events(Path(tmp_name) / "events.jsonl"))
-        raw_write = statistics.median(raw_writes + raw_write_seconds(Path(tmp_name), max(frag_numel) * 8))
+        raw_write = statistics.median(raw_writes + raw_write_seconds(Path(tmp_name), checkpoint_bytes))
     sent = [e for e in events if e["kind"] == "sent" and e["version"] >= 2]
     server = [e["round_seconds"] for e in sent]
     merged = [e["merged_seconds"] for e in sent]
@@ -252,16 +253,17 @@ def measure(params_count: int, learners: int, rounds: int, memcpy: float, idle_r
     fragment_mb = statistics.mean(sizes) * 4 / 1e6
     round_s = statistics.median(server)
     touched = statistics.mean(sizes) * (2 * learners + 4 + 4 + 4)  # contributions bf16; params, momentum, update
+    copy_s = touched / (memcpy * 1e9)  # one memcpy of those bytes
     largest = max(frag_numel)
     need = numel * 8 + largest * (2 * learners + 4)  # params + momentum fp32; incoming bf16; one workspace
     lat = sorted(latencies)
     return {
         "params": numel, "learners": learners, "rounds": len(times), "plane": "socket" if bulk_socket else "grpc", "fragment_mb": fragment_mb,
         "round_ms": round_s * 1e3, "round_ms_per_mb": round_s * 1e3 / fragment_mb,
-        "round_vs_memcpy": round_s / (touched / (memcpy * 1e9)),
-        "round_vs_limit": round_s / (touched / (memcpy * 1e9) + raw_write), "raw_write_ms": raw_write * 1e3,
+        "round_vs_memcpy": round_s / copy_s,
+        "round_vs_limit": round_s / (copy_s + raw_write), "raw_write_ms": raw_write * 1e3,
         "merged_ms": statistics.median(merged) * 1e3,
-        "merged_vs_memcpy": statistics.median(merged) / (touched / (memcpy * 1e9)),
+        "merged_vs_memcpy": statistics.median(merged) / copy_s,
         "delivered_ms": statistics.median(times) * 1e3,
         "checkpoint_ms": statistics.median(writes) * 1e3, "checkpoint_vs_raw": statistics.median(writes) / raw_write,
         "heartbeats": len(lat), "heartbeat_p50_ms": lat[len(lat) // 2] * 1e3,

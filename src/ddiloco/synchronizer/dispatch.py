@@ -70,6 +70,7 @@ class ActionDispatcher:
         self.cond.notify_all()
 
     def _update(self, a: FragmentUpdate) -> None:
+        merged, self._last_merged = self._last_merged, {}  # whose work made this version: told with it only
         built, leaving, others = [], [], []  # built this initial value themselves; merged final work; the rest
         for s in (self.sessions.by_learner.get(m) for m in a.learners):
             if s is None:
@@ -77,10 +78,10 @@ class ActionDispatcher:
             if a.version == 0 and a.fragment in s.holds:
                 built.append(s)
             else:
-                (leaving if s.finishing and str(s.learner) in self._last_merged else others).append(s)
+                (leaving if s.finishing and str(s.learner) in merged else others).append(s)
         if leaving:  # told that their final work went in, without the values a leaving learner would not use
             notice = framing.message({"kind": "merged", "fragment": a.fragment, "version": a.version,
-                                      "merged": self._last_merged})
+                                      "merged": merged})
             for s in leaving:
                 self._deliver(a.fragment, a.version, lambda s=s: s.outbox.put_control(notice))
         for s in built:
@@ -88,10 +89,9 @@ class ActionDispatcher:
             self.send_update(s, a.fragment, 0, [framing.message(
                 {"kind": "update", "fragment": a.fragment, "version": 0, "merged": {}, "held": True})])
         if others or self.downlink is not None:  # encoded only if someone needs it (or the shadow starts)
-            frames = self._frames(a)
+            frames = self._frames(a, merged)
             for s in others:
                 self.send_update(s, a.fragment, a.version, frames)
-        self._last_merged = {}  # (taken by `_frames` where it ran) sent with this update only
         due = self._due.pop((a.fragment, a.version), None)
         if due is not None:  # after the sends: the round's time until its update is queued
             merged = time.perf_counter() - due
@@ -99,10 +99,9 @@ class ActionDispatcher:
                 "sent", fragment=a.fragment, version=a.version, merged_seconds=merged,
                 round_seconds=time.perf_counter() - due))
 
-    def _frames(self, a: FragmentUpdate) -> list[bytes] | Encoded:
+    def _frames(self, a: FragmentUpdate, merged: dict[str, int | None]) -> list[bytes] | Encoded:
         """The update's frames. One that follows no merge (a join, a reply to stale work) is the
         fragment's current value: it is encoded once per version and shared while it is fresh."""
-        merged, self._last_merged = self._last_merged, {}
         cached = self._encoded.get(a.fragment)
         if not merged and cached is not None and cached[0] == a.version:
             return cached[2]
