@@ -59,6 +59,7 @@ from ddiloco.core import plan_for_model
 from ddiloco.launch.procs import ProcessTable, ddiloco_command
 from ddiloco.records.events import read_events
 from ddiloco.wire import framing, rpc, sockets
+from ddiloco.wire import reassembly
 from ddiloco.wire.protocol import signature
 
 console = Console(stderr=True, width=180)
@@ -152,7 +153,7 @@ class Run:
             t.start()
 
     def _subscribe(self, m: int) -> None:
-        r = framing.Reassembler(1 << 40)
+        r = reassembly.Reassembler(1 << 40)
         try:
             for frame in self.bulk.subscribe(framing.message({"session": self.sessions[m]})):
                 msg = r.feed(frame)

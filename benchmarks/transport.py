@@ -44,6 +44,7 @@ from safetensors.torch import save_file
 
 from ddiloco.launch.procs import ProcessTable, ddiloco_command
 from ddiloco.wire import framing, quant, rpc, sockets
+from ddiloco.wire import reassembly
 from ddiloco.wire.buffers import BufferPool
 from ddiloco.wire.protocol import signature
 
@@ -88,7 +89,7 @@ numel, chunk = int(sys.argv[1]), int(sys.argv[2])
 weights = torch.randn(numel)
 pool = BufferPool(4 * numel)
 def push(frames, context):
-    r = framing.Reassembler(1 << 40, pool=pool)
+    r = reassembly.Reassembler(1 << 40, pool=pool)
     for f in frames:
         m = r.feed(f)
     m.tensors({"w": (numel,)})
@@ -223,7 +224,7 @@ class Ours:
 
     def pull(self) -> int:
         nbytes, got = 0, {}
-        r = framing.Reassembler(1 << 40, pool=self.arrivals)
+        r = reassembly.Reassembler(1 << 40, pool=self.arrivals)
         for frame in self.bulk.fetch(framing.message({}), timeout=300):
             nbytes += len(frame)
             msg = r.feed(frame)

@@ -18,6 +18,7 @@ from ddiloco.core import AlgorithmConfig
 from ddiloco.synchronizer.server import SynchronizerServer, build_service
 from ddiloco.synchronizer.settings import ServiceSettings
 from ddiloco.wire import framing, rpc, sockets
+from ddiloco.wire import reassembly
 
 from ..support.runtime import FAST
 
@@ -94,7 +95,7 @@ def test_a_fetch_over_the_socket_is_the_model_gRPC_fetches(served):
     msgs = list(_client(server).fetch(30))
     assert [m.head["fragment"] for m in msgs] == [0] and msgs[0].head["version"] == 0
     bulk = rpc.Stubs(rpc.open_channel(address, "bulk", framing.DEFAULT_CHUNK_BYTES + rpc.FRAME_MARGIN), "tok")
-    via_grpc = list(framing.read_stream(bulk.fetch(framing.message({}), timeout=30, metadata=bulk.metadata), 1 << 40))
+    via_grpc = list(reassembly.read_stream(bulk.fetch(framing.message({}), timeout=30, metadata=bulk.metadata), 1 << 40))
     got, expected = msgs[0].tensors(), via_grpc[0].tensors()
     with service.lock:
         assert torch.equal(got["w"], service.core.params["w"]) and torch.equal(got["w"], expected["w"])

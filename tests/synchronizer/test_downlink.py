@@ -9,12 +9,13 @@ from ddiloco.synchronizer.downlink import DeltaDownlink
 from ddiloco.synchronizer.outbox import Outbox
 from ddiloco.synchronizer.settings import ServiceSettings
 from ddiloco.wire import framing
+from ddiloco.wire import reassembly
 
 from ..support.runtime import mlp_run, train_until_accepted
 
 
-def received(frames: list[bytes]) -> framing.Message:
-    r = framing.Reassembler(1 << 30)
+def received(frames: list[bytes]) -> reassembly.Message:
+    r = reassembly.Reassembler(1 << 30)
     out = [m for m in (r.feed(f) for f in frames) if m is not None]
     assert len(out) == 1
     return out[0]

@@ -16,6 +16,7 @@ import torch
 from ddiloco.records.events import read_events
 from ddiloco.synchronizer.checkpoint import CheckpointError, CheckpointStore
 from ddiloco.wire import framing
+from ddiloco.wire import reassembly
 from ddiloco.wire.buffers import BufferPool
 from ddiloco.wire.protocol import signature
 from ddiloco.wire.timeouts import Timeouts
@@ -220,7 +221,7 @@ def test_5_memory_is_taken_only_as_payload_arrives():
     """A first frame that declares 2 GiB reserves address space for the message, not memory: the
     process's resident memory does not grow by the gigabytes (with or without a buffer pool)."""
     for pool in (None, BufferPool(4 << 30)):
-        r = framing.Reassembler(limit=1 << 32, pool=pool)
+        r = reassembly.Reassembler(limit=1 << 32, pool=pool)
         before = _rss_bytes()
         head = {"msg": 1, "part": 0, "parts": 4, "head": {"kind": "contribution", "nbytes": 2 << 30}}
         assert r.feed(framing.pack_frame(head, b"x" * 100)) is None

@@ -164,7 +164,7 @@ def test_updates_tell_each_learner_whether_the_merge_took_its_work(tiny_task, tm
     """A late contribution is refused as stale; the update it gets says the merge took only the
     opener, which is what lets a re-basing learner keep the refused work (`FragmentUpdate.merged`)."""
     from ddiloco.learner.link import merged_learners
-    from ddiloco.wire.framing import Reassembler
+    from ddiloco.wire.reassembly import Reassembler
 
     with k1_sessions(tiny_task, tmp_path) as (service, sessions, push):
 
@@ -189,7 +189,7 @@ def test_updates_tell_each_learner_whether_the_merge_took_its_work(tiny_task, tm
 def test_a_finishing_learner_is_told_its_final_work_was_merged_without_the_values(tiny_task, tmp_path):
     """Final work (the learner is leaving) that a merge took is acknowledged by a notice of a few
     bytes; the others get the update in full, and so does final work the merge did not take."""
-    from ddiloco.wire.framing import Reassembler
+    from ddiloco.wire.reassembly import Reassembler
     from ddiloco.wire.timeouts import Timeouts
 
     # sessions that send no heartbeats: declared gone only after 6 s, however loaded the machine

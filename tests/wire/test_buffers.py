@@ -3,6 +3,8 @@ import gc
 import torch
 
 from ddiloco.wire import framing
+
+from ddiloco.wire import reassembly
 from ddiloco.wire.buffers import BufferPool
 
 MB = 1 << 20
@@ -47,7 +49,7 @@ def test_what_the_pool_keeps_is_capped_oldest_first_and_small_buffers_are_not_po
 
 def test_a_reassembled_message_is_never_overwritten_while_its_tensors_live():
     pool = BufferPool(64 * MB)
-    r = framing.Reassembler(1 << 30, pool=pool)
+    r = reassembly.Reassembler(1 << 30, pool=pool)
     a, b = torch.randn(MB), torch.randn(MB)  # 4 MB each in fp32: pooled
     [first] = [m for f in framing.tensor_frames({"k": 1}, {"w": a}, "fp32", MB // 2) if (m := r.feed(f))]
     kept = first.tensors({"w": (MB,)})["w"]  # a view of the message's buffer
@@ -64,7 +66,7 @@ def test_a_declared_size_the_system_cannot_reserve_is_a_wire_error():
     frame = framing.pack_frame({"msg": 1, "part": 0, "parts": 2, "head": {"nbytes": 1 << 62}}, b"x")
     for pool in (None, BufferPool(MB)):
         try:
-            framing.Reassembler(1 << 63, pool=pool).feed(frame)
+            reassembly.Reassembler(1 << 63, pool=pool).feed(frame)
         except framing.WireError as exc:
             assert "cannot reserve" in str(exc)
         else:

@@ -6,6 +6,8 @@ import torch
 
 from ddiloco.wire import framing
 
+from ddiloco.wire import reassembly
+
 
 def test_single_frame_message_round_trip():
     head = framing.read_message(framing.message({"kind": "register", "learner": 3}))
@@ -17,7 +19,7 @@ def test_tensors_survive_chunking(chunk):
     tensors = {"a": torch.randn(13, 7), "b": torch.arange(5, dtype=torch.float32)}
     frames = framing.tensor_frames({"kind": "update", "fragment": 2}, tensors, "fp32", chunk)
     assert len(frames) == -(-(13 * 7 + 5) * 4 // chunk)
-    [msg] = list(framing.read_stream(frames, limit=10_000))
+    [msg] = list(reassembly.read_stream(frames, limit=10_000))
     assert msg.head["fragment"] == 2
     out = msg.tensors({"a": (13, 7), "b": (5,)})
     assert torch.equal(out["a"], tensors["a"]) and torch.equal(out["b"], tensors["b"])
@@ -26,7 +28,7 @@ def test_tensors_survive_chunking(chunk):
 def test_interleaved_control_frame_is_delivered_between_chunks():
     big = framing.tensor_frames({"kind": "update"}, {"x": torch.ones(100)}, "fp32", 64)
     small = framing.message({"kind": "request", "fragment": 1})
-    r = framing.Reassembler(1 << 20)
+    r = reassembly.Reassembler(1 << 20)
     got = [r.feed(big[0]), r.feed(small)] + [r.feed(f) for f in big[1:]]
     kinds = [m.head["kind"] for m in got if m is not None]
     assert kinds == ["request", "update"]
@@ -55,20 +57,20 @@ def test_truncated_and_non_json_headers_are_refused():
 
 def test_oversized_message_is_refused_at_its_first_frame():
     frames = framing.tensor_frames({"kind": "contribution"}, {"x": torch.zeros(1000)}, "fp32", 100)
-    r = framing.Reassembler(limit=3999)
+    r = reassembly.Reassembler(limit=3999)
     with pytest.raises(framing.WireError, match="exceeds the limit"):
         r.feed(frames[0])
 
 
 def test_out_of_order_and_overlong_bodies_are_refused():
     frames = framing.tensor_frames({"kind": "u"}, {"x": torch.zeros(100)}, "fp32", 100)
-    r = framing.Reassembler(1 << 20)
+    r = reassembly.Reassembler(1 << 20)
     r.feed(frames[0])
     with pytest.raises(framing.WireError, match="out of order"):
         r.feed(frames[2])
     lying = framing.pack_frame({"msg": 99, "part": 0, "parts": 1, "head": {"nbytes": 4}}, b"12345678")
     with pytest.raises(framing.WireError, match="longer than"):
-        framing.Reassembler(1 << 20).feed(lying)
+        reassembly.Reassembler(1 << 20).feed(lying)
 
 
 @pytest.mark.parametrize(
@@ -76,18 +78,18 @@ def test_out_of_order_and_overlong_bodies_are_refused():
     [({"a": (3, 3)}, "shape"), ({"b": (2, 3)}, "wrong tensor names"), ({"a": (2, 3), "c": (1,)}, "missing")],
 )
 def test_decode_checks_names_and_shapes(expected, message):
-    [msg] = list(framing.read_stream(framing.tensor_frames({}, {"a": torch.ones(2, 3)}, "bf16"), 1 << 20))
+    [msg] = list(reassembly.read_stream(framing.tensor_frames({}, {"a": torch.ones(2, 3)}, "bf16"), 1 << 20))
     with pytest.raises(framing.WireError, match=message):
         msg.tensors(expected)
 
 
 def test_payload_size_must_match_specs_and_codec_must_be_known():
     head = {"msg": 1, "part": 0, "parts": 1, "head": {"nbytes": 8, "tensors": [["a", [3], "fp32"]]}}
-    [msg] = list(framing.read_stream([framing.pack_frame(head, b"\0" * 8)], 100))
+    [msg] = list(reassembly.read_stream([framing.pack_frame(head, b"\0" * 8)], 100))
     with pytest.raises(framing.WireError, match="payload has 8 bytes"):
         msg.tensors()
     head["head"]["tensors"] = [["a", [2], "pickle"]]
-    [msg] = list(framing.read_stream([framing.pack_frame(head, b"\0" * 8)], 100))
+    [msg] = list(reassembly.read_stream([framing.pack_frame(head, b"\0" * 8)], 100))
     with pytest.raises(framing.WireError, match="unknown codec"):
         msg.tensors()
 

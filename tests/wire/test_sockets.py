@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from ddiloco.wire import framing, sockets
+
+from ddiloco.wire import reassembly
 from ddiloco.wire.buffers import BufferPool
 
 pytestmark = pytest.mark.timeout(60)
@@ -27,7 +29,7 @@ def pair():
 
 
 def _receive_message(sock, limit=1 << 30, pool=None, max_frame=1 << 24):
-    r = framing.Reassembler(limit, pool=pool)
+    r = reassembly.Reassembler(limit, pool=pool)
     deadline = sockets.Deadline(20)
     while True:
         _, _, msg = sockets.recv_frame(sock, max_frame, deadline, r)
@@ -42,7 +44,7 @@ def test_frame_parts_over_a_socket_arrive_as_the_tensors_sent(pair, codec, chunk
     client, server = pair
     torch.manual_seed(0)
     tensors = {"a": torch.randn(37, 5), "b": torch.randn(0, 4), "c": torch.randn(()), "d": torch.randn(1000)[::3]}
-    expected = framing.Reassembler(1 << 30)
+    expected = reassembly.Reassembler(1 << 30)
     for frame in framing.tensor_frames({"kind": "x"}, tensors, codec, chunk):
         via_grpc = expected.feed(frame)
     sender = threading.Thread(target=lambda: [sockets.send_frame(client, parts, sockets.Deadline(20))
@@ -76,7 +78,7 @@ def test_a_frame_longer_than_allowed_is_refused_before_its_body_is_read(pair):
     client, server = pair
     client.sendall(struct.pack("<I", 1 << 30) + framing.pack_frame({"msg": 1, "part": 0, "parts": 1})[:8])
     with pytest.raises(framing.WireError, match="at most"):
-        sockets.recv_frame(server, 1 << 20, sockets.Deadline(5), framing.Reassembler(1 << 40))
+        sockets.recv_frame(server, 1 << 20, sockets.Deadline(5), reassembly.Reassembler(1 << 40))
 
 
 @pytest.mark.parametrize("bad,match", [(b"XYZ\x01\x05\x00\x00\x00", "magic"), (b"DDL\x09\x05\x00\x00\x00", "version"),
@@ -85,7 +87,7 @@ def test_a_bad_prefix_is_refused(pair, bad, match):
     client, server = pair
     client.sendall(struct.pack("<I", 100) + bad)
     with pytest.raises(framing.WireError, match=match):
-        sockets.recv_frame(server, 1 << 20, sockets.Deadline(5), framing.Reassembler(1 << 40))
+        sockets.recv_frame(server, 1 << 20, sockets.Deadline(5), reassembly.Reassembler(1 << 40))
 
 
 def test_a_message_over_the_limit_is_refused_at_its_first_header(pair):
@@ -94,14 +96,14 @@ def test_a_message_over_the_limit_is_refused_at_its_first_header(pair):
     start = framing.frame_start({"msg": 1, "part": 0, "parts": 2, "head": {"nbytes": 1 << 40}})
     client.sendall(struct.pack("<I", len(start) + 10) + start)
     with pytest.raises(framing.WireError, match="exceeds the limit"):
-        sockets.recv_frame(server, 1 << 20, sockets.Deadline(5), framing.Reassembler(1 << 20))
+        sockets.recv_frame(server, 1 << 20, sockets.Deadline(5), reassembly.Reassembler(1 << 20))
 
 
 def test_a_silent_peer_hits_the_deadline(pair):
     client, server = pair
     t0 = time.monotonic()
     with pytest.raises(TimeoutError):
-        sockets.recv_frame(server, 1 << 20, sockets.Deadline(0.3), framing.Reassembler(1 << 20))
+        sockets.recv_frame(server, 1 << 20, sockets.Deadline(0.3), reassembly.Reassembler(1 << 20))
     assert time.monotonic() - t0 < 10
 
 
@@ -111,7 +113,7 @@ def test_a_peer_that_closes_mid_frame_is_an_error(pair):
     client.sendall(struct.pack("<I", len(frame)) + frame[:-40])
     client.close()
     with pytest.raises(ConnectionError):
-        sockets.recv_frame(server, 1 << 20, sockets.Deadline(5), framing.Reassembler(1 << 20))
+        sockets.recv_frame(server, 1 << 20, sockets.Deadline(5), reassembly.Reassembler(1 << 20))
 
 
 def test_an_error_reply_is_raised_as_an_rpc_error():

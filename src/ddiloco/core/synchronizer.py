@@ -5,17 +5,18 @@ the fragment from every other live learner; once the quorum (K, capped at the li
 is in, the adaptive grace window admits more; then it merges with token weights (RDA), applies the
 outer Nesterov step and sends the new version to every live learner. Time is an argument; nothing
 here sleeps, reads a clock or touches the network, so the virtual-clock cluster and the networked
-service drive exactly this code.
+service drive exactly this code. The checks a contribution must pass are in `checks`, the state saved
+and restored in `sync_state`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Collection, Iterable, Mapping, Sequence
 
 import torch
 
+from .checks import ContributionChecks
 from .config import AlgorithmConfig
 from .fragments import FragmentPlan
 from .merge_job import MergeDue, MergeJob, MergeResult
@@ -31,16 +32,14 @@ from .messages import (
     SyncAction,
 )
 from .outer import NesterovOuterOptimizer
-from .round_sum import AccumulatorPool, RoundSum, norm
+from .round_sum import AccumulatorPool, RoundSum
 from .rounds import Round, RoundView
+from .sync_state import SyncState
 from .timing import GraceWindow
 from .weights import token_weight
 
-#: Prefix of outer-optimizer buffers in `fragment_state`, so they can share a file with the parameters.
-OUTER_PREFIX = "outer/"
 
-
-class SynchronizerCore:
+class SynchronizerCore(ContributionChecks, SyncState):
     """Global parameters, outer optimizer states and rounds for the fragments this shard owns."""
 
     def __init__(
@@ -135,13 +134,6 @@ class SynchronizerCore:
         current.declined.add(decline.learner)
         return self._advance(decline.fragment, now)
 
-    @staticmethod
-    def measure(c: Contribution) -> dict[str, float]:
-        """The L2 norm of each tensor of a contribution: one pass each, and a NaN or Inf anywhere
-        makes its norm non-finite. Pure, so a driver may take it before its lock."""
-        return {name: norm(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else math.nan
-                for name, t in c.outer_gradient.items()}
-
     def _contribute(self, c: Contribution, now: float, norms: Mapping[str, float] | None) -> list[SyncAction]:
         if norms is None or set(norms) != set(c.outer_gradient):
             norms = self.measure(c)
@@ -182,59 +174,9 @@ class SynchronizerCore:
         current.declined.discard(c.learner)
         return requests + self._advance(c.fragment, now)
 
-    def _invalid(self, c: Contribution, norms: Mapping[str, float]) -> str | None:
-        """Why a contribution must be refused, or None. Nothing is changed by a refused message."""
-        if c.learner not in self.live:
-            return f"unknown learner {c.learner}: register (join) first"
-        if c.fragment not in self.versions:
-            return f"fragment {c.fragment} is not owned by this synchronizer"
-        if c.steps <= 0:
-            return "no steps since the last update: nothing to contribute"
-        if c.tokens < 0 or not (math.isfinite(c.seconds) and c.seconds >= 0):
-            return "negative or non-finite token or time counters"
-        if not (math.isfinite(c.step_time) and c.step_time >= 0):
-            return "non-finite step time"
-        expected = self.plan.names[c.fragment]
-        if set(c.outer_gradient) != set(expected):
-            extra = sorted(set(c.outer_gradient) - set(expected))
-            lacking = sorted(set(expected) - set(c.outer_gradient))
-            return f"wrong tensors for fragment {c.fragment}: unexpected {extra[:3]}, missing {lacking[:3]}"
-        for name in expected:
-            t = c.outer_gradient[name]
-            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-                return f"{name}: expected a floating-point tensor"
-            if tuple(t.shape) != tuple(self.params[name].shape):
-                return f"{name}: shape {tuple(t.shape)} != {tuple(self.params[name].shape)}"
-            if not math.isfinite(norms[name]):
-                return f"{name}: NaN or Inf values"
-        return self._too_large(c, norms)
-
-    def _too_large(self, c: Contribution, norms: Mapping[str, float]) -> str | None:
-        """The norm bound of `AlgorithmConfig.max_outer_norm_ratio`, over the whole fragment."""
-        ratio = self.config.max_outer_norm_ratio
-        if ratio <= 0:
-            return None
-        names = self.plan.names[c.fragment]
-        grad_sq = sum(norms[n] ** 2 for n in names)
-        param_sq = self._param_norm(c.fragment) ** 2
-        floor_sq = 1e-2 * self.plan.sizes[c.fragment]  # an RMS of 0.1 per value
-        limit = ratio * math.sqrt(max(param_sq, floor_sq))
-        if not math.sqrt(grad_sq) <= limit:
-            return (f"outer gradient too large: norm {math.sqrt(grad_sq):.3g} exceeds {ratio:g} x the fragment's "
-                    f"norm ({limit:.3g}; max_outer_norm_ratio)")
-        return None
-
     def _rda_names(self, p: int) -> frozenset[str]:
         """The tensors of fragment p merged by RDA (the rest, embeddings, by the weighted mean)."""
         return frozenset(self.plan.names[p]) - self.plain_names if self.config.merge == "rda" else frozenset()
-
-    def _param_norm(self, p: int) -> float:
-        """The fragment's global L2 norm, once per version."""
-        cached = self._param_norms.get(p)
-        if cached is None or cached[0] != self.versions[p]:
-            value = math.sqrt(sum(norm(self.params[n]) ** 2 for n in self.plan.names[p]))
-            cached = self._param_norms[p] = (self.versions[p], value)
-        return cached[1]
 
     def _reject(self, learner: int, fragment: int | None, reason: str) -> list[SyncAction]:
         kind = reason.split(":")[0]
@@ -348,44 +290,3 @@ class SynchronizerCore:
         if p not in self.versions:
             raise KeyError(f"fragment {p} is not owned by this synchronizer")
         return self._update(p, learners, copy=True)
-
-    # --- state ----------------------------------------------------------------------------------
-    def global_params(self) -> dict[str, torch.Tensor]:
-        return {name: t.clone() for name, t in self.params.items()}
-
-    def fragment_state(self, p: int, copy: bool = True) -> dict[str, torch.Tensor]:
-        """Fragment p's global tensors and its outer-optimizer buffers (keys OUTER_PREFIX + name):
-        copies, or with `copy=False` the live tensors, which the next merge of p changes in place.
-
-        One fragment at a time, so a checkpoint can write only the fragments whose version changed.
-        """
-        state = {name: self.params[name].clone() if copy else self.params[name] for name in self.plan.names[p]}
-        for name, buf in self.outer[p].buffers.items():
-            state[OUTER_PREFIX + name] = buf.clone() if copy else buf
-        return state
-
-    def state_dict(self) -> dict:
-        """Everything needed to resume: parameters, versions, outer optimizer buffers, estimates."""
-        return {
-            "params": self.global_params(),
-            "versions": dict(self.versions),
-            "outer": {p: self.outer[p].state_dict() for p in self.owned},
-            "grace": self.grace.state_dict(),
-            "rejections": dict(self.rejections),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        params = state["params"]
-        if set(params) != set(self.params):
-            raise ValueError("checkpoint parameters do not match this synchronizer's fragments")
-        for name, t in params.items():
-            if tuple(t.shape) != tuple(self.params[name].shape):
-                raise ValueError(f"checkpoint tensor {name} has shape {tuple(t.shape)}")
-            self.params[name] = t.detach().to("cpu", torch.float32).clone()
-        self.versions = {int(p): int(v) for p, v in state["versions"].items()}
-        self.merged_into.clear()  # who made the restored versions is not kept: updates say "not known"
-        for p in self.owned:
-            self.outer[p].load_state_dict(state["outer"].get(p, {}))
-        self.grace.load_state_dict(state.get("grace", {}))
-        self.rejections = dict(state.get("rejections", {}))
-        self.rounds.clear()

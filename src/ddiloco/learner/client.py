@@ -14,7 +14,7 @@ into the model at the step boundary and hands snapshots to those threads. The al
 shared `LearnerCore`: this class is its driver for real time and a real network, like the simulator's
 cluster is its driver for virtual time.
 
-Recovery, in the training thread, from the events the links post:
+Recovery, in the training thread, from the events the links post (`leader`):
 * "resync" after (re)registering: fragments the synchronizer holds at an *older* version than we do
   (it restarted from an older checkpoint) are overwritten with its value when it arrives
   (`LearnerCore.force`); fragments at the same version with a contribution in flight are retried
@@ -39,22 +39,23 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..core import AlgorithmConfig, Contribution, Decline, LearnerCore
+from ..core import AlgorithmConfig, LearnerCore
 from ..wire import framing
 from ..wire.protocol import signature
 from ..wire.timeouts import Timeouts
 from . import addresses as addresses_
 from . import peerstate, reporting
 from .fanout import RankFanout, active_group_size
-from .joining import await_global, check_replies, make_core, register_fresh, resync
+from .joining import await_global, check_replies, make_core, register_fresh
 from .journal import Journal
-from .link import LinkContext, ShardLink, SynchronizerError
+from .leader import LeaderSide
+from .link import LinkContext, ShardLink
 from .wan import WanLink, WanSettings
 
 log = logging.getLogger(__name__)
 
 
-class LearnerClient:
+class LearnerClient(LeaderSide):
     def __init__(
         self,
         model: torch.nn.Module | Mapping[str, torch.Tensor],
@@ -237,99 +238,6 @@ class LearnerClient:
         hold and leave (`stopping` turns true). To leave alone, use `finish()`."""
         for link in self.links:
             link.control.call("Stop", framing.message({"reason": reason[:200]}), self.timeouts.rpc)
-
-    def _leader_begin(self, tokens: int, seconds: float) -> tuple[list[int], list[int]]:
-        """Count the step and apply what arrived; returns (applied, due) fragments."""
-        if self._fatal:
-            raise SynchronizerError(self._fatal)
-        self._drain()
-        applied = self.core.begin_step(tokens, seconds)
-        self._mark_spans(applied)
-        self._stop = self.ctx.stop_requested.is_set()
-        self._progress = max(self._progress, self.ctx.global_progress)
-        return applied, self.core.due()
-
-    def _leader_end(self, due: list[int]) -> list[int]:
-        """Send the snapshots of `due`; with blocking syncs, wait for them. Returns fragments applied meanwhile."""
-        core = self.core
-        self._send(core.collect(), due)
-        before = list(core.versions)
-        while core.must_wait() and not self.ctx.stop_requested.is_set():
-            self._drain(wait=self.timeouts.heartbeat)
-            core.apply_arrivals()
-            self._send(core.collect(), [])
-            if self._fatal:
-                raise SynchronizerError(self._fatal)
-        if self.fanout is None or self._blocking:  # else every rank must keep the value shared at the begin
-            self._stop = self.ctx.stop_requested.is_set()
-            self._progress = max(self._progress, self.ctx.global_progress)
-        applied = [p for p in range(len(before)) if core.versions[p] != before[p]]
-        self._mark_spans(applied)
-        return applied
-
-    def _mark_spans(self, applied: list[int]) -> None:
-        wall = time.time()
-        for p in applied:
-            self._span_start[p] = wall
-
-    def _drain(self, wait: float | None = None) -> None:
-        """Handle every inbound event; with `wait`, block up to that long for the first one."""
-        first = True
-        while True:
-            try:
-                event = self.inbound.get(timeout=wait) if (first and wait) else self.inbound.get_nowait()
-            except queue.Empty:
-                return
-            first = False
-            self._handle(event)
-
-    def _handle(self, event: tuple) -> None:
-        core = self.core
-        kind = event[0]
-        if kind in ("update", "merged"):
-            counted = event[-1].get(str(self.learner)) if isinstance(event[-1], dict) else None
-            if isinstance(counted, int):
-                self.counted_position = max(self.counted_position, counted)
-        if kind == "update":
-            _, _, update, force, _ = event
-            p = update.fragment
-            if force or self._force.get(p) == update.version:
-                self._force.pop(p, None)
-                core.force(update)
-            else:
-                core.receive(update)
-        elif kind == "merged" and core.stopped:
-            core.acknowledge(event[2], event[3])
-        elif kind == "request":
-            core.request(event[2])
-        elif kind == "rejected":
-            _, _, p, base, reason, action = event
-            self.rejected.append(f"fragment {p}: {reason}")
-            if action == "retry":
-                core.retry(p, base)
-        elif kind == "resync":
-            resync(core, event[1], event[2], self._force)
-        elif kind == "fatal":
-            self._fatal = event[2]
-        elif kind == "donate" and self.optimizer is not None and event[2] not in self.donations:
-            self.donations.append(event[2])
-            if self.fanout is not None and self.fanout.sharded:  # rank 0 holds only its own shards
-                self._donate_to.append((event[1], event[2]))
-            else:
-                peerstate.start_upload(self.links[event[1]], event[2], *peerstate.snapshot(self.optimizer, self.params))
-
-    def _send(self, messages: list, gathered: list[int]) -> None:
-        """`gathered`: fragments whose sharded parameters were just pulled; only those may be snapshotted."""
-        for m in messages:
-            if isinstance(m, Contribution) and self.fanout is not None and self.fanout.sharded \
-                    and m.fragment not in gathered:
-                raise RuntimeError(f"fragment {m.fragment} was snapshotted without gathering its shards first")
-            link = self.links[self.owner[m.fragment]]
-            if isinstance(m, Contribution):
-                link.push(m, {"position": self.position, "tokens_total": self.tokens, "final": self.core.stopped,
-                              "span_start": self._span_start[m.fragment], "snapshot_wall": time.time()})
-            elif isinstance(m, Decline):
-                link.decline(m)
 
     # --- state ----------------------------------------------------------------------------------
     @property

@@ -8,6 +8,8 @@ import torch
 
 from ..wire import framing, rpc
 
+from ..wire import reassembly
+
 
 def fetch_params(addresses: list[str], token: str | None, timeout: float = 30.0) -> dict[str, torch.Tensor] | None:
     """The current global parameters from every shard, or None if a shard does not answer."""
@@ -17,7 +19,7 @@ def fetch_params(addresses: list[str], token: str | None, timeout: float = 30.0)
         try:
             stubs = rpc.Stubs(channel, token)
             stream = stubs.fetch(framing.message({}), timeout=timeout, metadata=stubs.metadata)
-            for msg in framing.read_stream(stream, 1 << 40):
+            for msg in reassembly.read_stream(stream, 1 << 40):
                 params.update(msg.tensors())
         except grpc.RpcError:
             return None

@@ -5,7 +5,7 @@ Three threads per shard, none of which the training loop ever waits on:
 * subscriber: holds a session (registering again whenever it is lost) and a server stream on the
   bulk channel; decodes updates and pull requests into the client's inbound queue;
 * pusher: encodes contributions (quantised) and pushes them on the bulk channel;
-* heartbeater: heartbeats and declines on the control channel.
+* heartbeater: heartbeats and declines on the control channel (these two: `outbound`).
 
 Any transport failure drops the session; the subscriber registers again (with backoff) and posts a
 "resync" event carrying the synchronizer's versions, from which the training thread works out what
@@ -26,20 +26,20 @@ from typing import Callable
 
 import grpc
 
-from ..core import Contribution, Decline, FragmentRequest, FragmentUpdate
+from ..core import FragmentRequest, FragmentUpdate
 from ..wire import framing, rpc
+from ..wire import reassembly
 from ..wire.buffers import BufferPool
 from ..wire.delta import DELTA_CODECS
 from ..wire.timeouts import Timeouts
 from . import addresses, staging
 from .held import HeldValues
 from .initial import InitialValues, kept
+from .outbound import PERMANENT, Outbound
 from .uplink import Uplink
 from .wan import WanLink
 
 log = logging.getLogger(__name__)
-PERMANENT = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
-             grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
 
 
 def merged_learners(value: object) -> tuple[int, ...] | None:
@@ -97,7 +97,7 @@ class LinkContext:
         self.wan.delay()
 
 
-class ShardLink:
+class ShardLink(Outbound):
     def __init__(self, index: int, spec: str, ctx: LinkContext, timeouts: Timeouts) -> None:
         """`spec`: host:port, or @FILE, an address file read again whenever the shard stops answering."""
         self.index = index
@@ -233,7 +233,7 @@ class ShardLink:
             try:
                 self._stream = self.bulk.subscribe(framing.message({"session": sid}), metadata=self.bulk.metadata)
                 self.ctx.arrivals.max_bytes = 4 * sum(math.prod(s) for s in self.info["plan"]["shapes"].values())
-                reassembler = framing.Reassembler(1 << 40, max_open=8, pool=self.ctx.arrivals)
+                reassembler = reassembly.Reassembler(1 << 40, max_open=8, pool=self.ctx.arrivals)
                 self.held.reset(self.info.get("codec_down") in DELTA_CODECS)
                 for frame in self._stream:
                     self.stats.bytes_received += len(frame)
@@ -254,7 +254,7 @@ class ShardLink:
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(2 * delay, self.timeouts.backoff_max)
 
-    def _deliver(self, msg: framing.Message) -> None:
+    def _deliver(self, msg: reassembly.Message) -> None:
         self.ctx.delay()
         head = msg.head
         kind = head.get("kind")
@@ -279,102 +279,6 @@ class ShardLink:
             self.ctx.stop_requested.set()
             self.ctx.inbound.put(("stop", self.index))
 
-    def push(self, contribution: Contribution, extra: dict) -> None:
-        self._pushq.put((contribution, extra))
-
-    def decline(self, decline: Decline) -> None:
-        self._ctrlq.put(decline)
-
-    def _pusher(self) -> None:
-        while not self.ctx.closing.is_set():
-            try:
-                item = self._pushq.get(timeout=self.timeouts.heartbeat)
-            except queue.Empty:
-                continue
-            if item is None:
-                return
-            c, extra = item
-            sid = self._wait_session(self.timeouts.failure)
-            if sid is None:
-                self.stats.lost_in_transit += 1  # the resync after registering retries it
-                staging.release(c.outer_gradient)
-                continue
-            head = {"kind": "contribution", "session": sid, "fragment": c.fragment, "base_version": c.base_version,
-                    "steps": c.steps, "tokens": c.tokens, "seconds": c.seconds, "step_time": c.step_time,
-                    "step": c.step, **extra}
-            nbytes = framing.payload_nbytes(c.outer_gradient, self.ctx.codec)
-            self.ctx.delay()
-            try:
-                reply, sent = self.uplink.push(self.bulk, head, c.outer_gradient, self.ctx.codec, self.chunk_bytes,
-                                               self.timeouts.bulk(nbytes) + self.ctx.wan.transfer_seconds(nbytes))
-            except grpc.RpcError as exc:
-                if self.ctx.closing.is_set():
-                    return
-                self.stats.lost_in_transit += 1
-                log.info("push of fragment %d to %s failed (%s): %s", c.fragment, self.address, exc.code().name,
-                         exc.details())
-                if exc.code() in PERMANENT:
-                    self.stats.rejected += 1
-                    self.stats.last_rejection = exc.details() or exc.code().name
-                    self.ctx.inbound.put(("rejected", self.index, c.fragment, c.base_version, exc.details(), "retry"))
-                else:
-                    self.invalidate(sid)
-                continue
-            finally:
-                staging.release(c.outer_gradient)
-            self.stats.pushed += 1
-            self.stats.bytes_pushed += sent
-            if reply.get("ok"):
-                self.stats.accepted += 1
-                continue
-            self.stats.rejected += 1
-            self.stats.last_rejection = reply.get("reason", "")
-            action = reply.get("action", "reset")
-            log.log(logging.INFO if action == "none" else logging.WARNING, "synchronizer %s rejected fragment %d: %s (%s)",
-                    self.address, c.fragment, reply.get("reason"), action)
-            self.ctx.inbound.put(("rejected", self.index, c.fragment, c.base_version, reply.get("reason"), action))
-            if action == "reregister":
-                self.invalidate(sid)
-
-    def _heartbeater(self) -> None:
-        next_beat = 0.0
-        while not self.ctx.closing.is_set():
-            try:
-                decline = self._ctrlq.get(timeout=max(0.0, next_beat - time.monotonic()))
-            except queue.Empty:
-                decline = None
-            sid = self._session
-            if decline is not None:
-                if sid is not None:
-                    head = {"session": sid, "fragment": decline.fragment, "version": decline.version,
-                            "reason": decline.reason}
-                    self._call("Decline", head, sid)
-                continue
-            next_beat = time.monotonic() + self.timeouts.heartbeat
-            if sid is None:
-                continue
-            reply = self._call("Heartbeat", {"session": sid, **self.ctx.progress()}, sid)
-            if reply is None:
-                continue
-            if reply.get("stopping"):
-                self.ctx.stop_requested.set()
-            if isinstance(reply.get("progress"), (int, float)):
-                self.ctx.global_progress = max(self.ctx.global_progress, float(reply["progress"]))
-            if isinstance(reply.get("donate"), str):  # peer recovery: a joiner wants our inner state
-                self.ctx.inbound.put(("donate", self.index, reply["donate"]))
-
-    def _call(self, method: str, head: dict, sid: str) -> dict | None:
-        self.ctx.delay()
-        try:
-            reply = framing.read_message(self.control.call(method, framing.message(head), self.timeouts.rpc))
-        except grpc.RpcError as exc:
-            if not self.ctx.closing.is_set():
-                log.debug("%s to %s failed: %s", method, self.address, exc.code().name)
-            return None
-        if not reply.get("ok") and reply.get("action") == "reregister":
-            self.invalidate(sid)
-        return reply
-
     def leave(self, tokens: int) -> None:
         sid = self._session
         if sid is None:
@@ -384,9 +288,6 @@ class ShardLink:
         except grpc.RpcError:
             pass
         self._set_session(None)
-
-    def pending_pushes(self) -> int:
-        return self._pushq.qsize()
 
     def close(self) -> None:
         self.ctx.closing.set()

@@ -23,6 +23,8 @@ import grpc
 import torch
 
 from ..wire import framing
+
+from ..wire import reassembly
 from ..wire.protocol import state_checksum
 from .fanout import is_sharded
 
@@ -204,7 +206,7 @@ def _download(link, sid: str, ticket: str, params: Mapping[str, torch.Tensor],  
         frames = link.bulk.recover(framing.message({"session": sid, "ticket": ticket}),
                                    timeout=link.timeouts.bulk(4 * sum(p.numel() * 4 for p in params.values())),
                                    metadata=link.bulk.metadata)
-        msg = next(framing.read_stream(frames, 1 << 40))
+        msg = next(reassembly.read_stream(frames, 1 << 40))
         expected = {s.name: tuple(params[s.name.rpartition("/")[0]].shape) for s in msg.specs()
                     if s.name.rpartition("/")[0] in params}
         tensors = msg.tensors(expected)

@@ -34,7 +34,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..core import SynchronizerCore
-from ..core.synchronizer import OUTER_PREFIX
+from ..core.sync_state import OUTER_PREFIX
 from ..records.atomic import atomic_save, atomic_write_json, read_json
 
 FORMAT = 1

@@ -14,6 +14,8 @@ from typing import Callable, Iterator, Protocol
 import grpc
 
 from ..wire import framing
+
+from ..wire import reassembly
 from ..wire.protocol import state_checksum
 from .service import SynchronizerService
 from .streams import StreamGuard
@@ -69,7 +71,7 @@ class DonationRpc:
         key, stream = self.h.streams.open("Donate", context, self.desk.ttl)
         ticket = None
         try:
-            reassembler = framing.Reassembler(self.limit, max_open=1)
+            reassembler = reassembly.Reassembler(self.limit, max_open=1)
             msg = None
             for data in request_iterator:
                 stream.waiting()

@@ -20,6 +20,7 @@ import torch
 
 from ..core import Contribution
 from ..wire import framing
+from ..wire import reassembly
 from ..wire.buffers import BufferPool
 from . import intake
 from .donation_rpc import DonationRpc
@@ -158,9 +159,9 @@ class Handlers:
         """A push's entry in the stream guard (either plane)."""
         return self.streams.open("Push", context, self._bulk_deadline(self.service.settings.max_message_bytes))
 
-    def push_reassembler(self) -> framing.Reassembler:
+    def push_reassembler(self) -> reassembly.Reassembler:
         """Where a push's one message lands: size-limited, into the reused push buffers."""
-        return framing.Reassembler(self.service.settings.max_message_bytes, max_open=1, pool=self.push_buffers)
+        return reassembly.Reassembler(self.service.settings.max_message_bytes, max_open=1, pool=self.push_buffers)
 
     def _push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext, key: int,
               stream: Stream) -> bytes:
@@ -187,7 +188,7 @@ class Handlers:
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, stream.cancelled or "push cancelled")
         return self.contribution_reply(msg, context)
 
-    def contribution_reply(self, msg: framing.Message, context: grpc.ServicerContext) -> bytes:
+    def contribution_reply(self, msg: reassembly.Message, context: grpc.ServicerContext) -> bytes:
         """A complete pushed message taken in (any plane): the reply to send."""
         service = self.service
         head = msg.head

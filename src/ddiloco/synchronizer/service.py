@@ -5,8 +5,8 @@ A timer thread (`timer`) calls `poll` when a grace window ends (`next_deadline`)
 learners gone when their heartbeats stop (`leave`). Actions the core returns are carried out in
 order by `dispatch`: a merge is booked and checkpointed *before* its update is queued to the
 learners, so a version a learner ever saw is never lost to a crash (with the default
---checkpoint-every 1). Sessions live in `sessions`, the run's end in `budget`; the gRPC handlers that
-feed this class live in `handlers`.
+--checkpoint-every 1). Sessions live in `sessions`, registration, heartbeats and leaving in
+`membership`, the run's end in `budget`; the gRPC handlers that feed this class live in `handlers`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ from __future__ import annotations
 import logging
 import math
 import os
-import secrets
 import threading
 import time
 from collections import deque
-from typing import Mapping
 
 from ..core import Contribution, Decline, Rejected, SynchronizerCore
 from ..core.merge_job import MergeJob, MergeResult
@@ -34,8 +32,8 @@ from .commit import CommitLog
 from .dispatch import ActionDispatcher
 from .donations import DonationDesk
 from .ledger import MergeLedger, PendingWork
+from .membership import Membership
 from .merger import MergeWorkers
-from .outbox import Outbox
 from .sessions import Session, SessionTable
 from .settings import Refused, ServiceSettings
 from .timer import Timer
@@ -46,7 +44,7 @@ __all__ = ["Refused", "ServiceSettings", "Session", "SynchronizerService"]
 log = logging.getLogger(__name__)
 
 
-class SynchronizerService:
+class SynchronizerService(Membership):
     def __init__(
         self,
         core: SynchronizerCore,
@@ -170,110 +168,7 @@ class SynchronizerService:
         """The tokens the budget counts: trained (reported) or merged, as the settings say."""
         return self.ledger.tokens_merged if self.settings.budget_counts == "merged" else self.ledger.tokens_reported
 
-    # --- membership -----------------------------------------------------------------------------
-    def register(self, learner: int, incarnation: str, fresh: bool, holds: Mapping[str, str] | None = None) -> dict:
-        max_learners = self.settings.max_learners
-        if learner < 0:
-            raise Refused("INVALID_ARGUMENT", f"unknown learner id {learner}: learner ids are >= 0")
-        if learner >= max_learners:
-            raise Refused("INVALID_ARGUMENT",
-                          f"unknown learner id {learner}: this synchronizer accepts ids 0..{max_learners - 1} "
-                          f"(start it with a larger --max-learners to admit more)")
-        with self.cond:
-            if self.closed:
-                raise Refused("UNAVAILABLE", "the synchronizer is shutting down")
-            now = self.now()
-            old = self.sessions.by_learner.get(learner)
-            if old is not None:
-                # Trust model (docs/runtime.md): whoever holds the token may register any learner id;
-                # the newest registration wins. A takeover is never silent.
-                log.warning("learner %d registered again (incarnation %s, was %s): its old session is closed",
-                            learner, incarnation, old.incarnation)
-                self.events.write("replaced", learner=learner, incarnation=incarnation, previous=old.incarnation)
-                self.sessions.close(old)
-                if old.incarnation != incarnation and learner in self.core.live:
-                    # A restarted process: its predecessor is gone, do not wait for it.
-                    self.dispatch(self.core.leave(learner, now, self.arrivals.waiting()), now)
-            session = Session(secrets.token_hex(8), learner, incarnation, Outbox(), time.monotonic(), time.time())
-            session.holds = self.dispatcher.held_by(holds or {})
-            kept = len(session.holds)
-            self.sessions.add(session)
-            resume = self.ledger.resume_position(learner, self._open_positions(learner))
-            self.ledger.book(learner)
-            self.ledger.on_join(time.time())
-            self.dispatch(self.core.join(learner, now), now)
-            if self.stopping:
-                session.outbox.put_control(framing.message({"kind": "stop", "reason": self.stop_reason}))
-            self.events.write("join", learner=learner, incarnation=incarnation, fresh=fresh, resume_position=resume,
-                              versions=self.core.versions, kept=kept)
-            log.info("learner %d registered (incarnation %s, %s), resumes at data position %d",
-                     learner, incarnation, "fresh" if fresh else "reconnect", resume)
-            return {
-                "session": session.id,
-                "shard": self.settings.shard,
-                "num_shards": self.settings.num_shards,
-                "owned": list(self.core.owned),
-                "versions": {str(p): v for p, v in self.core.versions.items()},
-                "resume_position": resume,
-                "timeouts": self.settings.timeouts.to_dict(),
-                "algorithm": self.core.config.to_dict(),
-                "plan": self.plan_json,
-                "codec_down": self.settings.codec_down,
-                "chunk_bytes": self.settings.chunk_bytes,
-                "max_message_bytes": self.settings.max_message_bytes,
-                "stopping": self.stopping,
-                "progress": self.progress(),
-            }
-
-    def _open_positions(self, learner: int) -> list[int]:
-        out = []
-        for r in self.core.open_rounds():
-            if learner in r.contributors:
-                info = self.ledger.pending.get((learner, r.fragment, r.version))
-                if info is not None:
-                    out.append(info.position)
-        return out
-
-    def session(self, session_id: object) -> Session | None:
-        with self.lock:
-            return self.sessions.get(session_id)
-
-    def heartbeat(self, session_id: object, progress: dict) -> dict:
-        """Answered without waiting for the service lock, so a learner is never declared gone because
-        the synchronizer was busy: the session's clock and progress are plain assignments; its token
-        count is booked now if the lock is free, else by the next tick (`book_tokens`)."""
-        s = self.sessions.get(session_id)  # one dict read
-        if s is None:
-            return {"ok": False, "reason": "unknown session: the synchronizer restarted or declared this "
-                    "learner gone; register again", "action": "reregister"}
-        s.last_seen = time.monotonic()
-        s.progress = {k: progress[k] for k in ("step", "tokens", "position", "step_time", "state", "loss")
-                      if k in progress}
-        if isinstance(progress.get("tokens"), int):
-            s.unbooked_tokens = progress["tokens"]
-            if self.lock.acquire(blocking=False):
-                try:
-                    self.book_tokens(s)
-                finally:
-                    self.lock.release()
-        reply = {"ok": True, "stopping": self.stopping, "progress": self.progress()}
-        ticket = self.donations.due_for(s.id)
-        if ticket is not None:
-            reply["donate"] = ticket
-        return reply
-
-    def book_tokens(self, s: Session) -> None:
-        """Book a heartbeat's token count (caller holds the lock)."""
-        tokens, s.unbooked_tokens = s.unbooked_tokens, None
-        if tokens is not None and self.sessions.get(s.id) is s:
-            self.ledger.report_tokens(s.learner, s.incarnation, tokens)
-
-    def donor_candidates(self) -> list[tuple[int, str, float]]:
-        """(learner, session, steps) of every live learner that is training: who could donate inner state."""
-        with self.lock:
-            return [(s.learner, s.id, float(s.progress.get("step", 0) or 0)) for s in self.sessions
-                    if s.progress.get("state") == "training"]
-
+    # --- contributions --------------------------------------------------------------------------
     def decline(self, session_id: object, fragment: int, version: int, reason: str) -> dict:
         with self.cond:
             s = self.sessions.get(session_id)
@@ -285,21 +180,6 @@ class SynchronizerService:
             self.dispatch(self.core.receive(decline, now, self.arrivals.waiting()), now)
             return {"ok": True}
 
-    def leave(self, session_id: object, tokens: int | None) -> dict:
-        with self.cond:
-            s = self.sessions.get(session_id)
-            if s is None:
-                return {"ok": False, "reason": "unknown session"}
-            if tokens is not None:
-                self.ledger.report_tokens(s.learner, s.incarnation, tokens)
-            self.sessions.close(s)
-            now = self.now()
-            self.events.write("leave", learner=s.learner, incarnation=s.incarnation, reason="left")
-            log.info("learner %d left", s.learner)
-            self.dispatch(self.core.leave(s.learner, now, self.arrivals.waiting()), now)
-            return {"ok": True}
-
-    # --- contributions --------------------------------------------------------------------------
     def contribute(self, s: Session, c: Contribution, work: PendingWork, tokens_total: int | None) -> dict:
         norms = self.core.measure(c)  # the one pass over its values that validation needs, off the lock
         self.arrivals.arrive(c.fragment)

@@ -1,6 +1,7 @@
 """What the learner and the synchronizer both speak: nothing here knows either side.
 
-    framing     messages and tensors as raw bytes with a JSON header, chunked and reassembled
+    framing     messages and tensors as raw bytes with a JSON header, chunked
+    reassembly  frames back into messages, each size-checked before anything is buffered
     quant       the tensor codecs (fp32, bf16, int8, int4) with their validity checks
     protocol    the model signature, the plan's JSON form, what a refusal asks the learner to do
     rpc         gRPC plumbing: bytes-in/bytes-out methods, one control and one bulk channel

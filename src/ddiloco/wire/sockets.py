@@ -4,7 +4,7 @@ fetches of fragment-sized tensors.
 gRPC moves at most about 0.6 of what a plain socket moves on this machine (`benchmarks/transport.py`):
 every message is copied into its buffers and out again, and crosses its threads. Here a frame's
 pieces go out with one `sendmsg` from the tensors' own memory, and each body is received with
-`recv_into` straight to its place in the message buffer (`framing.Reassembler.place`), so the bytes
+`recv_into` straight to its place in the message buffer (`reassembly.Reassembler.place`), so the bytes
 are touched once on each side. Control stays on gRPC; this carries only bulk tensors.
 
 A connection carries one call. Every frame is a u32 length and then the frame. The client opens with
@@ -26,6 +26,8 @@ from typing import Callable, Iterable, Iterator
 import grpc
 
 from . import framing
+
+from . import reassembly
 from .buffers import BufferPool
 
 _LENGTH = struct.Struct("<I")
@@ -116,15 +118,15 @@ def recv_head(sock: socket.socket, max_frame: int, deadline: Deadline) -> tuple[
     return framing.parse_header(header), n - framing.PREFIX_BYTES - length, n
 
 
-def recv_body(sock: socket.socket, reassembler: framing.Reassembler, frame: dict, nbytes: int,
-              deadline: Deadline) -> framing.Message | None:
+def recv_body(sock: socket.socket, reassembler: reassembly.Reassembler, frame: dict, nbytes: int,
+              deadline: Deadline) -> reassembly.Message | None:
     """A frame's body, straight into its place in the message buffer; the message it completes."""
     recv_into(sock, reassembler.place(frame, nbytes), deadline)
     return reassembler.complete()
 
 
 def recv_frame(sock: socket.socket, max_frame: int, deadline: Deadline,
-               reassembler: framing.Reassembler | None = None) -> tuple[dict, int, framing.Message | None]:
+               reassembler: reassembly.Reassembler | None = None) -> tuple[dict, int, reassembly.Message | None]:
     """One frame: (its header, its size, the message it completes or None). Without a `reassembler`
     it must have no body (a small message)."""
     frame, body, n = recv_head(sock, max_frame, deadline)
@@ -199,12 +201,12 @@ class BulkSocketClient:
         finally:
             sock.close()
 
-    def fetch(self, timeout: float, pool: BufferPool | None = None, limit: int = 1 << 40) -> Iterator[framing.Message]:
+    def fetch(self, timeout: float, pool: BufferPool | None = None, limit: int = 1 << 40) -> Iterator[reassembly.Message]:
         """The messages a fetch returns, each received straight into its buffer."""
         deadline = Deadline(timeout)
         sock = self._connect("Fetch", deadline)
         try:
-            reassembler = framing.Reassembler(limit, max_open=1, pool=pool)
+            reassembler = reassembly.Reassembler(limit, max_open=1, pool=pool)
             while True:
                 _, _, msg = recv_frame(sock, self.max_frame, deadline, reassembler)
                 if msg is None:

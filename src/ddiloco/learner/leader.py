@@ -1,0 +1,113 @@
+"""Rank 0's side of a `LearnerClient`'s step boundary: the events the links posted handed to the
+learner core, and the contributions and declines it makes handed to the links.
+
+Apart from `client` because this is the one part that talks to the links (only rank 0 holds them);
+the client keeps the public calls and what every rank does.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+from ..core import Contribution, Decline
+from . import peerstate
+from .joining import resync
+from .link import SynchronizerError
+
+
+class LeaderSide:
+    """Mixed into `LearnerClient`, whose `__init__` and `start` make the core, links and state these use."""
+
+    def _leader_begin(self, tokens: int, seconds: float) -> tuple[list[int], list[int]]:
+        """Count the step and apply what arrived; returns (applied, due) fragments."""
+        if self._fatal:
+            raise SynchronizerError(self._fatal)
+        self._drain()
+        applied = self.core.begin_step(tokens, seconds)
+        self._mark_spans(applied)
+        self._stop = self.ctx.stop_requested.is_set()
+        self._progress = max(self._progress, self.ctx.global_progress)
+        return applied, self.core.due()
+
+    def _leader_end(self, due: list[int]) -> list[int]:
+        """Send the snapshots of `due`; with blocking syncs, wait for them. Returns fragments applied meanwhile."""
+        core = self.core
+        self._send(core.collect(), due)
+        before = list(core.versions)
+        while core.must_wait() and not self.ctx.stop_requested.is_set():
+            self._drain(wait=self.timeouts.heartbeat)
+            core.apply_arrivals()
+            self._send(core.collect(), [])
+            if self._fatal:
+                raise SynchronizerError(self._fatal)
+        if self.fanout is None or self._blocking:  # else every rank must keep the value shared at the begin
+            self._stop = self.ctx.stop_requested.is_set()
+            self._progress = max(self._progress, self.ctx.global_progress)
+        applied = [p for p in range(len(before)) if core.versions[p] != before[p]]
+        self._mark_spans(applied)
+        return applied
+
+    def _mark_spans(self, applied: list[int]) -> None:
+        wall = time.time()
+        for p in applied:
+            self._span_start[p] = wall
+
+    def _drain(self, wait: float | None = None) -> None:
+        """Handle every inbound event; with `wait`, block up to that long for the first one."""
+        first = True
+        while True:
+            try:
+                event = self.inbound.get(timeout=wait) if (first and wait) else self.inbound.get_nowait()
+            except queue.Empty:
+                return
+            first = False
+            self._handle(event)
+
+    def _handle(self, event: tuple) -> None:
+        core = self.core
+        kind = event[0]
+        if kind in ("update", "merged"):
+            counted = event[-1].get(str(self.learner)) if isinstance(event[-1], dict) else None
+            if isinstance(counted, int):
+                self.counted_position = max(self.counted_position, counted)
+        if kind == "update":
+            _, _, update, force, _ = event
+            p = update.fragment
+            if force or self._force.get(p) == update.version:
+                self._force.pop(p, None)
+                core.force(update)
+            else:
+                core.receive(update)
+        elif kind == "merged" and core.stopped:
+            core.acknowledge(event[2], event[3])
+        elif kind == "request":
+            core.request(event[2])
+        elif kind == "rejected":
+            _, _, p, base, reason, action = event
+            self.rejected.append(f"fragment {p}: {reason}")
+            if action == "retry":
+                core.retry(p, base)
+        elif kind == "resync":
+            resync(core, event[1], event[2], self._force)
+        elif kind == "fatal":
+            self._fatal = event[2]
+        elif kind == "donate" and self.optimizer is not None and event[2] not in self.donations:
+            self.donations.append(event[2])
+            if self.fanout is not None and self.fanout.sharded:  # rank 0 holds only its own shards
+                self._donate_to.append((event[1], event[2]))
+            else:
+                peerstate.start_upload(self.links[event[1]], event[2], *peerstate.snapshot(self.optimizer, self.params))
+
+    def _send(self, messages: list, gathered: list[int]) -> None:
+        """`gathered`: fragments whose sharded parameters were just pulled; only those may be snapshotted."""
+        for m in messages:
+            if isinstance(m, Contribution) and self.fanout is not None and self.fanout.sharded \
+                    and m.fragment not in gathered:
+                raise RuntimeError(f"fragment {m.fragment} was snapshotted without gathering its shards first")
+            link = self.links[self.owner[m.fragment]]
+            if isinstance(m, Contribution):
+                link.push(m, {"position": self.position, "tokens_total": self.tokens, "final": self.core.stopped,
+                              "span_start": self._span_start[m.fragment], "snapshot_wall": time.time()})
+            elif isinstance(m, Decline):
+                link.decline(m)

@@ -1,0 +1,167 @@
+"""Who is in the run: a learner's registration, its heartbeats, its leaving, and the bookkeeping of its session.
+
+Apart from `SynchronizerService` (which mixes this in) because membership is one idea of its own; it
+works on the service's sessions, ledger and core under the same lock, and the timer (`ticks`) declares
+gone the learners whose heartbeats stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..core import SynchronizerCore
+from ..records.events import EventLog
+from ..wire import framing
+from .arrivals import Arrivals
+from .dispatch import ActionDispatcher
+from .donations import DonationDesk
+from .ledger import MergeLedger
+from .outbox import Outbox
+from .sessions import Session, SessionTable
+from .settings import Refused, ServiceSettings
+
+log = logging.getLogger("ddiloco.synchronizer.service")  # the service's logger, as in `ticks`
+
+
+class Membership:
+    """The membership methods of `SynchronizerService`, over the attributes and methods it sets up."""
+
+    core: SynchronizerCore
+    settings: ServiceSettings
+    plan_json: dict[str, Any]
+    events: EventLog
+    lock: threading.RLock
+    cond: threading.Condition
+    closed: bool
+    stopping: bool
+    stop_reason: str
+    sessions: SessionTable
+    ledger: MergeLedger
+    arrivals: Arrivals
+    donations: DonationDesk
+    dispatcher: ActionDispatcher
+    now: Callable[[], float]
+    progress: Callable[[], float]
+    dispatch: Callable[[list[Any], float], None]
+
+    def register(self, learner: int, incarnation: str, fresh: bool, holds: Mapping[str, str] | None = None) -> dict:
+        max_learners = self.settings.max_learners
+        if learner < 0:
+            raise Refused("INVALID_ARGUMENT", f"unknown learner id {learner}: learner ids are >= 0")
+        if learner >= max_learners:
+            raise Refused("INVALID_ARGUMENT",
+                          f"unknown learner id {learner}: this synchronizer accepts ids 0..{max_learners - 1} "
+                          f"(start it with a larger --max-learners to admit more)")
+        with self.cond:
+            if self.closed:
+                raise Refused("UNAVAILABLE", "the synchronizer is shutting down")
+            now = self.now()
+            old = self.sessions.by_learner.get(learner)
+            if old is not None:
+                # Trust model (docs/runtime.md): whoever holds the token may register any learner id;
+                # the newest registration wins. A takeover is never silent.
+                log.warning("learner %d registered again (incarnation %s, was %s): its old session is closed",
+                            learner, incarnation, old.incarnation)
+                self.events.write("replaced", learner=learner, incarnation=incarnation, previous=old.incarnation)
+                self.sessions.close(old)
+                if old.incarnation != incarnation and learner in self.core.live:
+                    # A restarted process: its predecessor is gone, do not wait for it.
+                    self.dispatch(self.core.leave(learner, now, self.arrivals.waiting()), now)
+            session = Session(secrets.token_hex(8), learner, incarnation, Outbox(), time.monotonic(), time.time())
+            session.holds = self.dispatcher.held_by(holds or {})
+            kept = len(session.holds)
+            self.sessions.add(session)
+            resume = self.ledger.resume_position(learner, self._open_positions(learner))
+            self.ledger.book(learner)
+            self.ledger.on_join(time.time())
+            self.dispatch(self.core.join(learner, now), now)
+            if self.stopping:
+                session.outbox.put_control(framing.message({"kind": "stop", "reason": self.stop_reason}))
+            self.events.write("join", learner=learner, incarnation=incarnation, fresh=fresh, resume_position=resume,
+                              versions=self.core.versions, kept=kept)
+            log.info("learner %d registered (incarnation %s, %s), resumes at data position %d",
+                     learner, incarnation, "fresh" if fresh else "reconnect", resume)
+            return {
+                "session": session.id,
+                "shard": self.settings.shard,
+                "num_shards": self.settings.num_shards,
+                "owned": list(self.core.owned),
+                "versions": {str(p): v for p, v in self.core.versions.items()},
+                "resume_position": resume,
+                "timeouts": self.settings.timeouts.to_dict(),
+                "algorithm": self.core.config.to_dict(),
+                "plan": self.plan_json,
+                "codec_down": self.settings.codec_down,
+                "chunk_bytes": self.settings.chunk_bytes,
+                "max_message_bytes": self.settings.max_message_bytes,
+                "stopping": self.stopping,
+                "progress": self.progress(),
+            }
+
+    def _open_positions(self, learner: int) -> list[int]:
+        out = []
+        for r in self.core.open_rounds():
+            if learner in r.contributors:
+                info = self.ledger.pending.get((learner, r.fragment, r.version))
+                if info is not None:
+                    out.append(info.position)
+        return out
+
+    def session(self, session_id: object) -> Session | None:
+        with self.lock:
+            return self.sessions.get(session_id)
+
+    def heartbeat(self, session_id: object, progress: dict) -> dict:
+        """Answered without waiting for the service lock, so a learner is never declared gone because
+        the synchronizer was busy: the session's clock and progress are plain assignments; its token
+        count is booked now if the lock is free, else by the next tick (`book_tokens`)."""
+        s = self.sessions.get(session_id)  # one dict read
+        if s is None:
+            return {"ok": False, "reason": "unknown session: the synchronizer restarted or declared this "
+                    "learner gone; register again", "action": "reregister"}
+        s.last_seen = time.monotonic()
+        s.progress = {k: progress[k] for k in ("step", "tokens", "position", "step_time", "state", "loss")
+                      if k in progress}
+        if isinstance(progress.get("tokens"), int):
+            s.unbooked_tokens = progress["tokens"]
+            if self.lock.acquire(blocking=False):
+                try:
+                    self.book_tokens(s)
+                finally:
+                    self.lock.release()
+        reply = {"ok": True, "stopping": self.stopping, "progress": self.progress()}
+        ticket = self.donations.due_for(s.id)
+        if ticket is not None:
+            reply["donate"] = ticket
+        return reply
+
+    def book_tokens(self, s: Session) -> None:
+        """Book a heartbeat's token count (caller holds the lock)."""
+        tokens, s.unbooked_tokens = s.unbooked_tokens, None
+        if tokens is not None and self.sessions.get(s.id) is s:
+            self.ledger.report_tokens(s.learner, s.incarnation, tokens)
+
+    def donor_candidates(self) -> list[tuple[int, str, float]]:
+        """(learner, session, steps) of every live learner that is training: who could donate inner state."""
+        with self.lock:
+            return [(s.learner, s.id, float(s.progress.get("step", 0) or 0)) for s in self.sessions
+                    if s.progress.get("state") == "training"]
+
+    def leave(self, session_id: object, tokens: int | None) -> dict:
+        with self.cond:
+            s = self.sessions.get(session_id)
+            if s is None:
+                return {"ok": False, "reason": "unknown session"}
+            if tokens is not None:
+                self.ledger.report_tokens(s.learner, s.incarnation, tokens)
+            self.sessions.close(s)
+            now = self.now()
+            self.events.write("leave", learner=s.learner, incarnation=s.incarnation, reason="left")
+            log.info("learner %d left", s.learner)
+            self.dispatch(self.core.leave(s.learner, now, self.arrivals.waiting()), now)
+            return {"ok": True}
