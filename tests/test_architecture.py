@@ -35,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
     "cli": {"api", "cluster", "launch", "sim", "goodput", "report", "synchronizer", "learner", "wire", "core", "records", "train",
             "chaos"},
 }
-TOP_LEVEL_MODULES = {"ddiloco", "ddiloco.__main__", "ddiloco._moved"}
+TOP_LEVEL_MODULES = {"ddiloco", "ddiloco.__main__"}
 MAX_LINES = 400
 
 

@@ -11,11 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from . import _moved
-
-__version__ = "0.2.0"
-
-_moved.install()
+__version__ = "0.3.0"
 
 _PUBLIC = {
     "LearnerClient": "ddiloco.learner.client",
