@@ -67,14 +67,25 @@ def plan(base: dict[str, SimConfig]) -> list[tuple[str, str, SimConfig]]:
     out: list[tuple[str, str, SimConfig]] = []
     for m in (2, 4, 8, 16):
         for merge in ("rda", "mean"):
-            out.append(("merge", f"M={m} {merge}", dataclasses.replace(d, learners=m, algorithm=dataclasses.replace(alg, merge=merge))))
+            out.append(
+                (
+                    "merge",
+                    f"M={m} {merge}",
+                    dataclasses.replace(d, learners=m, algorithm=dataclasses.replace(alg, merge=merge)),
+                )
+            )
     for codec in ("fp32", "bf16", "int8", "int4"):
         out.append(("precision", codec, dataclasses.replace(d, codec=codec)))
-    for name, setting in (("decoupled-hetero-k1", "K=1"), ("decoupled-hetero-k1-grace", "K=1 + grace"),
-                          ("decoupled-hetero-km", "K=M")):
+    for name, setting in (
+        ("decoupled-hetero-k1", "K=1"),
+        ("decoupled-hetero-k1-grace", "K=1 + grace"),
+        ("decoupled-hetero-km", "K=M"),
+    ):
         out.append(("quorum", setting, base[name]))
     for m in (2, 4, 8):
-        out.append(("learners", f"M={m}", dataclasses.replace(d, learners=m, algorithm=dataclasses.replace(alg, merge="rda"))))
+        out.append(
+            ("learners", f"M={m}", dataclasses.replace(d, learners=m, algorithm=dataclasses.replace(alg, merge="rda")))
+        )
     for h in (8, 24, 48):
         out.append(("period", f"H={h}", dataclasses.replace(d, algorithm=dataclasses.replace(alg, sync_every=h))))
     for p in (1, 4, 24):
@@ -88,8 +99,17 @@ def plan(base: dict[str, SimConfig]) -> list[tuple[str, str, SimConfig]]:
     return out
 
 
-FIGURES = ("eval_loss", "goodput", "utilization", "outer_norm_ratio", "learners_per_merge", "peak_step_bytes",
-           "outer_steps", "sim_seconds", "wall_seconds")
+FIGURES = (
+    "eval_loss",
+    "goodput",
+    "utilization",
+    "outer_norm_ratio",
+    "learners_per_merge",
+    "peak_step_bytes",
+    "outer_steps",
+    "sim_seconds",
+    "wall_seconds",
+)
 
 
 def figures(result: dict) -> dict:
@@ -106,8 +126,11 @@ def bandwidth_needed(rows: list[dict]) -> dict[str, float | None]:
     for method in ("decoupled", "diloco", "ddp"):
         mine = [r for r in rows if r["ablation"] == "distance" and r["setting"].startswith(method + " ")]
         free = next(r["goodput"] for r in mine if r["setting"].endswith("free link"))
-        ok = [float(r["setting"].split()[1]) for r in mine
-              if not r["setting"].endswith("free link") and r["goodput"] >= 0.95 * free]
+        ok = [
+            float(r["setting"].split()[1])
+            for r in mine
+            if not r["setting"].endswith("free link") and r["goodput"] >= 0.95 * free
+        ]
         out[method] = min(ok) if ok else None
     return out
 
@@ -123,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not Path(args.data).is_file():
         parser.error(f"--data {args.data} does not exist")
-    out_path = args.out or quality.ROOT / "benchmarks" / "results" / ("ablations-quick.json" if args.quick else "ablations.json")
+    out_path = args.out or quality.ROOT / "benchmarks" / "results" / (
+        "ablations-quick.json" if args.quick else "ablations.json"
+    )
     started = time.perf_counter()
     base = base_rows(spec(args.quick), args.seed, args.data)
     task = build_task(base["decoupled"])
@@ -137,8 +162,13 @@ def main(argv: list[str] | None = None) -> int:
             console.log(f"{ablation}: {setting} ...")
             done[key] = figures(run_sim(config, task=task))
         rows.append({"ablation": ablation, "setting": setting, **done[key]})
-    report = {"quick": args.quick, "seed": args.seed, "model": spec(args.quick), "rows": rows,
-              "wall_seconds": time.perf_counter() - started}
+    report = {
+        "quick": args.quick,
+        "seed": args.seed,
+        "model": spec(args.quick),
+        "rows": rows,
+        "wall_seconds": time.perf_counter() - started,
+    }
     if "distance" in args.only:
         report["bandwidth_needed_mbit"] = bandwidth_needed(rows)
     print_table(rows, report.get("bandwidth_needed_mbit"))
@@ -160,17 +190,40 @@ def _fmt(value: object, digits: int = 4) -> str:
 
 def print_table(rows: list[dict], needed: dict | None) -> None:
     table = Table(title="Ablations (virtual clock, one seed)")
-    for col in ("ablation", "setting", "eval loss", "goodput", "utilization", "|merged|/|contrib|", "learners/merge",
-                "peak bytes/step", "merges", "wall s"):
+    for col in (
+        "ablation",
+        "setting",
+        "eval loss",
+        "goodput",
+        "utilization",
+        "|merged|/|contrib|",
+        "learners/merge",
+        "peak bytes/step",
+        "merges",
+        "wall s",
+    ):
         table.add_column(col, justify="left" if col in ("ablation", "setting") else "right")
     for r in rows:
-        table.add_row(r["ablation"], r["setting"], _fmt(r["eval_loss"]), _fmt(r["goodput"], 3), _fmt(r["utilization"], 3),
-                      _fmt(r["outer_norm_ratio"], 3), _fmt(r["learners_per_merge"], 2),
-                      _fmt(r["peak_step_bytes"]), _fmt(r["outer_steps"]), _fmt(r["wall_seconds"], 1))
+        table.add_row(
+            r["ablation"],
+            r["setting"],
+            _fmt(r["eval_loss"]),
+            _fmt(r["goodput"], 3),
+            _fmt(r["utilization"], 3),
+            _fmt(r["outer_norm_ratio"], 3),
+            _fmt(r["learners_per_merge"], 2),
+            _fmt(r["peak_step_bytes"]),
+            _fmt(r["outer_steps"]),
+            _fmt(r["wall_seconds"], 1),
+        )
     Console(file=sys.stdout, width=200).print(table)
     if needed:
         for method, mbit in needed.items():
-            text = f"{mbit:g} Mbit/s" if mbit is not None and math.isfinite(mbit) else f"more than {BANDWIDTHS_MBIT[0]:g} Mbit/s"
+            text = (
+                f"{mbit:g} Mbit/s"
+                if mbit is not None and math.isfinite(mbit)
+                else f"more than {BANDWIDTHS_MBIT[0]:g} Mbit/s"
+            )
             print(f"{method}: least bandwidth (50 ms away) keeping 95 % of its free-link goodput: {text}")
 
 

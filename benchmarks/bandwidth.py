@@ -37,13 +37,33 @@ console = Console(stderr=True, width=150)
 WORKERS = 8  # the all-reduce it is compared with
 
 
-WITH_DIFFERENCES = [("bf16", "bf16"), ("int8", "bf16"), ("int4", "bf16"), ("bf16", "int8"), ("int8", "int8"),
-                    ("int4", "int4")]
+WITH_DIFFERENCES = [
+    ("bf16", "bf16"),
+    ("int8", "bf16"),
+    ("int4", "bf16"),
+    ("bf16", "int8"),
+    ("int8", "int8"),
+    ("int4", "int4"),
+]
 
 
 def run(codec: str, codec_down: str, args: argparse.Namespace, run_dir: Path, tokens: int) -> dict:
-    flags = ["--learners", "4", "--model-size", args.model_size, "--data", str(args.data), "--tokens", str(tokens),
-             "--codec", codec, "--codec-down", codec_down, "--seed", "0"]
+    flags = [
+        "--learners",
+        "4",
+        "--model-size",
+        args.model_size,
+        "--data",
+        str(args.data),
+        "--tokens",
+        str(tokens),
+        "--codec",
+        codec,
+        "--codec-down",
+        codec_down,
+        "--seed",
+        "0",
+    ]
     console.print(f"[bold]{codec} up, {codec_down} down[/bold]: ddiloco run {' '.join(flags)}")
     return ddiloco_run(flags, run_dir, f"--codec {codec} --codec-down {codec_down}")
 
@@ -53,8 +73,10 @@ def between(whole: dict, half: dict) -> tuple[float, float]:
     steps = whole["inner_steps"] - half["inner_steps"]
     if steps <= 0:
         raise SystemExit("the half-budget run took as many steps as the whole one: raise --tokens")
-    return tuple((whole[k] * whole["inner_steps"] - half[k] * half["inner_steps"]) / steps
-                 for k in ("bytes_up_per_step", "bytes_down_per_step"))
+    return tuple(
+        (whole[k] * whole["inner_steps"] - half[k] * half["inner_steps"]) / steps
+        for k in ("bytes_up_per_step", "bytes_down_per_step")
+    )
 
 
 def ratios(ring: float, up: float, down: float) -> dict:
@@ -63,45 +85,81 @@ def ratios(ring: float, up: float, down: float) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--codec-down", default=None, choices=("bf16", "fp32", "int8", "int4"),
-                   help="only this download codec (default: bf16, then int8 / int4 differences)")
+    p.add_argument(
+        "--codec-down",
+        default=None,
+        choices=("bf16", "fp32", "int8", "int4"),
+        help="only this download codec (default: bf16, then int8 / int4 differences)",
+    )
     p.add_argument("--steady", action="store_true", help="also run each pair at half the budget (see above)")
     args = parse_run_arguments(p, tokens=2_400_000)
     if args.quick:
         args.model_size, args.tokens = "tiny", 300_000
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        pairs = WITH_DIFFERENCES if args.codec_down is None else [(c, args.codec_down) for c in ("bf16", "int8", "int4")]
+        pairs = (
+            WITH_DIFFERENCES if args.codec_down is None else [(c, args.codec_down) for c in ("bf16", "int8", "int4")]
+        )
         for codec, codec_down in pairs:
             result = run(codec, codec_down, args, Path(tmp) / f"{codec}-{codec_down}", args.tokens)
             params = result["params"]
             up, down = result["bytes_up_per_step"], result["bytes_down_per_step"]
             ring = {dtype: 2 * (WORKERS - 1) / WORKERS * params * size for dtype, size in (("bf16", 2), ("fp32", 4))}
             row = {
-                "codec": codec, "codec_down": codec_down, "params": int(params), "inner_steps": result["inner_steps"],
-                "bytes_up_per_step": up, "bytes_down_per_step": down,
-                "allreduce_bf16_bytes_per_step": ring["bf16"], "allreduce_fp32_bytes_per_step": ring["fp32"],
-                **ratios(ring["bf16"], up, down), "ratio_both_ways_fp32": 2 * ring["fp32"] / (up + down),
-                "eval_loss": result.get("eval_loss"), "goodput": result.get("goodput"),
+                "codec": codec,
+                "codec_down": codec_down,
+                "params": int(params),
+                "inner_steps": result["inner_steps"],
+                "bytes_up_per_step": up,
+                "bytes_down_per_step": down,
+                "allreduce_bf16_bytes_per_step": ring["bf16"],
+                "allreduce_fp32_bytes_per_step": ring["fp32"],
+                **ratios(ring["bf16"], up, down),
+                "ratio_both_ways_fp32": 2 * ring["fp32"] / (up + down),
+                "eval_loss": result.get("eval_loss"),
+                "goodput": result.get("goodput"),
             }
             if args.steady:
                 half = run(codec, codec_down, args, Path(tmp) / f"{codec}-{codec_down}-half", args.tokens // 2)
                 up_s, down_s = between(result, half)
-                row.update({"bytes_up_per_step_steady": up_s, "bytes_down_per_step_steady": down_s,
-                            **{f"{k}_steady": v for k, v in ratios(ring["bf16"], up_s, down_s).items()}})
+                row.update(
+                    {
+                        "bytes_up_per_step_steady": up_s,
+                        "bytes_down_per_step_steady": down_s,
+                        **{f"{k}_steady": v for k, v in ratios(ring["bf16"], up_s, down_s).items()},
+                    }
+                )
             rows.append(row)
-    table = Table(title=f"bytes per learner per inner step vs a ring all-reduce among {WORKERS} workers "
-                        f"({rows[0]['params'] / 1e6:.2f}M parameters)")
-    for col in ("up codec", "down codec", "up B/step", "down B/step", "x fewer up", "x fewer down", "x fewer both (bf16 ring)",
-                "x fewer both (fp32 ring)", "eval loss"):
+    table = Table(
+        title=f"bytes per learner per inner step vs a ring all-reduce among {WORKERS} workers "
+        f"({rows[0]['params'] / 1e6:.2f}M parameters)"
+    )
+    for col in (
+        "up codec",
+        "down codec",
+        "up B/step",
+        "down B/step",
+        "x fewer up",
+        "x fewer down",
+        "x fewer both (bf16 ring)",
+        "x fewer both (fp32 ring)",
+        "eval loss",
+    ):
         table.add_column(col, justify="right")
     if args.steady:
         table.add_column("x fewer both, steady", justify="right")
     for r in rows:
-        cells = [r["codec"], r["codec_down"], f"{r['bytes_up_per_step']:.0f}", f"{r['bytes_down_per_step']:.0f}",
-                 f"{r['ratio_up']:.1f}", f"{r['ratio_down']:.1f}", f"{r['ratio_both_ways']:.1f}",
-                 f"{r['ratio_both_ways_fp32']:.1f}",
-                 f"{r['eval_loss']:.4f}" if isinstance(r["eval_loss"], float) else "-"]
+        cells = [
+            r["codec"],
+            r["codec_down"],
+            f"{r['bytes_up_per_step']:.0f}",
+            f"{r['bytes_down_per_step']:.0f}",
+            f"{r['ratio_up']:.1f}",
+            f"{r['ratio_down']:.1f}",
+            f"{r['ratio_both_ways']:.1f}",
+            f"{r['ratio_both_ways_fp32']:.1f}",
+            f"{r['eval_loss']:.4f}" if isinstance(r["eval_loss"], float) else "-",
+        ]
         table.add_row(*cells, *([f"{r['ratio_both_ways_steady']:.1f}"] if args.steady else []))
     console.print(table)
     console.print("aims: >= 40x fewer both ways with the defaults (bf16), >= 100x with int4 uploads")

@@ -42,12 +42,34 @@ console = Console(stderr=True)
 
 
 def run_method(method: str, args: argparse.Namespace, trace: Path, run_dir: Path) -> dict:
-    cmd = ["--method", method, "--learners", str(args.learners),
-           "--model-size", args.model_size, "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size),
-           "--data", str(args.data), "--sync-every", str(args.sync_every), "--fragments", str(args.fragments),
-           "--grace", str(args.grace), "--tokens", str(args.tokens), "--seed", str(args.seed),
-           "--chaos-trace", str(trace),
-           "--min-step-seconds", str(args.min_step_seconds)]
+    cmd = [
+        "--method",
+        method,
+        "--learners",
+        str(args.learners),
+        "--model-size",
+        args.model_size,
+        "--seq-len",
+        str(args.seq_len),
+        "--batch-size",
+        str(args.batch_size),
+        "--data",
+        str(args.data),
+        "--sync-every",
+        str(args.sync_every),
+        "--fragments",
+        str(args.fragments),
+        "--grace",
+        str(args.grace),
+        "--tokens",
+        str(args.tokens),
+        "--seed",
+        str(args.seed),
+        "--chaos-trace",
+        str(trace),
+        "--min-step-seconds",
+        str(args.min_step_seconds),
+    ]
     console.print(f"[bold]{method}[/bold]: ddiloco run {' '.join(cmd)}")
     result = ddiloco_run(cmd, run_dir, f"--method {method}")
     journals = list(read_journals(run_dir, "learner-*/journal-*.json"))
@@ -69,19 +91,31 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--sync-every", type=int, default=24)
     p.add_argument("--fragments", type=int, default=24)
-    p.add_argument("--grace", type=float, default=0.9,
-                   help="grace factor gamma; 0.9 lets learners out of phase by up to a step into the merge")
-    p.add_argument("--min-step-seconds", type=float, default=0.1,
-                   help="pad every step to this long: learners behave as if each had its own accelerator "
-                        "(0: real compute only; then 4 learners share this machine's cores and a dead "
-                        "learner's CPU goes to the others, which hides what a failure costs)")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=0.9,
+        help="grace factor gamma; 0.9 lets learners out of phase by up to a step into the merge",
+    )
+    p.add_argument(
+        "--min-step-seconds",
+        type=float,
+        default=0.1,
+        help="pad every step to this long: learners behave as if each had its own accelerator "
+        "(0: real compute only; then 4 learners share this machine's cores and a dead "
+        "learner's CPU goes to the others, which hides what a failure costs)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--run-dir", type=Path, default=None, help="keep both runs' folders here")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--backend", choices=["local", "slurm"], default="local",
-                   help="slurm: Slurm jobs, learner jobs requeued at --mtbf (Slurm brings them back)")
+    p.add_argument(
+        "--backend",
+        choices=["local", "slurm"],
+        default="local",
+        help="slurm: Slurm jobs, learner jobs requeued at --mtbf (Slurm brings them back)",
+    )
     p.add_argument("--timeout", type=float, default=3600.0, help="slurm: give up on a run after this long")
     p.add_argument("--eval-batches", type=int, default=20)
     args = p.parse_args()
@@ -93,36 +127,51 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         base = args.run_dir or Path(tmp_name)
         base.mkdir(parents=True, exist_ok=True)
-        trace = learner_trace(ChaosSettings(learner_mtbf=args.mtbf, learner_down=args.down, seed=args.seed),
-                              args.learners, horizon=4 * 3600.0)
+        trace = learner_trace(
+            ChaosSettings(learner_mtbf=args.mtbf, learner_down=args.down, seed=args.seed),
+            args.learners,
+            horizon=4 * 3600.0,
+        )
         trace_path = base / "chaos-trace.csv"
         trace.save(trace_path)
         results = {m: run_method(m, args, trace_path, base / m) for m in ("decoupled", "diloco")}
     d, s = results["decoupled"], results["diloco"]
-    table = Table(title=f"{args.learners} learners, kill -9 every {args.mtbf:g} s on average, down {args.down:g} s, "
-                        f"{args.tokens:,} tokens")
+    table = Table(
+        title=f"{args.learners} learners, kill -9 every {args.mtbf:g} s on average, down {args.down:g} s, "
+        f"{args.tokens:,} tokens"
+    )
     for col in ("", "decoupled", "diloco (sync)"):
         table.add_column(col, justify="right")
-    rows = [("goodput", "goodput", "{:.3f}"), ("availability", "availability", "{:.3f}"),
-            ("goodput / availability", "goodput_over_availability", "{:.3f}"),
-            ("stall_seconds_max", "stall_seconds_max", "{:.1f}"), ("2 x H step times (s)", "stall_limit_seconds", "{:.1f}"),
-            ("eval loss", "eval_loss", "{:.4f}"), ("tokens trained", "tokens_trained", "{:,}"),
-            ("tokens merged", "tokens_merged", "{:,.0f}"), ("learner restarts", "learner_restarts", "{}"),
-            ("rejected contributions", "rejected_contributions", "{}"), ("wall seconds", "wall_seconds", "{:.0f}"),
-            ("step seconds", "step_seconds", "{:.3f}")]
+    rows = [
+        ("goodput", "goodput", "{:.3f}"),
+        ("availability", "availability", "{:.3f}"),
+        ("goodput / availability", "goodput_over_availability", "{:.3f}"),
+        ("stall_seconds_max", "stall_seconds_max", "{:.1f}"),
+        ("2 x H step times (s)", "stall_limit_seconds", "{:.1f}"),
+        ("eval loss", "eval_loss", "{:.4f}"),
+        ("tokens trained", "tokens_trained", "{:,}"),
+        ("tokens merged", "tokens_merged", "{:,.0f}"),
+        ("learner restarts", "learner_restarts", "{}"),
+        ("rejected contributions", "rejected_contributions", "{}"),
+        ("wall seconds", "wall_seconds", "{:.0f}"),
+        ("step seconds", "step_seconds", "{:.3f}"),
+    ]
     for label, key, fmt in rows:
         table.add_row(label, fmt.format(d[key]), fmt.format(s[key]))
     console.print(table)
     summary = {
-        "decoupled": d, "diloco": s,
+        "decoupled": d,
+        "diloco": s,
         "ratio": d["goodput_over_availability"],
         "goodput_ratio_vs_sync": d["goodput"] / max(1e-9, s["goodput"]),
         "stall_within_limit": d["stall_seconds_max"] <= d["stall_limit_seconds"],
         "eval_loss_delta": d["eval_loss"] - s["eval_loss"],
     }
-    console.print(f"decoupled goodput / availability: [bold]{summary['ratio']:.3f}[/bold] (aim: >= 0.85); "
-                  f"goodput decoupled / sync: {summary['goodput_ratio_vs_sync']:.2f}; decoupled stall "
-                  f"{d['stall_seconds_max']:.1f} s vs limit {d['stall_limit_seconds']:.1f} s")
+    console.print(
+        f"decoupled goodput / availability: [bold]{summary['ratio']:.3f}[/bold] (aim: >= 0.85); "
+        f"goodput decoupled / sync: {summary['goodput_ratio_vs_sync']:.2f}; decoupled stall "
+        f"{d['stall_seconds_max']:.1f} s vs limit {d['stall_limit_seconds']:.1f} s"
+    )
     if args.json:
         print(json.dumps(summary, sort_keys=True))
 
@@ -132,23 +181,33 @@ def slurm_main(args: argparse.Namespace) -> None:
     import chaos_slurm
 
     summary = chaos_slurm.main(args, console)
-    table = Table(title=f"Slurm: {args.learners} learner jobs, each requeued every {args.mtbf:g} s on average, "
-                        f"{args.tokens:,} tokens")
+    table = Table(
+        title=f"Slurm: {args.learners} learner jobs, each requeued every {args.mtbf:g} s on average, "
+        f"{args.tokens:,} tokens"
+    )
     names = list(chaos_slurm.CONFIGS)
     table.add_column("")
     for name in names:
         table.add_column(name, justify="right")
-    rows = [("goodput", "goodput", "{:.3f}"), ("uptime", "uptime", "{:.3f}"),
-            ("goodput / uptime", "goodput_over_uptime", "{:.3f}"), ("stall_seconds_max", "stall_seconds_max", "{:.1f}"),
-            ("eval loss", "eval_loss", "{:.4f}"), ("tokens trained", "tokens_trained", "{:,}"),
-            ("tokens merged", "tokens_merged", "{:,.0f}"), ("requeues", "requeues", "{}"),
-            ("run seconds", "run_seconds", "{:.0f}")]
+    rows = [
+        ("goodput", "goodput", "{:.3f}"),
+        ("uptime", "uptime", "{:.3f}"),
+        ("goodput / uptime", "goodput_over_uptime", "{:.3f}"),
+        ("stall_seconds_max", "stall_seconds_max", "{:.1f}"),
+        ("eval loss", "eval_loss", "{:.4f}"),
+        ("tokens trained", "tokens_trained", "{:,}"),
+        ("tokens merged", "tokens_merged", "{:,.0f}"),
+        ("requeues", "requeues", "{}"),
+        ("run seconds", "run_seconds", "{:.0f}"),
+    ]
     for label, key, fmt in rows:
         table.add_row(label, *(fmt.format(summary[n][key]) for n in names))
     console.print(table)
-    console.print(f"decoupled goodput / uptime [bold]{summary['ratio']:.3f}[/bold]; goodput decoupled / sync "
-                  f"{summary['goodput_ratio_vs_sync']:.2f}; eval loss cold - peer recovery "
-                  f"{summary['eval_loss_cost_of_cold_restarts']:+.4f}")
+    console.print(
+        f"decoupled goodput / uptime [bold]{summary['ratio']:.3f}[/bold]; goodput decoupled / sync "
+        f"{summary['goodput_ratio_vs_sync']:.2f}; eval loss cold - peer recovery "
+        f"{summary['eval_loss_cost_of_cold_restarts']:+.4f}"
+    )
     if args.json:
         print(json.dumps({k: v for k, v in summary.items()}, sort_keys=True, default=float))
 

@@ -75,12 +75,49 @@ def run_one(name: str, args, run_dir: Path, env: dict, requeues: list[tuple[floa
     from ddiloco.train.tasks import make_task
 
     method, extra = CONFIGS[name]
-    cmd = [sys.executable, "-m", "ddiloco", "run", "--backend", "slurm", "--detach", "--json", "--sync-host",
-           "127.0.0.1", "--method", method, "--learners", str(args.learners), "--model-size", args.model_size,
-           "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--data", str(args.data),
-           "--sync-every", str(args.sync_every), "--fragments", str(args.fragments), "--grace", str(args.grace),
-           "--tokens", str(args.tokens), "--seed", str(args.seed), "--threads", "1", "--term-grace", "5",
-           "--min-step-seconds", str(args.min_step_seconds), "--run-dir", str(run_dir), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddiloco",
+        "run",
+        "--backend",
+        "slurm",
+        "--detach",
+        "--json",
+        "--sync-host",
+        "127.0.0.1",
+        "--method",
+        method,
+        "--learners",
+        str(args.learners),
+        "--model-size",
+        args.model_size,
+        "--seq-len",
+        str(args.seq_len),
+        "--batch-size",
+        str(args.batch_size),
+        "--data",
+        str(args.data),
+        "--sync-every",
+        str(args.sync_every),
+        "--fragments",
+        str(args.fragments),
+        "--grace",
+        str(args.grace),
+        "--tokens",
+        str(args.tokens),
+        "--seed",
+        str(args.seed),
+        "--threads",
+        "1",
+        "--term-grace",
+        "5",
+        "--min-step-seconds",
+        str(args.min_step_seconds),
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    ]
     console.print(f"[bold]{name}[/bold]: {' '.join(cmd[2:])}")
     os.environ.update({k: v for k, v in env.items() if k == "SLURM_CONF"})
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
@@ -114,8 +151,9 @@ def run_one(name: str, args, run_dir: Path, env: dict, requeues: list[tuple[floa
     learner_dirs = [run_dir / f"learner-{m}" for m in range(args.learners)]
     result = summarize(sync_dirs, learner_dirs, args.learners, time.time(), submitted)
     journals = [j for d in learner_dirs for j in read_journals(d, "journal-*.json")]
-    lived = sum(max(0.0, min(j["updated"], result["window_stop"]) - max(j["started"], result["window_start"]))
-                for j in journals)
+    lived = sum(
+        max(0.0, min(j["updated"], result["window_stop"]) - max(j["started"], result["window_start"])) for j in journals
+    )
     result["uptime"] = lived / (args.learners * result["run_seconds"])
     task = make_task("gpt", str(args.data), seq_len=args.seq_len, model_size=args.model_size)
     result.update(evaluate_checkpoints(task, args.seed, sync_dirs, args.eval_batches))
@@ -146,5 +184,6 @@ def main(args, console) -> dict:  # noqa: ANN001
         "stall_seconds_max": d["stall_seconds_max"],
         "stall_seconds_max_sync": s["stall_seconds_max"],
         "eval_loss_delta_vs_sync": d["eval_loss"] - s["eval_loss"],
-        "eval_loss_cost_of_cold_restarts": results["decoupled-cold"]["eval_loss"] - results["decoupled-peer"]["eval_loss"],
+        "eval_loss_cost_of_cold_restarts": results["decoupled-cold"]["eval_loss"]
+        - results["decoupled-peer"]["eval_loss"],
     }

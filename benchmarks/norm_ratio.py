@@ -38,17 +38,30 @@ def measure(h: int, lr: float, tokens: int, data: str) -> dict:
 
     core_sync.SynchronizerCore._too_large = recording
     try:
-        config = SimConfig(method="decoupled", learners=2, tokens=tokens, data=data,
-                           algorithm=AlgorithmConfig(fragments=min(24, h), sync_every=h, overlap=2),
-                           inner=InnerConfig(lr=lr))
+        config = SimConfig(
+            method="decoupled",
+            learners=2,
+            tokens=tokens,
+            data=data,
+            algorithm=AlgorithmConfig(fragments=min(24, h), sync_every=h, overlap=2),
+            inner=InnerConfig(lr=lr),
+        )
         result = run_sim(config)
     finally:
         core_sync.SynchronizerCore._too_large = bound
     limit = AlgorithmConfig().max_outer_norm_ratio
-    return {"sync_every": h, "inner_lr": lr, "tokens": tokens, "contributions": len(ratios),
-            "max_ratio": max(ratios), "median_ratio": sorted(ratios)[len(ratios) // 2],
-            "bound": limit, "margin": limit / max(ratios), "rejected_contributions": result["rejected_contributions"],
-            "eval_loss": result["eval_loss"]}
+    return {
+        "sync_every": h,
+        "inner_lr": lr,
+        "tokens": tokens,
+        "contributions": len(ratios),
+        "max_ratio": max(ratios),
+        "median_ratio": sorted(ratios)[len(ratios) // 2],
+        "bound": limit,
+        "margin": limit / max(ratios),
+        "rejected_contributions": result["rejected_contributions"],
+        "eval_loss": result["eval_loss"],
+    }
 
 
 def main() -> None:
@@ -57,15 +70,19 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="end with one line of JSON")
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     args = parser.parse_args()
-    settings = [(24, 3e-3, 100_000)] if args.quick else [(24, 3e-3, 300_000), (96, 3e-3, 400_000),
-                                                          (480, 4e-4, 1_000_000)]
+    settings = (
+        [(24, 3e-3, 100_000)] if args.quick else [(24, 3e-3, 300_000), (96, 3e-3, 400_000), (480, 4e-4, 1_000_000)]
+    )
     rows = []
     for h, lr, tokens in settings:
         row = measure(h, lr, tokens, args.data)
         rows.append(row)
-        print(f"H={h:4d} inner lr {lr:g}: largest ratio {row['max_ratio']:.3f} (median {row['median_ratio']:.3f}) "
-              f"over {row['contributions']} contributions; bound {row['bound']:g}, margin {row['margin']:.0f}x, "
-              f"rejected {row['rejected_contributions']}", flush=True)
+        print(
+            f"H={h:4d} inner lr {lr:g}: largest ratio {row['max_ratio']:.3f} (median {row['median_ratio']:.3f}) "
+            f"over {row['contributions']} contributions; bound {row['bound']:g}, margin {row['margin']:.0f}x, "
+            f"rejected {row['rejected_contributions']}",
+            flush=True,
+        )
     if args.json:
         print(json.dumps({"rows": rows, "quick": args.quick}))
 

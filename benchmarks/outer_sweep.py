@@ -49,27 +49,57 @@ HETERO = StepTimeModel(speeds=half_slow(4, 1.2), jitter=0.1)  # quality.py's het
 
 
 def base_config(spec: dict, seed: int, data: str, **kw) -> SimConfig:
-    inner = InnerConfig(batch_size=spec["batch"], warmup_steps=10 if spec["model"] != "vision" else 5,
-                        lr=kw.pop("inner_lr", InnerConfig().lr))
-    return SimConfig(model=spec["model"], model_size=spec["size"], data=None if spec["model"] == "vision" else data,
-                     seq_len=spec["seq_len"], learners=kw.pop("learners", LEARNERS), tokens=spec["tokens"], seed=seed,
-                     inner=inner, **kw)
+    inner = InnerConfig(
+        batch_size=spec["batch"],
+        warmup_steps=10 if spec["model"] != "vision" else 5,
+        lr=kw.pop("inner_lr", InnerConfig().lr),
+    )
+    return SimConfig(
+        model=spec["model"],
+        model_size=spec["size"],
+        data=None if spec["model"] == "vision" else data,
+        seq_len=spec["seq_len"],
+        learners=kw.pop("learners", LEARNERS),
+        tokens=spec["tokens"],
+        seed=seed,
+        inner=inner,
+        **kw,
+    )
 
 
 def algorithm(method: str, lr: float, momentum: float, period: int) -> AlgorithmConfig:
     if method == "diloco":
-        return AlgorithmConfig(fragments=1, sync_every=period, overlap=0, quorum=LEARNERS, grace=0.0, merge="mean",
-                               outer_lr=lr, outer_momentum=momentum)
-    return AlgorithmConfig(fragments=4, sync_every=period, overlap=2, quorum=1, grace=0.9, outer_lr=lr,
-                           outer_momentum=momentum)
+        return AlgorithmConfig(
+            fragments=1,
+            sync_every=period,
+            overlap=0,
+            quorum=LEARNERS,
+            grace=0.0,
+            merge="mean",
+            outer_lr=lr,
+            outer_momentum=momentum,
+        )
+    return AlgorithmConfig(
+        fragments=4, sync_every=period, overlap=2, quorum=1, grace=0.9, outer_lr=lr, outer_momentum=momentum
+    )
 
 
-def jobs(groups: list[str], spec: dict, seeds: list[int], data: str, period: int, best: tuple[float, float],
-         lrs: tuple[float, ...] = LRS, momenta: tuple[float, ...] = MOMENTA, methods: tuple[str, ...] = ("diloco", "decoupled"),
-         ddp_lrs: tuple[float, ...] = DDP_LRS) -> list[tuple[dict, SimConfig]]:
+def jobs(
+    groups: list[str],
+    spec: dict,
+    seeds: list[int],
+    data: str,
+    period: int,
+    best: tuple[float, float],
+    lrs: tuple[float, ...] = LRS,
+    momenta: tuple[float, ...] = MOMENTA,
+    methods: tuple[str, ...] = ("diloco", "decoupled"),
+    ddp_lrs: tuple[float, ...] = DDP_LRS,
+) -> list[tuple[dict, SimConfig]]:
     """(label, config) for every run of these groups; `best`: (lr, momentum) for sync-every."""
     out = []
     for seed in seeds:
+
         def add(label: dict, config: SimConfig) -> None:
             out.append(({**label, "model": spec["model"], "seed": seed}, config))
 
@@ -77,44 +107,66 @@ def jobs(groups: list[str], spec: dict, seeds: list[int], data: str, period: int
             for method in methods:
                 for lr in lrs:
                     for mu in momenta:
-                        add({"group": "grid", "method": method, "outer_lr": lr, "outer_momentum": mu},
-                            base_config(spec, seed, data, method=method, algorithm=algorithm(method, lr, mu, period)))
+                        add(
+                            {"group": "grid", "method": method, "outer_lr": lr, "outer_momentum": mu},
+                            base_config(spec, seed, data, method=method, algorithm=algorithm(method, lr, mu, period)),
+                        )
         if "ddp-lr" in groups:
             for inner_lr in ddp_lrs:
-                add({"group": "ddp-lr", "method": "ddp", "inner_lr": inner_lr},
-                    base_config(spec, seed, data, method="ddp", inner_lr=inner_lr))
+                add(
+                    {"group": "ddp-lr", "method": "ddp", "inner_lr": inner_lr},
+                    base_config(spec, seed, data, method="ddp", inner_lr=inner_lr),
+                )
         if "one-learner" in groups:
             add({"group": "one-learner", "method": "ddp"}, base_config(spec, seed, data, method="ddp", learners=1))
             for lr, mu in ((1.0, 0.0), (0.7, 0.9)):
                 alg = replace(algorithm("diloco", lr, mu, period), quorum=1)
-                add({"group": "one-learner", "method": "diloco", "outer_lr": lr, "outer_momentum": mu},
-                    base_config(spec, seed, data, method="diloco", learners=1, algorithm=alg))
+                add(
+                    {"group": "one-learner", "method": "diloco", "outer_lr": lr, "outer_momentum": mu},
+                    base_config(spec, seed, data, method="diloco", learners=1, algorithm=alg),
+                )
         if "sync-every" in groups:
             for h in (1, 6, 24):
-                add({"group": "sync-every", "method": "diloco", "sync_every": h, "outer_lr": best[0],
-                     "outer_momentum": best[1]},
-                    base_config(spec, seed, data, method="diloco", algorithm=algorithm("diloco", *best, h)))
+                add(
+                    {
+                        "group": "sync-every",
+                        "method": "diloco",
+                        "sync_every": h,
+                        "outer_lr": best[0],
+                        "outer_momentum": best[1],
+                    },
+                    base_config(spec, seed, data, method="diloco", algorithm=algorithm("diloco", *best, h)),
+                )
         if "last-merge" in groups:
             for method in ("diloco", "decoupled"):
                 for mu in (0.5, 0.9):
                     alg = replace(algorithm(method, 0.7, mu, period), final_momentum=False)
-                    add({"group": "last-merge", "method": method, "outer_lr": 0.7, "outer_momentum": mu},
-                        base_config(spec, seed, data, method=method, algorithm=alg))
+                    add(
+                        {"group": "last-merge", "method": method, "outer_lr": 0.7, "outer_momentum": mu},
+                        base_config(spec, seed, data, method=method, algorithm=alg),
+                    )
         if "arrival" in groups:
             defaults = AlgorithmConfig()
             for setting in ("", " hetero K=1", " hetero K=1 slow link"):
                 for arrival in ("overwrite", "rebase"):
-                    alg = replace(algorithm("decoupled", defaults.outer_lr, defaults.outer_momentum, period),
-                                  arrival=arrival)
+                    alg = replace(
+                        algorithm("decoupled", defaults.outer_lr, defaults.outer_momentum, period), arrival=arrival
+                    )
                     kw = {}
                     if setting:  # no grace: answers that come after the opener's merge are stale
                         alg = replace(alg, quorum=1, grace=0.0)
                         kw["steps"] = HETERO
                     if "slow link" in setting:  # 0.3 s each way: many answers are refused as stale
                         kw["link"] = LinkModel(latency=0.3)
-                    add({"group": "arrival", "method": f"decoupled-{arrival}{setting}",
-                         "outer_lr": defaults.outer_lr, "outer_momentum": defaults.outer_momentum},
-                        base_config(spec, seed, data, method="decoupled", algorithm=alg, **kw))
+                    add(
+                        {
+                            "group": "arrival",
+                            "method": f"decoupled-{arrival}{setting}",
+                            "outer_lr": defaults.outer_lr,
+                            "outer_momentum": defaults.outer_momentum,
+                        },
+                        base_config(spec, seed, data, method="decoupled", algorithm=alg, **kw),
+                    )
     return out
 
 
@@ -127,11 +179,18 @@ def summarize(rows: list[dict]) -> list[dict]:
     out = []
     for key, runs in groups.items():
         losses = [r["eval_loss"] for r in runs]
-        out.append({**dict(zip(keys, key)), "seeds": len(runs), "eval_loss": statistics.fmean(losses),
-                    "eval_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
-                    "goodput": statistics.fmean(r["goodput"] for r in runs),
-                    "merged_share": statistics.fmean(r["merged_share"] for r in runs)
-                    if all("merged_share" in r for r in runs) else None})
+        out.append(
+            {
+                **dict(zip(keys, key)),
+                "seeds": len(runs),
+                "eval_loss": statistics.fmean(losses),
+                "eval_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
+                "goodput": statistics.fmean(r["goodput"] for r in runs),
+                "merged_share": statistics.fmean(r["merged_share"] for r in runs)
+                if all("merged_share" in r for r in runs)
+                else None,
+            }
+        )
     for model in {s["model"] for s in out}:
         ddp = [s["eval_loss"] for s in out if s["model"] == model and s["group"] == "ddp-lr"]
         for s in out:
@@ -166,8 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the sweep runs one sim at a time)")
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--load", nargs="+", type=Path, default=None,
-                        help="summarize these result files (from runs split over processes) instead of running")
+    parser.add_argument(
+        "--load",
+        nargs="+",
+        type=Path,
+        default=None,
+        help="summarize these result files (from runs split over processes) instead of running",
+    )
     parser.add_argument("--markdown", action="store_true", help="print the summary as a Markdown table")
     args = parser.parse_args(argv)
     if args.load:
@@ -175,26 +239,44 @@ def main(argv: list[str] | None = None) -> int:
         summary = summarize(rows)
         (print_markdown if args.markdown else print_table)(summary)
         if args.json:
-            print(json.dumps({"summary": summary, "best": {m: best_outer(summary, m) for m in {r["model"] for r in rows}}},
-                             sort_keys=True))
+            print(
+                json.dumps(
+                    {"summary": summary, "best": {m: best_outer(summary, m) for m in {r["model"] for r in rows}}},
+                    sort_keys=True,
+                )
+            )
         return 0
     torch.set_num_threads(args.threads)
     seeds = args.seeds or ([0, 1] if args.quick else [0, 1, 2])
-    out_path = args.out or ROOT / "benchmarks" / "results" / ("outer-sweep-quick.json" if args.quick else "outer-sweep.json")
+    out_path = args.out or ROOT / "benchmarks" / "results" / (
+        "outer-sweep-quick.json" if args.quick else "outer-sweep.json"
+    )
     started = time.perf_counter()
     rows: list[dict] = []
     for spec in plan(args.quick):
         if spec["model"] not in args.models:
             continue
         first = [g for g in args.groups if g != "sync-every"]
-        todo = jobs(first, spec, seeds, args.data, args.sync_every, (1.0, 0.0), tuple(args.lrs), tuple(args.momenta),
-                    tuple(args.methods), tuple(args.ddp_lrs))
+        todo = jobs(
+            first,
+            spec,
+            seeds,
+            args.data,
+            args.sync_every,
+            (1.0, 0.0),
+            tuple(args.lrs),
+            tuple(args.momenta),
+            tuple(args.methods),
+            tuple(args.ddp_lrs),
+        )
         task = build_task(todo[0][1]) if todo else None
         for i, (label, config) in enumerate(todo):
             rows.append(run_one(label, config, task, i, len(todo)))
         if "sync-every" in args.groups:
             defaults = AlgorithmConfig()
-            best = best_outer(summarize(rows), spec["model"]).get("diloco", (defaults.outer_lr, defaults.outer_momentum))
+            best = best_outer(summarize(rows), spec["model"]).get(
+                "diloco", (defaults.outer_lr, defaults.outer_momentum)
+            )
             later = jobs(["sync-every"], spec, seeds, args.data, args.sync_every, best)
             task = task or build_task(later[0][1])
             for i, (label, config) in enumerate(later):
@@ -211,18 +293,32 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_one(label: dict, config: SimConfig, task, i: int, n: int) -> dict:  # noqa: ANN001
     row = run_sim(config, task=task)
-    console.log(f"[{i + 1}/{n}] {label}: eval_loss {row['eval_loss']:.4f} goodput {row['goodput']:.3f} "
-                f"({row['wall_seconds']:.1f} s)")
-    return {**label, "eval_loss": row["eval_loss"], "goodput": row["goodput"], "outer_steps": row["outer_steps"],
-            "merged_share": row.get("tokens_merged", row.get("tokens", 0)) / row["tokens"] if row.get("tokens") else 1.0,
-            "rejected": row.get("rejected_contributions", 0), "wall_seconds": row["wall_seconds"]}
+    console.log(
+        f"[{i + 1}/{n}] {label}: eval_loss {row['eval_loss']:.4f} goodput {row['goodput']:.3f} "
+        f"({row['wall_seconds']:.1f} s)"
+    )
+    return {
+        **label,
+        "eval_loss": row["eval_loss"],
+        "goodput": row["goodput"],
+        "outer_steps": row["outer_steps"],
+        "merged_share": row.get("tokens_merged", row.get("tokens", 0)) / row["tokens"] if row.get("tokens") else 1.0,
+        "rejected": row.get("rejected_contributions", 0),
+        "wall_seconds": row["wall_seconds"],
+    }
 
 
 def _write(path: Path, args: argparse.Namespace, seeds: list[int], rows: list[dict], started: float) -> dict:
     summary = summarize(rows)
-    report = {"quick": args.quick, "seeds": seeds, "sync_every": args.sync_every, "rows": rows, "summary": summary,
-              "best": {m: best_outer(summary, m) for m in {r["model"] for r in rows}},
-              "wall_seconds": time.perf_counter() - started}
+    report = {
+        "quick": args.quick,
+        "seeds": seeds,
+        "sync_every": args.sync_every,
+        "rows": rows,
+        "summary": summary,
+        "best": {m: best_outer(summary, m) for m in {r["model"] for r in rows}},
+        "wall_seconds": time.perf_counter() - started,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
     return report
@@ -230,30 +326,55 @@ def _write(path: Path, args: argparse.Namespace, seeds: list[int], rows: list[di
 
 def print_table(summary: list[dict]) -> None:
     table = Table(title="Outer-step sweep (virtual clock, mean over seeds)")
-    for col in ("model", "group", "method", "outer lr", "momentum", "H", "inner lr", "eval loss", "std",
-                "vs tuned ddp", "goodput"):
+    for col in (
+        "model",
+        "group",
+        "method",
+        "outer lr",
+        "momentum",
+        "H",
+        "inner lr",
+        "eval loss",
+        "std",
+        "vs tuned ddp",
+        "goodput",
+    ):
         table.add_column(col, justify="left" if col in ("model", "group", "method") else "right")
     fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
     for s in summary:
-        table.add_row(s["model"], s["group"], s["method"], fmt(s["outer_lr"], "g"), fmt(s["outer_momentum"], "g"),
-                      fmt(s["sync_every"], "d"), fmt(s["inner_lr"], "g"), f"{s['eval_loss']:.4f}",
-                      f"{s['eval_loss_std']:.4f}", fmt(s.get("vs_tuned_ddp"), ".3f"), f"{s['goodput']:.3f}")
+        table.add_row(
+            s["model"],
+            s["group"],
+            s["method"],
+            fmt(s["outer_lr"], "g"),
+            fmt(s["outer_momentum"], "g"),
+            fmt(s["sync_every"], "d"),
+            fmt(s["inner_lr"], "g"),
+            f"{s['eval_loss']:.4f}",
+            f"{s['eval_loss_std']:.4f}",
+            fmt(s.get("vs_tuned_ddp"), ".3f"),
+            f"{s['goodput']:.3f}",
+        )
     Console(file=sys.stdout, width=200).print(table)
 
 
 def print_markdown(summary: list[dict]) -> None:
-    print("| model | group | method | outer lr | momentum | H | inner lr | seeds | eval loss (mean ± std) | vs tuned ddp "
-          "| goodput | merged tokens |")
+    print(
+        "| model | group | method | outer lr | momentum | H | inner lr | seeds | eval loss (mean ± std) | vs tuned ddp "
+        "| goodput | merged tokens |"
+    )
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
     order = {g: i for i, g in enumerate(GROUPS)}
     for s in sorted(summary, key=lambda s: (s["model"], order.get(s["group"], 9), s["method"], s["eval_loss"])):
         spread = f" ± {s['eval_loss_std']:.4f}" if s["seeds"] > 1 else ""
-        print(f"| {s['model']} | {s['group']} | {s['method']} | {fmt(s['outer_lr'], 'g')} | "
-              f"{fmt(s['outer_momentum'], 'g')} | {fmt(s['sync_every'], 'd')} | {fmt(s['inner_lr'], 'g')} | "
-              f"{s['seeds']} | {s['eval_loss']:.4f}{spread} | "
-              f"{fmt(s.get('vs_tuned_ddp'), '.3f')} | "
-              f"{s['goodput']:.3f} | {fmt(s.get('merged_share'), '.3f')} |")
+        print(
+            f"| {s['model']} | {s['group']} | {s['method']} | {fmt(s['outer_lr'], 'g')} | "
+            f"{fmt(s['outer_momentum'], 'g')} | {fmt(s['sync_every'], 'd')} | {fmt(s['inner_lr'], 'g')} | "
+            f"{s['seeds']} | {s['eval_loss']:.4f}{spread} | "
+            f"{fmt(s.get('vs_tuned_ddp'), '.3f')} | "
+            f"{s['goodput']:.3f} | {fmt(s.get('merged_share'), '.3f')} |"
+        )
 
 
 if __name__ == "__main__":

@@ -45,10 +45,33 @@ console = Console(stderr=True)
 def start_synchronizer(procs: ProcessTable, tmp: Path, args: argparse.Namespace) -> str:
     address_file = tmp / "address"
     cmd = ddiloco_command(
-        "synchronizer", "--port", "0", "--address-file", str(address_file), "--model", "gpt",
-        "--model-size", args.model_size, "--seq-len", str(args.seq_len), "--data", str(args.data),
-        "--fragments", str(args.fragments), "--sync-every", str(args.fragments), "--overlap", "2",
-        "--checkpoint-dir", str(tmp / "ckpt"), "--threads", "1", "--learners", "1", "--log-level", "warning",
+        "synchronizer",
+        "--port",
+        "0",
+        "--address-file",
+        str(address_file),
+        "--model",
+        "gpt",
+        "--model-size",
+        args.model_size,
+        "--seq-len",
+        str(args.seq_len),
+        "--data",
+        str(args.data),
+        "--fragments",
+        str(args.fragments),
+        "--sync-every",
+        str(args.fragments),
+        "--overlap",
+        "2",
+        "--checkpoint-dir",
+        str(tmp / "ckpt"),
+        "--threads",
+        "1",
+        "--learners",
+        "1",
+        "--log-level",
+        "warning",
     )
     child = procs.start("sync", cmd, tmp / "sync.log")
     deadline = time.monotonic() + 120
@@ -71,8 +94,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads of the learner")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--quick", action="store_true", help="tiny model, few steps")
-    p.add_argument("--keep-denormals", action="store_true",
-                   help="do not flush denormal numbers to zero (both modes then slow down as the run goes on)")
+    p.add_argument(
+        "--keep-denormals",
+        action="store_true",
+        help="do not flush denormal numbers to zero (both modes then slow down as the run goes on)",
+    )
     p.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # so `finally` ends the children
@@ -113,13 +139,20 @@ def main() -> None:
             procs.stop_all()
     plain, synced = statistics.mean(times["plain"]), statistics.mean(times["client"])
     result = {
-        "model_size": args.model_size, "parameters": sum(p.numel() for p in model.parameters()),
-        "fragments": args.fragments, "codec": args.codec, "steps_each": len(times["plain"]),
-        "plain_step_ms": 1000 * plain, "client_step_ms": 1000 * synced,
+        "model_size": args.model_size,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "fragments": args.fragments,
+        "codec": args.codec,
+        "steps_each": len(times["plain"]),
+        "plain_step_ms": 1000 * plain,
+        "client_step_ms": 1000 * synced,
         "plain_median_ms": 1000 * statistics.median(times["plain"]),
         "client_median_ms": 1000 * statistics.median(times["client"]),
-        "contributions_accepted": stats["accepted"], "contributions_pushed": stats["pushed"],
-        "ratio": synced / plain, "cpus": os.cpu_count(), "synchronizer_on_same_cores": True,
+        "contributions_accepted": stats["accepted"],
+        "contributions_pushed": stats["pushed"],
+        "ratio": synced / plain,
+        "cpus": os.cpu_count(),
+        "synchronizer_on_same_cores": True,
         "denormals_flushed": bool(flushed),
     }
     table = Table(title="learner overhead: syncing one fragment every step (P = H)")
@@ -128,10 +161,14 @@ def main() -> None:
     table.add_row("no synchronizer", f"{result['plain_step_ms']:.2f}", f"{result['plain_median_ms']:.2f}")
     table.add_row("with client", f"{result['client_step_ms']:.2f}", f"{result['client_median_ms']:.2f}")
     console.print(table)
-    console.print(f"ratio (with / without): [bold]{result['ratio']:.3f}[/bold] (aim: <= 1.03 at 50M); "
-                  f"{stats['accepted']} of {stats['pushed']} contributions accepted")
-    console.print(f"the synchronizer process (merges, checkpoints) shares this machine's {result['cpus']} CPU cores "
-                  "with the learner: its work counts against the ratio")
+    console.print(
+        f"ratio (with / without): [bold]{result['ratio']:.3f}[/bold] (aim: <= 1.03 at 50M); "
+        f"{stats['accepted']} of {stats['pushed']} contributions accepted"
+    )
+    console.print(
+        f"the synchronizer process (merges, checkpoints) shares this machine's {result['cpus']} CPU cores "
+        "with the learner: its work counts against the ratio"
+    )
     if args.json:
         print(json.dumps(result, sort_keys=True))
     sys.exit(0)

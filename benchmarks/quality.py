@@ -48,13 +48,20 @@ def rows(learners: int, period: int) -> list[tuple[str, dict]]:
         ("decoupled", dict(method="decoupled", algorithm=decoupled)),
         ("decoupled-failures", dict(method="decoupled", algorithm=decoupled, failures=True)),
         ("decoupled-rebase", dict(method="decoupled", algorithm=replace(decoupled, arrival="rebase"))),
-        ("decoupled-rebase-failures", dict(method="decoupled", algorithm=replace(decoupled, arrival="rebase"),
-                                           failures=True)),
-        ("decoupled-hetero-km", dict(method="decoupled", algorithm=replace(decoupled, quorum=learners, grace=0.0), steps=hetero)),
+        (
+            "decoupled-rebase-failures",
+            dict(method="decoupled", algorithm=replace(decoupled, arrival="rebase"), failures=True),
+        ),
+        (
+            "decoupled-hetero-km",
+            dict(method="decoupled", algorithm=replace(decoupled, quorum=learners, grace=0.0), steps=hetero),
+        ),
         ("decoupled-hetero-k1", dict(method="decoupled", algorithm=replace(decoupled, grace=0.0), steps=hetero)),
         ("decoupled-hetero-k1-grace", dict(method="decoupled", algorithm=decoupled, steps=hetero)),
-        ("decoupled-rebase-hetero-k1", dict(method="decoupled", algorithm=replace(decoupled, grace=0.0, arrival="rebase"),
-                                            steps=hetero)),
+        (
+            "decoupled-rebase-hetero-k1",
+            dict(method="decoupled", algorithm=replace(decoupled, grace=0.0, arrival="rebase"), steps=hetero),
+        ),
     ]
 
 
@@ -74,7 +81,9 @@ def plan(quick: bool) -> list[dict]:
 
 
 def configs(spec: dict, seed: int, data: str, period: int, reconfigure: float) -> list[tuple[str, SimConfig]]:
-    steps_per_learner = spec["tokens"] / (LEARNERS * spec["batch"] * (1 if spec["model"] == "vision" else spec["seq_len"]))
+    steps_per_learner = spec["tokens"] / (
+        LEARNERS * spec["batch"] * (1 if spec["model"] == "vision" else spec["seq_len"])
+    )
     horizon = 4 * steps_per_learner
     trace = random_trace(LEARNERS, horizon, MTBF_STEPS, DOWN_STEPS, seed=seed + 100)
     out = []
@@ -101,12 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny models and budgets: under 2 minutes")
     parser.add_argument("--json", action="store_true", help="end with one line of JSON holding every row")
-    parser.add_argument("--models", nargs="+", default=["gpt", "gpt-moe", "vision"], choices=["gpt", "gpt-moe", "vision"])
+    parser.add_argument(
+        "--models", nargs="+", default=["gpt", "gpt-moe", "vision"], choices=["gpt", "gpt-moe", "vision"]
+    )
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="text for the language models")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sync-every", type=int, default=24, help="H for the DiLoCo rows (16..32)")
-    parser.add_argument("--reconfigure-seconds", type=float, default=10.0,
-                        help="elastic-ddp pause per membership change, in step times (default: the mean downtime)")
+    parser.add_argument(
+        "--reconfigure-seconds",
+        type=float,
+        default=10.0,
+        help="elastic-ddp pause per membership change, in step times (default: the mean downtime)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="where to write the JSON table")
     parser.add_argument("--load", type=Path, default=None, help="print the table of a JSON file this wrote instead")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/results.md)")
@@ -136,8 +151,13 @@ def main(argv: list[str] | None = None) -> int:
             )
     verdicts = judge(results)
     print_markdown(results) if args.markdown else print_table(results, verdicts)
-    report = {"quick": args.quick, "seed": args.seed, "wall_seconds": time.perf_counter() - started,
-              "rows": results, "verdicts": verdicts}
+    report = {
+        "quick": args.quick,
+        "seed": args.seed,
+        "wall_seconds": time.perf_counter() - started,
+        "rows": results,
+        "verdicts": verdicts,
+    }
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
     console.log(f"wrote {out_path}")
@@ -153,35 +173,64 @@ def judge(results: list[dict]) -> list[dict]:
         by = {r["name"]: r for r in results if r["model"] == model}
         if {"ddp", "decoupled-failures", "elastic-ddp-failures"} <= set(by):
             ratio = by["decoupled-failures"]["eval_loss"] / by["ddp"]["eval_loss"]
-            verdicts.append({"model": model, "aim": "decoupled-failures eval loss within 2 % of failure-free ddp",
-                             "measured": f"ratio {ratio:.4f}", "met": ratio <= 1.02})
+            verdicts.append(
+                {
+                    "model": model,
+                    "aim": "decoupled-failures eval loss within 2 % of failure-free ddp",
+                    "measured": f"ratio {ratio:.4f}",
+                    "met": ratio <= 1.02,
+                }
+            )
             g = by["decoupled-failures"]["goodput"] / by["elastic-ddp-failures"]["goodput"]
-            verdicts.append({"model": model, "aim": "decoupled-failures goodput well above elastic-ddp-failures",
-                             "measured": f"{by['decoupled-failures']['goodput']:.3f} vs "
-                                         f"{by['elastic-ddp-failures']['goodput']:.3f} (x{g:.2f})", "met": g > 1.05})
+            verdicts.append(
+                {
+                    "model": model,
+                    "aim": "decoupled-failures goodput well above elastic-ddp-failures",
+                    "measured": f"{by['decoupled-failures']['goodput']:.3f} vs "
+                    f"{by['elastic-ddp-failures']['goodput']:.3f} (x{g:.2f})",
+                    "met": g > 1.05,
+                }
+            )
         if {"decoupled-hetero-k1", "decoupled-hetero-k1-grace"} <= set(by):
             k1, grace = by["decoupled-hetero-k1"], by["decoupled-hetero-k1-grace"]
-            verdicts.append({"model": model, "aim": "hetero: K=1+grace at least as good as K=1",
-                             "measured": f"eval_loss {grace['eval_loss']:.4f} vs {k1['eval_loss']:.4f}; "
-                                         f"utilization {grace['utilization']:.3f} vs {k1['utilization']:.3f}",
-                             "met": grace["eval_loss"] <= k1["eval_loss"] * 1.002})
+            verdicts.append(
+                {
+                    "model": model,
+                    "aim": "hetero: K=1+grace at least as good as K=1",
+                    "measured": f"eval_loss {grace['eval_loss']:.4f} vs {k1['eval_loss']:.4f}; "
+                    f"utilization {grace['utilization']:.3f} vs {k1['utilization']:.3f}",
+                    "met": grace["eval_loss"] <= k1["eval_loss"] * 1.002,
+                }
+            )
     return verdicts
 
 
 def _cells(r: dict, ddp: dict[str, float]) -> list[str]:
     acc = r.get("eval_accuracy")
     per_merge = f"{r['contributions'] / r['outer_steps']:.2f}" if r["outer_steps"] else "–"
-    return [r["model"], r["name"], f"{r['eval_loss']:.4f}", "" if acc is None else f"{acc:.3f}",
-            f"{r['eval_loss'] / ddp[r['model']]:.3f}" if r["model"] in ddp else "",
-            f"{r['goodput']:.3f}", f"{r['utilization']:.3f}", f"{r['uptime']:.3f}",
-            f"{r['tokens_merged'] / r['tokens']:.3f}" if r.get("tokens") else "", str(r["outer_steps"]), per_merge,
-            f"{r['sim_seconds']:.0f}", f"{r['wall_seconds']:.0f}"]
+    return [
+        r["model"],
+        r["name"],
+        f"{r['eval_loss']:.4f}",
+        "" if acc is None else f"{acc:.3f}",
+        f"{r['eval_loss'] / ddp[r['model']]:.3f}" if r["model"] in ddp else "",
+        f"{r['goodput']:.3f}",
+        f"{r['utilization']:.3f}",
+        f"{r['uptime']:.3f}",
+        f"{r['tokens_merged'] / r['tokens']:.3f}" if r.get("tokens") else "",
+        str(r["outer_steps"]),
+        per_merge,
+        f"{r['sim_seconds']:.0f}",
+        f"{r['wall_seconds']:.0f}",
+    ]
 
 
 def print_markdown(results: list[dict]) -> None:
     ddp = {r["model"]: r["eval_loss"] for r in results if r["name"] == "ddp"}
-    print("| model | configuration | eval loss | eval acc | loss vs ddp | goodput | utilization | uptime | merged tokens "
-          "| merges | learners / merge | sim s | wall s |")
+    print(
+        "| model | configuration | eval loss | eval acc | loss vs ddp | goodput | utilization | uptime | merged tokens "
+        "| merges | learners / merge | sim s | wall s |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print("| " + " | ".join(_cells(r, ddp)) + " |")
@@ -189,8 +238,21 @@ def print_markdown(results: list[dict]) -> None:
 
 def print_table(results: list[dict], verdicts: list[dict]) -> None:
     table = Table(title="Quality at equal tokens (virtual clock)")
-    for col in ("model", "name", "eval loss", "eval acc", "vs ddp", "goodput", "utilization", "uptime",
-                "merged tokens", "merges", "contrib/merge", "sim s", "wall s"):
+    for col in (
+        "model",
+        "name",
+        "eval loss",
+        "eval acc",
+        "vs ddp",
+        "goodput",
+        "utilization",
+        "uptime",
+        "merged tokens",
+        "merges",
+        "contrib/merge",
+        "sim s",
+        "wall s",
+    ):
         table.add_column(col, justify="left" if col in ("model", "name") else "right")
     ddp = {r["model"]: r["eval_loss"] for r in results if r["name"] == "ddp"}
     for r in results:

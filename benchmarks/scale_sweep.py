@@ -57,8 +57,14 @@ def jobs(sizes: list[str], budgets: list[float], methods: list[str], seeds: list
             for seed in seeds:
                 for method in methods:
                     alg = None if method == "ddp" else algorithm(method, defaults.outer_lr, defaults.outer_momentum, 24)
-                    label = {"model": "gpt", "size": size, "budget": budget, "tokens": s["tokens"], "method": method,
-                             "seed": seed}
+                    label = {
+                        "model": "gpt",
+                        "size": size,
+                        "budget": budget,
+                        "tokens": s["tokens"],
+                        "method": method,
+                        "seed": seed,
+                    }
                     yield label, base_config(s, seed, data, method=method, **({"algorithm": alg} if alg else {}))
 
 
@@ -70,10 +76,19 @@ def summarize(rows: list[dict]) -> list[dict]:
     out = []
     for (size, budget, method), runs in cells.items():
         losses = [r["eval_loss"] for r in runs]
-        out.append({"size": size, "params": runs[0].get("params"), "budget": budget, "tokens": runs[0]["tokens"],
-                    "method": method, "seeds": len(runs), "eval_loss": statistics.fmean(losses),
-                    "eval_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
-                    "goodput": statistics.fmean(r["goodput"] for r in runs)})
+        out.append(
+            {
+                "size": size,
+                "params": runs[0].get("params"),
+                "budget": budget,
+                "tokens": runs[0]["tokens"],
+                "method": method,
+                "seeds": len(runs),
+                "eval_loss": statistics.fmean(losses),
+                "eval_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
+                "goodput": statistics.fmean(r["goodput"] for r in runs),
+            }
+        )
     ddp = {(s["size"], s["budget"]): s["eval_loss"] for s in out if s["method"] == "ddp"}
     for s in out:
         if (s["size"], s["budget"]) in ddp:
@@ -88,8 +103,10 @@ def print_markdown(summary: list[dict]) -> None:
     for s in summary:
         spread = f" ± {s['eval_loss_std']:.4f}" if s["seeds"] > 1 else ""
         ratio = f"{s['vs_ddp']:.3f}" if "vs_ddp" in s else ""
-        print(f"| {s['size']} | {s['params'] or 0:,} | {s['budget']:g}× | {s['tokens']:,} | {s['method']} | "
-              f"{s['seeds']} | {s['eval_loss']:.4f}{spread} | {ratio} | {s['goodput']:.3f} |")
+        print(
+            f"| {s['size']} | {s['params'] or 0:,} | {s['budget']:g}× | {s['tokens']:,} | {s['method']} | "
+            f"{s['seeds']} | {s['eval_loss']:.4f}{spread} | {ratio} | {s['goodput']:.3f} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
         sizes = args.sizes or (["tiny"] if args.quick else ["tiny", "default"])
         budgets = args.budgets or ([1.0, 2.0] if args.quick else [1.0, 2.0, 4.0])
-        out = args.out or ROOT / "benchmarks" / "results" / ("scale-sweep-quick.json" if args.quick else "scale-sweep.json")
+        out = args.out or ROOT / "benchmarks" / "results" / (
+            "scale-sweep-quick.json" if args.quick else "scale-sweep.json"
+        )
         rows = run(sizes, budgets, args, out)
     summary = summarize(rows)
     print_markdown(summary)
@@ -132,8 +151,19 @@ def run(sizes: list[str], budgets: list[float], args: argparse.Namespace, out: P
         task = tasks.get(label["size"]) or tasks.setdefault(label["size"], build_task(config))
         rows.append({**run_one(label, config, task, i, len(todo)), "params": parameters(label["size"])})
         out.parent.mkdir(parents=True, exist_ok=True)  # after every run: a long sweep keeps what it has
-        out.write_text(json.dumps({"quick": args.quick, "rows": rows, "summary": summarize(rows),
-                                   "wall_seconds": time.perf_counter() - started}, indent=1, sort_keys=True) + "\n")
+        out.write_text(
+            json.dumps(
+                {
+                    "quick": args.quick,
+                    "rows": rows,
+                    "summary": summarize(rows),
+                    "wall_seconds": time.perf_counter() - started,
+                },
+                indent=1,
+                sort_keys=True,
+            )
+            + "\n"
+        )
     return rows
 
 

@@ -66,15 +66,20 @@ console = Console(stderr=True, width=180)
 FRAGMENTS = 4
 LOG_LEVEL = "error"
 CHUNK = framing.DEFAULT_CHUNK_BYTES
-IDLE_RSS = "import ddiloco.synchronizer.server, ddiloco.cli.synchronizer, torch, grpc, re; " \
-           "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
+IDLE_RSS = (
+    "import ddiloco.synchronizer.server, ddiloco.cli.synchronizer, torch, grpc, re; "
+    "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
+)
 
 
 def model(params: int) -> dict[str, torch.Tensor]:
     """16 weight matrices of 1024 columns (a stand-in for a transformer's layers) and a bias each."""
     rows = max(1, params // (16 * 1024))
-    return {f"layer{i}.{kind}": (torch.randn(rows, 1024) * 0.02 if kind == "weight" else torch.zeros(1024))
-            for i in range(16) for kind in ("weight", "bias")}
+    return {
+        f"layer{i}.{kind}": (torch.randn(rows, 1024) * 0.02 if kind == "weight" else torch.zeros(1024))
+        for i in range(16)
+        for kind in ("weight", "bias")
+    }
 
 
 def memcpy_gb_s() -> float:
@@ -117,16 +122,42 @@ def peak_rss(pid: int) -> int:
 class Run:
     """One synchronizer process and M registered sessions with their subscriber streams."""
 
-    def __init__(self, procs: ProcessTable, tmp: Path, params: dict[str, torch.Tensor], learners: int,
-                 bulk_socket: bool = True) -> None:
+    def __init__(
+        self, procs: ProcessTable, tmp: Path, params: dict[str, torch.Tensor], learners: int, bulk_socket: bool = True
+    ) -> None:
         save_file(params, str(tmp / "init.safetensors"))
         cmd = ddiloco_command(
-            "synchronizer", "--port", "0", "--address-file", str(tmp / "address"),
-            "--init", str(tmp / "init.safetensors"), "--fragments", str(FRAGMENTS), "--sync-every", "4",
-            "--overlap", "1", "--quorum", str(learners), "--grace", "0", "--learners", str(learners),
-            "--max-learners", str(learners), "--heartbeat", "5", "--checkpoint-dir", str(tmp / "ckpt"),
-            "--event-log", str(tmp / "events.jsonl"),
-            "--log-level", LOG_LEVEL, "--no-exit-when-done", "--no-dashboard",
+            "synchronizer",
+            "--port",
+            "0",
+            "--address-file",
+            str(tmp / "address"),
+            "--init",
+            str(tmp / "init.safetensors"),
+            "--fragments",
+            str(FRAGMENTS),
+            "--sync-every",
+            "4",
+            "--overlap",
+            "1",
+            "--quorum",
+            str(learners),
+            "--grace",
+            "0",
+            "--learners",
+            str(learners),
+            "--max-learners",
+            str(learners),
+            "--heartbeat",
+            "5",
+            "--checkpoint-dir",
+            str(tmp / "ckpt"),
+            "--event-log",
+            str(tmp / "events.jsonl"),
+            "--log-level",
+            LOG_LEVEL,
+            "--no-exit-when-done",
+            "--no-dashboard",
             *([] if bulk_socket else ["--no-bulk-socket"]),
         )
         self.child = procs.start("sync", cmd, tmp / "sync.log")
@@ -139,16 +170,26 @@ class Run:
         self.control = rpc.Stubs(rpc.open_channel(address, "control", CHUNK + rpc.FRAME_MARGIN), None)
         self.bulk = rpc.Stubs(rpc.open_channel(address, "bulk", CHUNK + rpc.FRAME_MARGIN), None)
         sig = signature(params)
-        replies = [framing.read_message(self.control.call("Register", framing.message(
-            {"learner": m, "incarnation": f"bench{m}", "signature": sig, "fresh": True}), 60)) for m in range(learners)]
+        replies = [
+            framing.read_message(
+                self.control.call(
+                    "Register",
+                    framing.message({"learner": m, "incarnation": f"bench{m}", "signature": sig, "fresh": True}),
+                    60,
+                )
+            )
+            for m in range(learners)
+        ]
         self.sessions = [r["session"] for r in replies]
         host = address.rpartition(":")[0]
-        self.socket = sockets.BulkSocketClient(host, replies[0]["bulk_port"], None, CHUNK + rpc.FRAME_MARGIN) \
-            if bulk_socket else None
+        self.socket = (
+            sockets.BulkSocketClient(host, replies[0]["bulk_port"], None, CHUNK + rpc.FRAME_MARGIN)
+            if bulk_socket
+            else None
+        )
         self.arrived: dict[tuple[int, int, int], float] = {}  # (learner, fragment, version) -> time
         self.cond = threading.Condition()
-        self.streams = [threading.Thread(target=self._subscribe, args=(m,), daemon=True)
-                        for m in range(learners)]
+        self.streams = [threading.Thread(target=self._subscribe, args=(m,), daemon=True) for m in range(learners)]
         for t in self.streams:
             t.start()
 
@@ -172,13 +213,24 @@ class Run:
             return max(self.arrived[k] for k in keys)
 
     def push(self, m: int, fragment: int, version: int, grads: dict[str, torch.Tensor]) -> None:
-        head = {"kind": "contribution", "session": self.sessions[m], "fragment": fragment, "base_version": version,
-                "steps": 4, "tokens": 1024, "seconds": 1.0, "step_time": 0.25, "step": 4 * (version + 1),
-                "position": 0}
+        head = {
+            "kind": "contribution",
+            "session": self.sessions[m],
+            "fragment": fragment,
+            "base_version": version,
+            "steps": 4,
+            "tokens": 1024,
+            "seconds": 1.0,
+            "step_time": 0.25,
+            "step": 4 * (version + 1),
+            "position": 0,
+        }
         if self.socket is not None:  # as a learner sends on the bulk socket plane
             reply, _ = self.socket.push(framing.iter_frame_parts(head, grads, "bf16", CHUNK), 600)
         else:  # as a learner sends over gRPC: each frame made as gRPC asks for it
-            reply = framing.read_message(self.bulk.push(framing.iter_tensor_frames(head, grads, "bf16", CHUNK), timeout=600))
+            reply = framing.read_message(
+                self.bulk.push(framing.iter_tensor_frames(head, grads, "bf16", CHUNK), timeout=600)
+            )
         if not reply.get("ok"):
             raise RuntimeError(f"push refused: {reply}")
 
@@ -203,14 +255,19 @@ print(json.dumps(latencies))
 
 def start_probe(run: Run, stop_file: Path) -> subprocess.Popen:
     """Heartbeats from their own process, as a learner's come: this one's pushes do not delay them."""
-    probe = subprocess.Popen([sys.executable, "-c", PROBE, run.address, json.dumps(run.sessions), str(stop_file)],
-                             stdout=subprocess.PIPE, text=True)
+    probe = subprocess.Popen(
+        [sys.executable, "-c", PROBE, run.address, json.dumps(run.sessions), str(stop_file)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     if probe.stdout.readline().strip() != "ready":
         raise RuntimeError("the heartbeat probe did not start")
     return probe
 
 
-def measure(params_count: int, learners: int, rounds: int, memcpy: float, idle_rss: int, bulk_socket: bool = True) -> dict:
+def measure(
+    params_count: int, learners: int, rounds: int, memcpy: float, idle_rss: int, bulk_socket: bool = True
+) -> dict:
     params = model(params_count)
     numel = sum(t.numel() for t in params.values())
     procs = ProcessTable()
@@ -227,8 +284,10 @@ def measure(params_count: int, learners: int, rounds: int, memcpy: float, idle_r
             for r in range(rounds + 1):  # round 0 warms up every fragment and is not counted
                 for p in range(len(fragments)):
                     errors: list[BaseException] = []
-                    pushers = [threading.Thread(target=_catch, args=(errors, run.push, m, p, r, grads[p]))
-                               for m in range(learners)]
+                    pushers = [
+                        threading.Thread(target=_catch, args=(errors, run.push, m, p, r, grads[p]))
+                        for m in range(learners)
+                    ]
                     for t in pushers:
                         t.start()
                     for t in pushers:
@@ -259,17 +318,26 @@ def measure(params_count: int, learners: int, rounds: int, memcpy: float, idle_r
     need = numel * 8 + largest * (2 * learners + 4)  # params + momentum fp32; incoming bf16; one workspace
     lat = sorted(latencies)
     return {
-        "params": numel, "learners": learners, "rounds": len(times), "plane": "socket" if bulk_socket else "grpc", "fragment_mb": fragment_mb,
-        "round_ms": round_s * 1e3, "round_ms_per_mb": round_s * 1e3 / fragment_mb,
+        "params": numel,
+        "learners": learners,
+        "rounds": len(times),
+        "plane": "socket" if bulk_socket else "grpc",
+        "fragment_mb": fragment_mb,
+        "round_ms": round_s * 1e3,
+        "round_ms_per_mb": round_s * 1e3 / fragment_mb,
         "round_vs_memcpy": round_s / copy_s,
-        "round_vs_limit": round_s / (copy_s + raw_write), "raw_write_ms": raw_write * 1e3,
+        "round_vs_limit": round_s / (copy_s + raw_write),
+        "raw_write_ms": raw_write * 1e3,
         "merged_ms": statistics.median(merged) * 1e3,
         "merged_vs_memcpy": statistics.median(merged) / copy_s,
         "delivered_ms": statistics.median(times) * 1e3,
-        "checkpoint_ms": statistics.median(writes) * 1e3, "checkpoint_vs_raw": statistics.median(writes) / raw_write,
-        "heartbeats": len(lat), "heartbeat_p50_ms": lat[len(lat) // 2] * 1e3,
+        "checkpoint_ms": statistics.median(writes) * 1e3,
+        "checkpoint_vs_raw": statistics.median(writes) / raw_write,
+        "heartbeats": len(lat),
+        "heartbeat_p50_ms": lat[len(lat) // 2] * 1e3,
         "heartbeat_p99_ms": lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)] * 1e3,
-        "peak_rss_mb": rss / 1e6, "peak_rss_over_fp32": rss / (numel * 4),
+        "peak_rss_mb": rss / 1e6,
+        "peak_rss_over_fp32": rss / (numel * 4),
         "peak_rss_over_need": (rss - idle_rss) / need,
     }
 
@@ -291,8 +359,12 @@ def main() -> None:
     p.add_argument("--sizes", default="1e6,1e7,5e7,1.5e8", help="model sizes in parameters")
     p.add_argument("--learners", default="2,4,8")
     p.add_argument("--rounds", type=int, default=2, help="measured rounds per fragment")
-    p.add_argument("--plane", choices=("socket", "grpc"), default="socket",
-                   help="how the learners push: the bulk socket plane (the default) or gRPC")
+    p.add_argument(
+        "--plane",
+        choices=("socket", "grpc"),
+        default="socket",
+        help="how the learners push: the bulk socket plane (the default) or gRPC",
+    )
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -301,29 +373,57 @@ def main() -> None:
         args.sizes, args.learners, args.rounds = "1e6,1e7", "2,4", 1
     torch.set_num_threads(1)
     memcpy = memcpy_gb_s()
-    idle_rss = int(subprocess.run([sys.executable, "-c", IDLE_RSS], capture_output=True, text=True,
-                                  check=True).stdout) * 1024
+    idle_rss = (
+        int(subprocess.run([sys.executable, "-c", IDLE_RSS], capture_output=True, text=True, check=True).stdout) * 1024
+    )
     rows = []
     for size in (int(float(s)) for s in args.sizes.split(",")):
         for m in (int(x) for x in args.learners.split(",")):
             console.log(f"{size / 1e6:.0f}M parameters, M = {m}")
             rows.append(measure(size, m, args.rounds, memcpy, idle_rss, args.plane == "socket"))
     table = Table(title=f"synchronizer rounds (P = {FRAGMENTS}, K = M, write-ahead on); memcpy {memcpy:.1f} GB/s")
-    for col in ("params", "M", "fragment MB", "round ms", "ms / MB", "x memcpy", "merged ms", "merged x memcpy",
-                "delivered ms", "checkpoint x raw", "x limit",
-                "heartbeat p50 / p99 ms", "peak RSS MB", "RSS / need", "RSS / fp32"):
+    for col in (
+        "params",
+        "M",
+        "fragment MB",
+        "round ms",
+        "ms / MB",
+        "x memcpy",
+        "merged ms",
+        "merged x memcpy",
+        "delivered ms",
+        "checkpoint x raw",
+        "x limit",
+        "heartbeat p50 / p99 ms",
+        "peak RSS MB",
+        "RSS / need",
+        "RSS / fp32",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(f"{r['params'] / 1e6:.0f}M", str(r["learners"]), f"{r['fragment_mb']:.0f}", f"{r['round_ms']:.0f}",
-                      f"{r['round_ms_per_mb']:.2f}", f"{r['round_vs_memcpy']:.1f}", f"{r['merged_ms']:.0f}",
-                      f"{r['merged_vs_memcpy']:.1f}", f"{r['delivered_ms']:.0f}",
-                      f"{r['checkpoint_vs_raw']:.2f}", f"{r['round_vs_limit']:.1f}",
-                      f"{r['heartbeat_p50_ms']:.1f} / {r['heartbeat_p99_ms']:.1f}", f"{r['peak_rss_mb']:.0f}",
-                      f"{r['peak_rss_over_need']:.2f}", f"{r['peak_rss_over_fp32']:.2f}")
+        table.add_row(
+            f"{r['params'] / 1e6:.0f}M",
+            str(r["learners"]),
+            f"{r['fragment_mb']:.0f}",
+            f"{r['round_ms']:.0f}",
+            f"{r['round_ms_per_mb']:.2f}",
+            f"{r['round_vs_memcpy']:.1f}",
+            f"{r['merged_ms']:.0f}",
+            f"{r['merged_vs_memcpy']:.1f}",
+            f"{r['delivered_ms']:.0f}",
+            f"{r['checkpoint_vs_raw']:.2f}",
+            f"{r['round_vs_limit']:.1f}",
+            f"{r['heartbeat_p50_ms']:.1f} / {r['heartbeat_p99_ms']:.1f}",
+            f"{r['peak_rss_mb']:.0f}",
+            f"{r['peak_rss_over_need']:.2f}",
+            f"{r['peak_rss_over_fp32']:.2f}",
+        )
     console.print(table)
-    console.print("aims: round within 4x memcpy of the bytes it touches (x memcpy; x limit adds the raw durable "
-                  "write of its checkpoint); heartbeat p99 < 50 ms; "
-                  "peak RSS within 1.5x of what it must hold (the learners' pushes share these cores)")
+    console.print(
+        "aims: round within 4x memcpy of the bytes it touches (x memcpy; x limit adds the raw durable "
+        "write of its checkpoint); heartbeat p99 < 50 ms; "
+        "peak RSS within 1.5x of what it must hold (the learners' pushes share these cores)"
+    )
     if args.json:
         print(json.dumps({"rows": rows, "memcpy_gb_s": memcpy, "idle_rss_mb": idle_rss / 1e6}, sort_keys=True))
 

@@ -211,8 +211,18 @@ class Ours:
         self.arrivals = BufferPool(8 * numel)  # as a learner's link receives (`wire.buffers`)
 
     def head(self) -> dict:
-        return {"kind": "contribution", "session": self.sessions[0], "fragment": 0, "base_version": 0, "steps": 1,
-                "tokens": 1, "seconds": 0.1, "step_time": 0.1, "step": 1, "position": 1}
+        return {
+            "kind": "contribution",
+            "session": self.sessions[0],
+            "fragment": 0,
+            "base_version": 0,
+            "steps": 1,
+            "tokens": 1,
+            "seconds": 0.1,
+            "step_time": 0.1,
+            "step": 1,
+            "position": 1,
+        }
 
     def push(self, grad: torch.Tensor) -> int:
         head = self.head()
@@ -263,9 +273,31 @@ class OursSocket(Ours):
 
 def start_service(procs: ProcessTable, tmp: Path, numel: int, chunk: int, bulk_socket: bool = False) -> Ours:
     cmd = ddiloco_command(
-        "synchronizer", "--port", "0", "--address-file", str(tmp / "address"), "--init", str(tmp / "init.safetensors"),
-        "--fragments", "1", "--sync-every", "2", "--overlap", "1", "--quorum", "2", "--learners", "2",
-        "--heartbeat", "5", "--chunk-bytes", str(chunk), "--checkpoint-every", "0", "--log-level", "error",
+        "synchronizer",
+        "--port",
+        "0",
+        "--address-file",
+        str(tmp / "address"),
+        "--init",
+        str(tmp / "init.safetensors"),
+        "--fragments",
+        "1",
+        "--sync-every",
+        "2",
+        "--overlap",
+        "1",
+        "--quorum",
+        "2",
+        "--learners",
+        "2",
+        "--heartbeat",
+        "5",
+        "--chunk-bytes",
+        str(chunk),
+        "--checkpoint-every",
+        "0",
+        "--log-level",
+        "error",
     )
     name = "sync-socket" if bulk_socket else "sync"
     tmp = tmp / name
@@ -282,8 +314,16 @@ def start_service(procs: ProcessTable, tmp: Path, numel: int, chunk: int, bulk_s
     address = (tmp / "address").read_text().strip()
     probe = Ours(address, numel, chunk)
     sig = signature({"w": torch.empty(numel)})
-    replies = [framing.read_message(probe.control.call("Register", framing.message(
-        {"learner": m, "incarnation": f"bench{m}", "signature": sig, "fresh": True}), 30)) for m in range(2)]
+    replies = [
+        framing.read_message(
+            probe.control.call(
+                "Register",
+                framing.message({"learner": m, "incarnation": f"bench{m}", "signature": sig, "fresh": True}),
+                30,
+            )
+        )
+        for m in range(2)
+    ]
     ours = Ours(address, numel, chunk, [r["session"] for r in replies])  # a quorum of 2 is never reached by one
     return OursSocket(ours, "127.0.0.1", replies[0]["bulk_port"]) if bulk_socket else ours
 
@@ -312,8 +352,16 @@ def main() -> None:
             backends = {
                 "raw": Raw(tcp, 2 * numel, 4 * numel),  # the same connection, used in turn
                 "tcp": tcp,
-                "grpc": GrpcBytes(f"127.0.0.1:{_start_and_read_port(procs, 'grpc', [sys.executable, '-c', GRPC_BYTES_SERVER, str(4 * numel), str(chunk)], tmp)}", 2 * numel, chunk),
-                "transport": Ours(f"127.0.0.1:{_start_and_read_port(procs, 'wire', [sys.executable, '-c', WIRE_SERVER, str(numel), str(chunk)], tmp)}", numel, chunk),
+                "grpc": GrpcBytes(
+                    f"127.0.0.1:{_start_and_read_port(procs, 'grpc', [sys.executable, '-c', GRPC_BYTES_SERVER, str(4 * numel), str(chunk)], tmp)}",
+                    2 * numel,
+                    chunk,
+                ),
+                "transport": Ours(
+                    f"127.0.0.1:{_start_and_read_port(procs, 'wire', [sys.executable, '-c', WIRE_SERVER, str(numel), str(chunk)], tmp)}",
+                    numel,
+                    chunk,
+                ),
                 "service": start_service(procs, tmp, numel, chunk),
                 "socket": start_service(procs, tmp, numel, chunk, bulk_socket=True),
             }
@@ -337,11 +385,16 @@ def main() -> None:
         return (sizes[reference]["push"] + sizes[reference]["pull"]) / (med[n]["push"] + med[n]["pull"]) / 1e6
 
     result = {
-        "params": numel, "chunk_bytes": chunk,
-        "tcp_push_bytes": sizes["tcp"]["push"], "tcp_pull_bytes": sizes["tcp"]["pull"],
-        "wire_push_bytes": sizes["transport"]["push"], "wire_pull_bytes": sizes["transport"]["pull"],
+        "params": numel,
+        "chunk_bytes": chunk,
+        "tcp_push_bytes": sizes["tcp"]["push"],
+        "tcp_pull_bytes": sizes["tcp"]["pull"],
+        "wire_push_bytes": sizes["transport"]["push"],
+        "wire_pull_bytes": sizes["transport"]["pull"],
         **{f"{n}_{op}_MBps": mbps[n][op] for n in mbps for op in ("push", "pull")},
-        "tcp_MBps": both("tcp"), "transport_MBps": both("transport"), "service_MBps": both("service"),
+        "tcp_MBps": both("tcp"),
+        "transport_MBps": both("transport"),
+        "service_MBps": both("service"),
     }
     result["push_ratio"] = med["tcp"]["push"] / med["transport"]["push"]
     result["pull_ratio"] = med["tcp"]["pull"] / med["transport"]["pull"]
@@ -356,24 +409,38 @@ def main() -> None:
     result["grpc_MBps"] = both("grpc")
     result["grpc_vs_raw"] = result["grpc_MBps"] / result["raw_MBps"]
     result["ratio_vs_grpc"] = result["service_MBps"] / result["grpc_MBps"]  # the gRPC plane against gRPC alone
-    table = Table(title=f"fragment of {numel / 1e6:.1f}M parameters on loopback: MB/s of tensor data "
-                        f"(median of {args.repeats})")
+    table = Table(
+        title=f"fragment of {numel / 1e6:.1f}M parameters on loopback: MB/s of tensor data (median of {args.repeats})"
+    )
     for col in ("path", "push (bf16)", "pull (fp32)", "push + pull", "ratio to TCP"):
         table.add_column(col, justify="right")
-    for n, label in (("raw", "plain TCP, bytes only"), ("grpc", "gRPC, bytes only"), ("tcp", "plain TCP + bf16/fp32 conversion"), ("transport", "ddiloco wire + gRPC"), ("service", "ddiloco synchronizer, gRPC plane"), ("socket", "ddiloco synchronizer, bulk socket plane")):
+    for n, label in (
+        ("raw", "plain TCP, bytes only"),
+        ("grpc", "gRPC, bytes only"),
+        ("tcp", "plain TCP + bf16/fp32 conversion"),
+        ("transport", "ddiloco wire + gRPC"),
+        ("service", "ddiloco synchronizer, gRPC plane"),
+        ("socket", "ddiloco synchronizer, bulk socket plane"),
+    ):
         push = sizes["tcp"]["push"] / med[n]["push"] / 1e6
         pull = sizes["tcp"]["pull"] / med[n]["pull"] / 1e6
         table.add_row(label, f"{push:.0f}", f"{pull:.0f}", f"{both(n):.0f}", f"{both(n) / both('tcp'):.2f}")
     console.print(table)
-    console.print(f"against the same bytes over a plain socket with no conversion (the real limit): through the "
-                  f"synchronizer's bulk socket plane (its default) [bold]{result['ratio_vs_raw']:.2f}[/bold] "
-                  f"(ratio_vs_raw; aim >= 0.5), through its gRPC plane {result['grpc_plane_vs_raw']:.2f} "
-                  f"(grpc_plane_vs_raw)")
-    console.print(f"gRPC itself, moving the same bytes in the same messages with nothing else to do, reaches "
-                  f"{result['grpc_vs_raw']:.2f} of the plain socket (grpc_vs_raw); the gRPC plane reaches "
-                  f"{result['ratio_vs_grpc']:.2f} of that (ratio_vs_grpc)")
-    console.print(f"against the converting plain TCP baseline (ratio): wire + gRPC {result['ratio']:.2f}, "
-                  f"gRPC plane {result['service_ratio']:.2f}")
+    console.print(
+        f"against the same bytes over a plain socket with no conversion (the real limit): through the "
+        f"synchronizer's bulk socket plane (its default) [bold]{result['ratio_vs_raw']:.2f}[/bold] "
+        f"(ratio_vs_raw; aim >= 0.5), through its gRPC plane {result['grpc_plane_vs_raw']:.2f} "
+        f"(grpc_plane_vs_raw)"
+    )
+    console.print(
+        f"gRPC itself, moving the same bytes in the same messages with nothing else to do, reaches "
+        f"{result['grpc_vs_raw']:.2f} of the plain socket (grpc_vs_raw); the gRPC plane reaches "
+        f"{result['ratio_vs_grpc']:.2f} of that (ratio_vs_grpc)"
+    )
+    console.print(
+        f"against the converting plain TCP baseline (ratio): wire + gRPC {result['ratio']:.2f}, "
+        f"gRPC plane {result['service_ratio']:.2f}"
+    )
     if args.json:
         print(json.dumps(result, sort_keys=True))
 

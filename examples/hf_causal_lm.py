@@ -38,15 +38,22 @@ import ddiloco  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 SEQ, BATCH = 64, 8
-CONFIG = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
-                     tie_word_embeddings=True)
+CONFIG = LlamaConfig(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=SEQ,
+    tie_word_embeddings=True,
+)
 
 
 def dataset(path: Path = DATA) -> Dataset:
     """Windows of SEQ + 1 bytes of the text, as a map-style `datasets.Dataset` of token ids."""
     data = path.read_bytes()
-    windows = [list(data[i: i + SEQ + 1]) for i in range(0, len(data) - SEQ - 1, SEQ)]
+    windows = [list(data[i : i + SEQ + 1]) for i in range(0, len(data) - SEQ - 1, SEQ)]
     return Dataset.from_dict({"ids": windows}).with_format("torch")
 
 
@@ -110,12 +117,27 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="ddiloco-hf-"))
     data = dataset()
     before = eval_loss(build(), data)
-    sync = ddiloco.Synchronizer(build(), learners=2, tokens=args.tokens, checkpoint_dir=out / "ckpt",  # ddiloco
-                                sync_every=8, overlap=1, outer_lr=1.0, outer_momentum=0.0)
+    sync = ddiloco.Synchronizer(
+        build(),
+        learners=2,
+        tokens=args.tokens,
+        checkpoint_dir=out / "ckpt",  # ddiloco
+        sync_every=8,
+        overlap=1,
+        outer_lr=1.0,
+        outer_momentum=0.0,
+    )
     address = sync.start()  # ddiloco
-    launch = [sys.executable] if args.ranks == 1 else [
-        shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun")), "--standalone",
-        "--nproc-per-node", str(args.ranks)]
+    launch = (
+        [sys.executable]
+        if args.ranks == 1
+        else [
+            shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun")),
+            "--standalone",
+            "--nproc-per-node",
+            str(args.ranks),
+        ]
+    )
     procs = [subprocess.Popen([*launch, __file__, "--learner", str(m), "--connect", address]) for m in range(2)]
     finished = sync.wait(timeout=600)  # ddiloco
     codes = [p.wait(timeout=120) for p in procs]
@@ -125,8 +147,10 @@ def main() -> int:
     exported = ddiloco.load_global(out / "ckpt")
     same = all(torch.equal(p.detach(), exported[n]) for n, p in model.named_parameters())
     after = eval_loss(model, data)
-    print(f"run finished: {finished}; learners exited {codes}; eval loss {before:.3f} -> {after:.3f}; "
-          f"from_pretrained equals the export: {same}; export: {out / 'export'}")
+    print(
+        f"run finished: {finished}; learners exited {codes}; eval loss {before:.3f} -> {after:.3f}; "
+        f"from_pretrained equals the export: {same}; export: {out / 'export'}"
+    )
     return 0 if finished and codes == [0, 0] and same and after < before - 0.5 else 1
 
 

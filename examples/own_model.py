@@ -40,7 +40,7 @@ class CharWindows(Dataset):
         return (len(self.data) - 1) // self.seq
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = self.data[i * self.seq: (i + 1) * self.seq + 1]
+        chunk = self.data[i * self.seq : (i + 1) * self.seq + 1]
         return chunk[:-1], chunk[1:]
 
 
@@ -101,8 +101,16 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="ddiloco-example-"))
     data = CharWindows(DATA)
     before = eval_loss(TinyLM(), data)
-    sync = ddiloco.Synchronizer(TinyLM(), learners=2, tokens=args.tokens, checkpoint_dir=out / "ckpt",  # ddiloco
-                                sync_every=8, overlap=1, outer_lr=1.0, outer_momentum=0.0)
+    sync = ddiloco.Synchronizer(
+        TinyLM(),
+        learners=2,
+        tokens=args.tokens,
+        checkpoint_dir=out / "ckpt",  # ddiloco
+        sync_every=8,
+        overlap=1,
+        outer_lr=1.0,
+        outer_momentum=0.0,
+    )
     address = sync.start()  # ddiloco
     procs = [subprocess.Popen([sys.executable, __file__, "--learner", str(m), "--connect", address]) for m in range(2)]
     finished = sync.wait(timeout=600)  # ddiloco
@@ -116,8 +124,10 @@ def main() -> int:
     exported = load_file(str(weights))
     same = all(torch.equal(p.detach(), exported[n]) for n, p in model.named_parameters())
     after = eval_loss(model, data)
-    print(f"run finished: {finished}; learners exited {codes}; eval loss {before:.3f} -> {after:.3f}; "
-          f"reloaded model equals the export: {same}; export: {weights}")
+    print(
+        f"run finished: {finished}; learners exited {codes}; eval loss {before:.3f} -> {after:.3f}; "
+        f"reloaded model equals the export: {same}; export: {weights}"
+    )
     return 0 if finished and codes == [0, 0] and same and after < before - 0.5 else 1
 
 

@@ -27,7 +27,6 @@ def shakespeare() -> str:
     return str(path)
 
 
-
 @pytest.fixture(scope="session")
 def tiny_task(shakespeare: str):
     """The tiny GPT on tinyshakespeare: real model and data, fast enough for multi-learner runs."""

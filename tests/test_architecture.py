@@ -32,8 +32,21 @@ ALLOWED: dict[str, set[str]] = {
     "api": {"synchronizer", "learner", "wire", "core", "records", "train"},
     "report": {"records"},
     "cluster": {"launch", "records", "wire"},  # the Slurm backend: the same commands `launch` runs locally
-    "cli": {"api", "cluster", "launch", "sim", "goodput", "report", "synchronizer", "learner", "wire", "core", "records", "train",
-            "chaos"},
+    "cli": {
+        "api",
+        "cluster",
+        "launch",
+        "sim",
+        "goodput",
+        "report",
+        "synchronizer",
+        "learner",
+        "wire",
+        "core",
+        "records",
+        "train",
+        "chaos",
+    },
 }
 TOP_LEVEL_MODULES = {"ddiloco", "ddiloco.__main__"}
 MAX_LINES = 400
@@ -112,7 +125,7 @@ def test_no_import_cycles():
         stack.append(m)
         for t in sorted(GRAPH[m]):
             if state.get(t) == 1:
-                return stack[stack.index(t):] + [t]
+                return stack[stack.index(t) :] + [t]
             if t not in state:
                 cycle = visit(t)
                 if cycle:

@@ -22,8 +22,10 @@ def test_public_names_at_the_top():
         ddiloco.no_such_name  # noqa: B018
 
 
-@pytest.mark.parametrize("old", ["ddiloco.net", "ddiloco.net.client", "ddiloco.net.launch.procs", "ddiloco.sim.goodput",
-                                 "ddiloco.accounting"])
+@pytest.mark.parametrize(
+    "old",
+    ["ddiloco.net", "ddiloco.net.client", "ddiloco.net.launch.procs", "ddiloco.sim.goodput", "ddiloco.accounting"],
+)
 def test_the_paths_deprecated_in_0_2_are_gone_in_0_3(old):
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module(old)

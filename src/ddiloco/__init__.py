@@ -39,10 +39,29 @@ _PUBLIC = {
 }
 
 __all__ = [
-    "AlgorithmConfig", "BackgroundSaver", "EventLog", "LearnerClient", "load_optimizer", "ResumableIterable", "ResumableSampler", "ServiceSettings",
-    "Synchronizer", "SynchronizerError", "SynchronizerServer", "Timeouts", "__version__", "build_service",
-    "embedding_names", "export_global", "fetch_global", "load_global", "log_to_stderr", "make_task", "read_events",
-    "save_initial", "stop_run",
+    "AlgorithmConfig",
+    "BackgroundSaver",
+    "EventLog",
+    "LearnerClient",
+    "load_optimizer",
+    "ResumableIterable",
+    "ResumableSampler",
+    "ServiceSettings",
+    "Synchronizer",
+    "SynchronizerError",
+    "SynchronizerServer",
+    "Timeouts",
+    "__version__",
+    "build_service",
+    "embedding_names",
+    "export_global",
+    "fetch_global",
+    "load_global",
+    "log_to_stderr",
+    "make_task",
+    "read_events",
+    "save_initial",
+    "stop_run",
 ]
 
 if TYPE_CHECKING:

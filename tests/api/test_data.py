@@ -44,6 +44,7 @@ def test_sampler_through_a_dataloader_with_workers_resumes_too():
 @pytest.mark.parametrize("workers", [0, 2])
 def test_iterable_keeps_stream_order_with_workers_and_resumes(workers):
     stream = list(range(200))
+
     def loader(position):
         it = ResumableIterable(stream, learner=1, learners=2, batch_size=4)
         it.seek(position)

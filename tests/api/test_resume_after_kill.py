@@ -31,22 +31,35 @@ def lines(path: Path) -> list[dict]:
 
 @pytest.mark.timeout(180)
 def test_killed_learner_resumes_at_the_sample_after_its_counted_work(procs, tmp_path):
-    sync = ddiloco.Synchronizer(sampler_learner.model(), learners=2, sync_every=4, overlap=1, quorum=1,
-                                grace=0.0, heartbeat=0.1)
+    sync = ddiloco.Synchronizer(
+        sampler_learner.model(), learners=2, sync_every=4, overlap=1, quorum=1, grace=0.0, heartbeat=0.1
+    )
     address = sync.start()
     try:
         log = tmp_path / "trained.jsonl"
-        start = lambda: procs.start("learner", [sys.executable, str(SCRIPT), address, "1", str(log)],  # noqa: E731
-                                    tmp_path / "learner.stderr", tmp_path / "learner.stdout")
+        start = lambda: procs.start(
+            "learner",
+            [sys.executable, str(SCRIPT), address, "1", str(log)],  # noqa: E731
+            tmp_path / "learner.stderr",
+            tmp_path / "learner.stdout",
+        )
         first = start()
-        wait_for(lambda: sync.status()["books"].get("1", {}).get("merged_position", 0) >= 12, 90,
-                 message="counted work of the first process")
+        wait_for(
+            lambda: sync.status()["books"].get("1", {}).get("merged_position", 0) >= 12,
+            90,
+            message="counted work of the first process",
+        )
         procs.kill_tree(first)  # kill -9, then its DataLoader worker and forkserver (orphans otherwise)
         counted = sync.status()["books"]["1"]["merged_position"]
         second = start()
-        wait_for(lambda: len({r["incarnation"] for r in lines(log)}) == 2 and
-                 sum(1 for r in lines(log) if r["incarnation"] == lines(log)[-1]["incarnation"]) >= 5, 90,
-                 message="steps of the restarted process")
+        wait_for(
+            lambda: (
+                len({r["incarnation"] for r in lines(log)}) == 2
+                and sum(1 for r in lines(log) if r["incarnation"] == lines(log)[-1]["incarnation"]) >= 5
+            ),
+            90,
+            message="steps of the restarted process",
+        )
         ddiloco.stop_run(address)
         assert wait_for(lambda: second.poll() is not None, 60, message="the learner to exit") is not None
     finally:
@@ -58,6 +71,6 @@ def test_killed_learner_resumes_at_the_sample_after_its_counted_work(procs, tmp_
     assert sync.status()["double_merged_steps"] == 0
     expected = ddiloco.ResumableSampler(sampler_learner.N, 1, 2, batch_size=sampler_learner.BATCH, seed=3)
     stream = list(itertools.islice(iter(expected), (resume + len(new)) * sampler_learner.BATCH))
-    batches = [stream[i:i + sampler_learner.BATCH] for i in range(0, len(stream), sampler_learner.BATCH)]
+    batches = [stream[i : i + sampler_learner.BATCH] for i in range(0, len(stream), sampler_learner.BATCH)]
     assert [r["indices"] for r in old[:resume]] == batches[:resume]  # the counted work: nothing skipped
     assert [r["indices"] for r in new] == batches[resume:]  # the new process reads on from there: nothing twice

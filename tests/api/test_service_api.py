@@ -41,8 +41,17 @@ def train(task, address, learner, steps, applied, seed=1):
 
 def test_synchronizer_from_a_model_object_stop_export(tiny_task, tmp_path):
     model = tiny_task.build_model(0)
-    sync = ddiloco.Synchronizer(model, learners=2, sync_every=4, overlap=1, quorum=1, grace=0.5,
-                                checkpoint_dir=tmp_path / "ckpt", keep_versions=1, heartbeat=0.1)
+    sync = ddiloco.Synchronizer(
+        model,
+        learners=2,
+        sync_every=4,
+        overlap=1,
+        quorum=1,
+        grace=0.5,
+        checkpoint_dir=tmp_path / "ckpt",
+        keep_versions=1,
+        heartbeat=0.1,
+    )
     assert sync.algorithm.fragments == 4  # default 24, capped at H = 4
     assert sync.plain_names == frozenset(tiny_task.embedding_names)  # found in the module, not listed by hand
     address = sync.start()
@@ -77,8 +86,16 @@ def test_synchronizer_from_a_model_object_stop_export(tiny_task, tmp_path):
 def test_a_budget_of_merged_tokens_outlasts_one_of_trained_tokens(tiny_task, tmp_path):
     stopped_at = {}
     for counts in ("trained", "merged"):
-        sync = ddiloco.Synchronizer(tiny_task.build_model(0), learners=2, sync_every=4, overlap=1, quorum=1,
-                                    tokens=4 * 64 * 12, heartbeat=0.1, budget_counts=counts)
+        sync = ddiloco.Synchronizer(
+            tiny_task.build_model(0),
+            learners=2,
+            sync_every=4,
+            overlap=1,
+            quorum=1,
+            tokens=4 * 64 * 12,
+            heartbeat=0.1,
+            budget_counts=counts,
+        )
         address = sync.start()
         thread = threading.Thread(target=train, args=(tiny_task, address, 0, 400, []), daemon=True)
         thread.start()

@@ -22,9 +22,21 @@ def load_script():
 @pytest.mark.slow
 def test_precision_rows_go_through_every_codec(tmp_path, shakespeare):
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "ablations.py"), "--quick", "--only", "precision", "--json",
-         "--data", shakespeare, "--out", str(tmp_path / "a.json")],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "ablations.py"),
+            "--quick",
+            "--only",
+            "precision",
+            "--json",
+            "--data",
+            shakespeare,
+            "--out",
+            str(tmp_path / "a.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
@@ -42,7 +54,14 @@ def test_bandwidth_needed_is_the_least_link_within_5_percent():
     def row(method, link, goodput):
         return {"ablation": "distance", "setting": f"{method} {link}", "goodput": goodput}
 
-    rows = [row("decoupled", "free link", 0.9), row("decoupled", "100 Mbit/s", 0.89), row("decoupled", "1 Mbit/s", 0.8),
-            row("diloco", "free link", 1.0), row("diloco", "10000 Mbit/s", 0.96), row("diloco", "1000 Mbit/s", 0.94),
-            row("ddp", "free link", 1.0), row("ddp", "10000 Mbit/s", 0.9)]
+    rows = [
+        row("decoupled", "free link", 0.9),
+        row("decoupled", "100 Mbit/s", 0.89),
+        row("decoupled", "1 Mbit/s", 0.8),
+        row("diloco", "free link", 1.0),
+        row("diloco", "10000 Mbit/s", 0.96),
+        row("diloco", "1000 Mbit/s", 0.94),
+        row("ddp", "free link", 1.0),
+        row("ddp", "10000 Mbit/s", 0.9),
+    ]
     assert ablations.bandwidth_needed(rows) == {"decoupled": 100.0, "diloco": 10000.0, "ddp": None}

@@ -12,16 +12,39 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_quick_vision_rows_are_complete(tmp_path, shakespeare):
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--models", "vision", "--json",
-         "--data", shakespeare, "--out", str(tmp_path / "q.json")],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "quality.py"),
+            "--quick",
+            "--models",
+            "vision",
+            "--json",
+            "--data",
+            shakespeare,
+            "--out",
+            str(tmp_path / "q.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     names = [r["name"] for r in report["rows"]]
-    assert names == ["ddp", "ddp-failures", "elastic-ddp-failures", "diloco", "decoupled", "decoupled-failures",
-                     "decoupled-rebase", "decoupled-rebase-failures", "decoupled-hetero-km", "decoupled-hetero-k1",
-                     "decoupled-hetero-k1-grace", "decoupled-rebase-hetero-k1"]
+    assert names == [
+        "ddp",
+        "ddp-failures",
+        "elastic-ddp-failures",
+        "diloco",
+        "decoupled",
+        "decoupled-failures",
+        "decoupled-rebase",
+        "decoupled-rebase-failures",
+        "decoupled-hetero-km",
+        "decoupled-hetero-k1",
+        "decoupled-hetero-k1-grace",
+        "decoupled-rebase-hetero-k1",
+    ]
     for row in report["rows"]:
         assert row["model"] == "vision" and 0 <= row["eval_accuracy"] <= 1 and 0 < row["goodput"] <= 1
     assert json.loads((tmp_path / "q.json").read_text())["rows"] == report["rows"]
@@ -31,14 +54,40 @@ def test_quick_vision_rows_are_complete(tmp_path, shakespeare):
 @pytest.mark.slow
 def test_outer_sweep_runs_its_groups_and_summarizes_split_runs(tmp_path, shakespeare):
     def sweep(*args: str) -> dict:
-        out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "outer_sweep.py"), "--quick", "--models",
-                              "vision", "--seeds", "0", "--json", "--data", shakespeare, *args],
-                             capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "outer_sweep.py"),
+                "--quick",
+                "--models",
+                "vision",
+                "--seeds",
+                "0",
+                "--json",
+                "--data",
+                shakespeare,
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    a = sweep("--groups", "grid", "--lrs", "1.0", "--momenta", "0", "0.9", "--methods", "diloco",
-              "--out", str(tmp_path / "a.json"))
+    a = sweep(
+        "--groups",
+        "grid",
+        "--lrs",
+        "1.0",
+        "--momenta",
+        "0",
+        "0.9",
+        "--methods",
+        "diloco",
+        "--out",
+        str(tmp_path / "a.json"),
+    )
     assert a["best"]["vision"]["diloco"] in ([1.0, 0.0], [1.0, 0.9])
     sweep("--groups", "ddp-lr", "one-learner", "--out", str(tmp_path / "b.json"))
     both = sweep("--load", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
@@ -50,8 +99,12 @@ def test_outer_sweep_runs_its_groups_and_summarizes_split_runs(tmp_path, shakesp
 
 def test_scale_sweep_compares_each_method_with_data_parallel_at_the_same_size_and_budget(tmp_path, shakespeare):
     def sweep(*args: str) -> dict:
-        out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale_sweep.py"), "--json", "--data",
-                              shakespeare, *args], capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "scale_sweep.py"), "--json", "--data", shakespeare, *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -59,9 +112,16 @@ def test_scale_sweep_compares_each_method_with_data_parallel_at_the_same_size_an
     cells = {(s["budget"], s["method"]): s for s in a["summary"]}
     assert set(cells) == {(0.25, "ddp"), (0.25, "decoupled")} and cells[(0.25, "ddp")]["vs_ddp"] == 1.0
     assert cells[(0.25, "ddp")]["tokens"] == 30_000 and cells[(0.25, "ddp")]["params"] > 0
-    assert cells[(0.25, "decoupled")]["vs_ddp"] == cells[(0.25, "decoupled")]["eval_loss"] / cells[(0.25, "ddp")]["eval_loss"]
+    assert (
+        cells[(0.25, "decoupled")]["vs_ddp"]
+        == cells[(0.25, "decoupled")]["eval_loss"] / cells[(0.25, "ddp")]["eval_loss"]
+    )
     again = sweep("--load", str(tmp_path / "a.json"))
     assert again["summary"] == a["summary"]
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale_sweep.py"), "--sizes", "huge"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "scale_sweep.py"), "--sizes", "huge"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0 and "huge" in out.stderr  # refused before any run

@@ -12,8 +12,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench(name: str, *args: str, timeout: float = 600) -> dict:
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args, "--json"],
-                         capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / name), *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -33,8 +37,14 @@ def test_synchronizer_scale_reports_rounds_heartbeats_and_memory_of_a_real_synch
 def test_bandwidth_rows_count_bytes_both_ways_for_every_upload_and_download_codec(shakespeare):
     report = bench("bandwidth.py", "--quick", "--steady", "--data", shakespeare, timeout=2400)
     rows = {(r["codec"], r["codec_down"]): r for r in report["rows"]}
-    assert set(rows) == {("bf16", "bf16"), ("int8", "bf16"), ("int4", "bf16"), ("bf16", "int8"), ("int8", "int8"),
-                         ("int4", "int4")}
+    assert set(rows) == {
+        ("bf16", "bf16"),
+        ("int8", "bf16"),
+        ("int4", "bf16"),
+        ("bf16", "int8"),
+        ("int8", "int8"),
+        ("int4", "int4"),
+    }
     for r in rows.values():
         assert r["bytes_up_per_step"] > 0 and r["bytes_down_per_step"] > 0 and r["inner_steps"] > 0
         assert r["bytes_up_per_step_steady"] > 0 and r["bytes_down_per_step_steady"] > 0  # half-budget runs too
@@ -49,7 +59,8 @@ def test_bandwidth_rows_count_bytes_both_ways_for_every_upload_and_download_code
 def test_wan_runs_both_methods_on_both_links(shakespeare):
     report = bench("wan.py", "--quick", "--data", shakespeare, timeout=1200)
     assert {(r["method"], r["link"]) for r in report["rows"]} == {
-        (m, link) for m in ("decoupled", "diloco") for link in ("loopback", "wan")}
+        (m, link) for m in ("decoupled", "diloco") for link in ("loopback", "wan")
+    }
     assert all(0 < r["goodput"] <= 1 for r in report["rows"]) and report["decoupled_over_diloco_goodput_wan"] > 0
 
 

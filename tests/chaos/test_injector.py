@@ -23,11 +23,14 @@ def test_injector_hands_out_due_events_in_time_order():
     assert inj.downtime(1, 60.0) == 2.0
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"learner_mtbf": 10.0, "trace": FailureTrace()}, "not both"),
-    ({"straggle": 0.0}, "straggle"),
-    ({"learner_down": -1.0}, ">= 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"learner_mtbf": 10.0, "trace": FailureTrace()}, "not both"),
+        ({"straggle": 0.0}, "straggle"),
+        ({"learner_down": -1.0}, ">= 0"),
+    ],
+)
 def test_bad_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ChaosSettings(**kwargs)
@@ -36,11 +39,13 @@ def test_bad_settings_are_refused(kwargs, message):
 def test_each_listed_shard_is_killed_in_turn_and_restarted():
     from ddiloco.chaos.injector import ChaosInjector, ChaosSettings
 
-    inj = ChaosInjector(ChaosSettings(kill_synchronizer_at=6.0, synchronizer_down=1.0, kill_shards=(0, 2),
-                                      kill_every=3.0), learners=2, horizon=60.0)
+    inj = ChaosInjector(
+        ChaosSettings(kill_synchronizer_at=6.0, synchronizer_down=1.0, kill_shards=(0, 2), kill_every=3.0),
+        learners=2,
+        horizon=60.0,
+    )
     events = [(e.time, e.kind, e.target) for e in inj.due(100.0)]
-    assert events == [(6.0, "kill_sync", 0), (7.0, "restart_sync", 0), (9.0, "kill_sync", 2),
-                      (10.0, "restart_sync", 2)]
+    assert events == [(6.0, "kill_sync", 0), (7.0, "restart_sync", 0), (9.0, "kill_sync", 2), (10.0, "restart_sync", 2)]
     import pytest
 
     with pytest.raises(ValueError):

@@ -24,39 +24,42 @@ def invoke(*args: str):
     return runner.invoke(app, list(args), catch_exceptions=False, env={"COLUMNS": "300"})
 
 
-@pytest.mark.parametrize("args, flag", [
-    (["synchronizer", "--port", "70000"], "--port"),
-    (["synchronizer", "--port", "-1"], "--port"),
-    (["synchronizer", "--chunk-bytes", "0"], "--chunk-bytes"),
-    (["synchronizer", "--max-message-bytes", "0"], "--max-message-bytes"),
-    (["synchronizer", "--tokens", "-5"], "--tokens"),
-    (["synchronizer", "--duration", "-1"], "--duration"),
-    (["synchronizer", "--heartbeat", "0"], "--heartbeat"),
-    (["synchronizer", "--max-learners", "0"], "--max-learners"),
-    (["synchronizer", "--codec-down", "int3"], "--codec-down"),
-    (["synchronizer", "--learners", "0"], "--learners"),
-    (["learner", "--id", "0", "--codec", "int3"], "--codec"),
-    (["learner", "--id", "0", "--precision", "fp8"], "--precision"),
-    (["learner", "--id", "-1"], "--id"),
-    (["learner", "--id", "0", "--batch-size", "0"], "--batch-size"),
-    (["run", "--codec", "int3"], "--codec"),
-    (["run", "--heartbeat", "0"], "--heartbeat"),
-    (["run", "--tokens", "0"], "--tokens"),
-    (["run", "--duration", "-3"], "--duration"),
-    (["run", "--sync-shards", "0"], "--sync-shards"),
-    (["goodput", "--overlap", "30"], "--overlap"),
-    (["goodput", "--mtbi-years", "-1"], "--mtbi-years"),
-    (["goodput", "--chips", "0"], "--chips"),
-    (["sim", "--seq-len", "0"], "--seq-len"),
-    (["sim", "--sync-every", "0"], "--sync-every"),
-    (["sim", "--grace", "2"], "grace"),
-    (["sim", "--outer-momentum", "1.5"], "--outer-momentum"),
-    (["sim", "--learners", "0"], "--learners"),
-    (["sim", "--model", "foo"], "foo"),
-    (["demo", "--tokens", "5"], "--tokens"),
-    (["demo", "--learners", "1"], "--learners"),
-    (["report", "/nonexistent-run"], "not a run directory"),
-])
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["synchronizer", "--port", "70000"], "--port"),
+        (["synchronizer", "--port", "-1"], "--port"),
+        (["synchronizer", "--chunk-bytes", "0"], "--chunk-bytes"),
+        (["synchronizer", "--max-message-bytes", "0"], "--max-message-bytes"),
+        (["synchronizer", "--tokens", "-5"], "--tokens"),
+        (["synchronizer", "--duration", "-1"], "--duration"),
+        (["synchronizer", "--heartbeat", "0"], "--heartbeat"),
+        (["synchronizer", "--max-learners", "0"], "--max-learners"),
+        (["synchronizer", "--codec-down", "int3"], "--codec-down"),
+        (["synchronizer", "--learners", "0"], "--learners"),
+        (["learner", "--id", "0", "--codec", "int3"], "--codec"),
+        (["learner", "--id", "0", "--precision", "fp8"], "--precision"),
+        (["learner", "--id", "-1"], "--id"),
+        (["learner", "--id", "0", "--batch-size", "0"], "--batch-size"),
+        (["run", "--codec", "int3"], "--codec"),
+        (["run", "--heartbeat", "0"], "--heartbeat"),
+        (["run", "--tokens", "0"], "--tokens"),
+        (["run", "--duration", "-3"], "--duration"),
+        (["run", "--sync-shards", "0"], "--sync-shards"),
+        (["goodput", "--overlap", "30"], "--overlap"),
+        (["goodput", "--mtbi-years", "-1"], "--mtbi-years"),
+        (["goodput", "--chips", "0"], "--chips"),
+        (["sim", "--seq-len", "0"], "--seq-len"),
+        (["sim", "--sync-every", "0"], "--sync-every"),
+        (["sim", "--grace", "2"], "grace"),
+        (["sim", "--outer-momentum", "1.5"], "--outer-momentum"),
+        (["sim", "--learners", "0"], "--learners"),
+        (["sim", "--model", "foo"], "foo"),
+        (["demo", "--tokens", "5"], "--tokens"),
+        (["demo", "--learners", "1"], "--learners"),
+        (["report", "/nonexistent-run"], "not a run directory"),
+    ],
+)
 def test_bad_flag_values_are_refused_up_front(args, flag):
     result = invoke(*args)
     assert result.exit_code == 2, result.output
@@ -78,17 +81,36 @@ class Finished:
 
 def start_synchronizer(init, *extra: str) -> Finished:
     """A real `ddiloco synchronizer` process (it sets up process-wide logging and signal handlers)."""
-    args = [sys.executable, "-m", "ddiloco", "synchronizer", "--init", str(init), "--fragments", "2",
-            "--sync-every", "4", "--port", "0", "--log-level", "error", "--exit-when-done", *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "ddiloco",
+        "synchronizer",
+        "--init",
+        str(init),
+        "--fragments",
+        "2",
+        "--sync-every",
+        "4",
+        "--port",
+        "0",
+        "--log-level",
+        "error",
+        "--exit-when-done",
+        *extra,
+    ]
     env = {**os.environ, "COLUMNS": "500"}  # error panels wrap at the terminal width
     return Finished(subprocess.run(args, capture_output=True, text=True, timeout=120, env=env))
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", "not a readable safetensors"),
-    (b"garbage" * 10, "not a readable safetensors"),
-    (None, "NaN or Inf"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "not a readable safetensors"),
+        (b"garbage" * 10, "not a readable safetensors"),
+        (None, "NaN or Inf"),
+    ],
+)
 def test_broken_init_files_are_named(tmp_path, init_file, content, message):
     if content is None:
         save_file({"w": torch.full((8, 4), float("nan")), "b": torch.zeros(4)}, str(init_file))
@@ -104,15 +126,26 @@ def test_truncated_init_file_is_named(tmp_path, init_file):
     assert result.exit_code == 2 and "init.safetensors" in result.output and "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("manifest, message", [
-    ([1, 2], "must be a JSON object"),
-    ({"format": 1}, "'fragments'"),
-    ({"format": 1, "fragments": {"0": {"version": 0, "file": "../../etc/passwd"}}}, "bad entry"),
-    ({"format": 1, "fragments": {"0": {"version": 0, "file": "p0000-v00000000.safetensors"},
-                                 "1": {"version": 0, "file": "p0001-v00000000.safetensors"}},
-      "ledger": {"books": {"0": {"tokens_reported": {"x": -1}}}}}, "missing"),
-    ("{not json", "not a readable JSON"),
-])
+@pytest.mark.parametrize(
+    "manifest, message",
+    [
+        ([1, 2], "must be a JSON object"),
+        ({"format": 1}, "'fragments'"),
+        ({"format": 1, "fragments": {"0": {"version": 0, "file": "../../etc/passwd"}}}, "bad entry"),
+        (
+            {
+                "format": 1,
+                "fragments": {
+                    "0": {"version": 0, "file": "p0000-v00000000.safetensors"},
+                    "1": {"version": 0, "file": "p0001-v00000000.safetensors"},
+                },
+                "ledger": {"books": {"0": {"tokens_reported": {"x": -1}}}},
+            },
+            "missing",
+        ),
+        ("{not json", "not a readable JSON"),
+    ],
+)
 def test_broken_checkpoints_are_named(tmp_path, init_file, manifest, message):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -122,15 +155,23 @@ def test_broken_checkpoints_are_named(tmp_path, init_file, manifest, message):
     assert message in result.output and "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("args, message", [
-    (["learner", "--id", "0", "--connect", "nonsense"], "bad synchronizer address 'nonsense'"),
-    (["learner", "--id", "0", "--connect", "127.0.0.1:99999"], "port in 1..65535"),
-    (["run", "--run-dir", "/proc/ddiloco-test", "--tokens", "100"], "--run-dir"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["learner", "--id", "0", "--connect", "nonsense"], "bad synchronizer address 'nonsense'"),
+        (["learner", "--id", "0", "--connect", "127.0.0.1:99999"], "port in 1..65535"),
+        (["run", "--run-dir", "/proc/ddiloco-test", "--tokens", "100"], "--run-dir"),
+    ],
+)
 def test_bad_addresses_and_folders_are_named_without_retrying(args, message):
     env = {**os.environ, "COLUMNS": "500"}
-    proc = subprocess.run([sys.executable, "-m", "ddiloco", *args, "--model-size", "tiny"], capture_output=True,
-                          text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddiloco", *args, "--model-size", "tiny"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 

@@ -16,10 +16,19 @@ _register()
 
 
 def test_old_spellings_are_rewritten_to_the_one_name():
-    assert apply_aliases(["goodput", "--inner-steps", "24", "--tau=2"]) == ["goodput", "--sync-every", "24",
-                                                                           "--overlap=2"]
-    assert apply_aliases(["sim", "--fail-mtbf", "9", "--events", "e.jsonl"]) == ["sim", "--learner-mtbf", "9",
-                                                                                "--event-log", "e.jsonl"]
+    assert apply_aliases(["goodput", "--inner-steps", "24", "--tau=2"]) == [
+        "goodput",
+        "--sync-every",
+        "24",
+        "--overlap=2",
+    ]
+    assert apply_aliases(["sim", "--fail-mtbf", "9", "--events", "e.jsonl"]) == [
+        "sim",
+        "--learner-mtbf",
+        "9",
+        "--event-log",
+        "e.jsonl",
+    ]
     assert apply_aliases(["run", "--learner-mtbf", "9"]) == ["run", "--learner-mtbf", "9"]
     assert apply_aliases(["sim", "--", "--events"]) == ["sim", "--", "--events"]
 
@@ -42,14 +51,24 @@ def test_bad_config_files_are_named(tmp_path, text, message):
 
 def test_flags_override_the_config_file_end_to_end(tmp_path, shakespeare):
     path = tmp_path / "sim.toml"
-    path.write_text(f'model-size = "tiny"\nseq-len = 16\nbatch-size = 4\ntokens = 2000\nlearners = 2\n'
-                    f'fragments = 2\nsync-every = 4\ndata = "{shakespeare}"\n')
-    out = subprocess.run([sys.executable, "-m", "ddiloco", "sim", "--config", str(path), "--learners", "3",
-                          "--json", "--quiet"], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "COLUMNS": "300"})
+    path.write_text(
+        f'model-size = "tiny"\nseq-len = 16\nbatch-size = 4\ntokens = 2000\nlearners = 2\n'
+        f'fragments = 2\nsync-every = 4\ndata = "{shakespeare}"\n'
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "ddiloco", "sim", "--config", str(path), "--learners", "3", "--json", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "300"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["learners"] == 3 and result["fragments"] == 2 and result["sync_every"] == 4
-    bad = subprocess.run([sys.executable, "-m", "ddiloco", "sim", "--config", str(tmp_path / "none.toml")],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "ddiloco", "sim", "--config", str(tmp_path / "none.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "none.toml" in bad.stderr and "Traceback" not in bad.stderr

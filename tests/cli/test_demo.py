@@ -16,8 +16,23 @@ _register()
 
 def test_demo_compares_both_methods_on_the_same_failures(shakespeare, tmp_path):
     out = tmp_path / "demo"
-    result = CliRunner().invoke(app, ["demo", "--model-size", "tiny", "--tokens", "12000", "--data", shakespeare,
-                                      "--out", str(out), "--quiet", "--json"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        app,
+        [
+            "demo",
+            "--model-size",
+            "tiny",
+            "--tokens",
+            "12000",
+            "--data",
+            shakespeare,
+            "--out",
+            str(out),
+            "--quiet",
+            "--json",
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     both = json.loads(result.stdout.strip().splitlines()[-1])
     d, e = both["decoupled"], both["elastic-ddp"]
@@ -31,8 +46,11 @@ def test_demo_compares_both_methods_on_the_same_failures(shakespeare, tmp_path):
 
 
 def test_loss_at_interpolates_between_eval_points():
-    metrics = [{"kind": "eval", "t": 10.0, "eval_loss": 4.0}, {"kind": "train", "t": 15.0, "train_loss": 9.0},
-               {"kind": "eval", "t": 20.0, "eval_loss": 3.0}]
+    metrics = [
+        {"kind": "eval", "t": 10.0, "eval_loss": 4.0},
+        {"kind": "train", "t": 15.0, "train_loss": 9.0},
+        {"kind": "eval", "t": 20.0, "eval_loss": 3.0},
+    ]
     assert loss_at(metrics, 5.0) is None
     assert loss_at(metrics, 15.0) == pytest.approx(3.5)
     assert loss_at(metrics, 99.0) == 3.0

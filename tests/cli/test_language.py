@@ -20,8 +20,12 @@ def options_of(command) -> list:  # noqa: ANN001 - typer carries its own copy of
 
 
 def test_every_flag_of_every_command_has_help():
-    missing = [f"{name} {o.opts[0]}" for name, command in commands().items() for o in options_of(command)
-               if not (o.help or "").strip()]
+    missing = [
+        f"{name} {o.opts[0]}"
+        for name, command in commands().items()
+        for o in options_of(command)
+        if not (o.help or "").strip()
+    ]
     assert not missing, f"flags without help: {missing}"
 
 

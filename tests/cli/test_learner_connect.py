@@ -20,8 +20,18 @@ def closed_port() -> int:
 
 def test_unreachable_synchronizer_ends_in_exit_code_2_after_the_timeout(tmp_path, shakespeare):
     address = f"127.0.0.1:{closed_port()}"
-    cmd = ddiloco_command("learner", "--connect", address, "--id", "0", *model_args(shakespeare, 2),
-                          "--threads", "1", "--connect-timeout", "3")
+    cmd = ddiloco_command(
+        "learner",
+        "--connect",
+        address,
+        "--id",
+        "0",
+        *model_args(shakespeare, 2),
+        "--threads",
+        "1",
+        "--connect-timeout",
+        "3",
+    )
     started = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr[-2000:]

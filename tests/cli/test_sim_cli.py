@@ -7,24 +7,55 @@ import sys
 
 import pytest
 
-REQUIRED = {"method", "learners", "tokens", "eval_loss", "goodput", "uptime", "sim_seconds", "wall_seconds",
-            "outer_steps", "contributions"}
+REQUIRED = {
+    "method",
+    "learners",
+    "tokens",
+    "eval_loss",
+    "goodput",
+    "uptime",
+    "sim_seconds",
+    "wall_seconds",
+    "outer_steps",
+    "contributions",
+}
 
 
 def ddiloco(*args, timeout=120):
     env = {**os.environ, "COLUMNS": "300"}  # error panels wrap at the terminal width
-    return subprocess.run([sys.executable, "-m", "ddiloco", *args], capture_output=True, text=True, timeout=timeout,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "ddiloco", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 @pytest.mark.parametrize("method", ["decoupled", "elastic-ddp", "diloco"])
 def test_json_summary_is_the_last_line(shakespeare, method, tmp_path):
     trace = tmp_path / "trace.csv"
     trace.write_text("learner,down_at,up_at\n1,3.5,9.5\n")
-    out = ddiloco("sim", "--method", method, "--model-size", "tiny", "--seq-len", "16", "--batch-size", "4",
-                  "--tokens", "4000", "--learners", "3", "--sync-every", "4",
-                  "--data", shakespeare, "--failures", str(trace), "--json", "--quiet",
-                  *([] if method == "diloco" else ["--fragments", "2"]))  # diloco ignores P (default 24 > H)
+    out = ddiloco(
+        "sim",
+        "--method",
+        method,
+        "--model-size",
+        "tiny",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--tokens",
+        "4000",
+        "--learners",
+        "3",
+        "--sync-every",
+        "4",
+        "--data",
+        shakespeare,
+        "--failures",
+        str(trace),
+        "--json",
+        "--quiet",
+        *([] if method == "diloco" else ["--fragments", "2"]),
+    )  # diloco ignores P (default 24 > H)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert REQUIRED <= set(result)
@@ -36,9 +67,30 @@ def test_event_log_records_failures_and_merges(shakespeare, tmp_path):
     trace = tmp_path / "trace.csv"
     trace.write_text("learner,down_at,up_at\n1,3.5,9.5\n")
     events = tmp_path / "events.jsonl"
-    out = ddiloco("sim", "--model-size", "tiny", "--seq-len", "16", "--batch-size", "4", "--tokens", "4000",
-                  "--learners", "3", "--fragments", "2", "--sync-every", "4", "--data", shakespeare,
-                  "--failures", str(trace), "--events", str(events), "--quiet")
+    out = ddiloco(
+        "sim",
+        "--model-size",
+        "tiny",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--tokens",
+        "4000",
+        "--learners",
+        "3",
+        "--fragments",
+        "2",
+        "--sync-every",
+        "4",
+        "--data",
+        shakespeare,
+        "--failures",
+        str(trace),
+        "--events",
+        str(events),
+        "--quiet",
+    )
     assert out.returncode == 0, out.stderr
     records = [json.loads(line) for line in events.read_text().splitlines()]
     kinds = [r["kind"] for r in records]
@@ -52,16 +104,53 @@ def test_event_log_records_failures_and_merges(shakespeare, tmp_path):
 
 
 def test_bpe_tokenizer_option(shakespeare):
-    out = ddiloco("sim", "--model-size", "tiny", "--seq-len", "16", "--batch-size", "4", "--tokens", "2000",
-                  "--learners", "2", "--fragments", "2", "--sync-every", "4", "--tokenizer", "bpe", "--bpe-vocab", "300",
-                  "--data", shakespeare, "--json", "--quiet")
+    out = ddiloco(
+        "sim",
+        "--model-size",
+        "tiny",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--tokens",
+        "2000",
+        "--learners",
+        "2",
+        "--fragments",
+        "2",
+        "--sync-every",
+        "4",
+        "--tokenizer",
+        "bpe",
+        "--bpe-vocab",
+        "300",
+        "--data",
+        shakespeare,
+        "--json",
+        "--quiet",
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1])["eval_loss"] > 0
 
 
 def test_vision_reports_accuracy():
-    out = ddiloco("sim", "--model", "vision", "--model-size", "tiny", "--tokens", "2000", "--learners", "2",
-                  "--fragments", "2", "--sync-every", "4", "--json", "--quiet")
+    out = ddiloco(
+        "sim",
+        "--model",
+        "vision",
+        "--model-size",
+        "tiny",
+        "--tokens",
+        "2000",
+        "--learners",
+        "2",
+        "--fragments",
+        "2",
+        "--sync-every",
+        "4",
+        "--json",
+        "--quiet",
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert 0 <= result["eval_accuracy"] <= 1 and result["eval_loss"] > 0
@@ -88,9 +177,28 @@ def test_codec_sends_outer_gradients_through_the_wire_codec(shakespeare):
     """--codec int4 puts about a seventh of fp32's bytes on the simulated link (4 bits plus block scales)."""
     peak = {}
     for codec in ("fp32", "int4"):
-        out = ddiloco("sim", "--model-size", "tiny", "--seq-len", "16", "--batch-size", "4", "--tokens", "3000",
-                      "--learners", "2", "--sync-every", "4", "--fragments", "2", "--data", shakespeare, "--json",
-                      "--quiet", *(["--codec", codec] if codec else []))
+        out = ddiloco(
+            "sim",
+            "--model-size",
+            "tiny",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "4",
+            "--tokens",
+            "3000",
+            "--learners",
+            "2",
+            "--sync-every",
+            "4",
+            "--fragments",
+            "2",
+            "--data",
+            shakespeare,
+            "--json",
+            "--quiet",
+            *(["--codec", codec] if codec else []),
+        )
         assert out.returncode == 0, out.stderr
         result = json.loads(out.stdout.strip().splitlines()[-1])
         assert result["contributions"] > 0

@@ -14,17 +14,50 @@ from ddiloco.cluster.sbatch import SlurmOptions
 
 
 def dry_run(tmp_path, *extra: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "ddiloco", "run", "--backend", "slurm", "--dry-run", "--json",
-                          "--model-size", "tiny", "--learners", "2", "--sync-shards", "2", "--tokens", "50000",
-                          "--run-dir", str(tmp_path / "run"), *extra],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "DDILOCO_TOKEN": "s3cret-tok"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddiloco",
+            "run",
+            "--backend",
+            "slurm",
+            "--dry-run",
+            "--json",
+            "--model-size",
+            "tiny",
+            "--learners",
+            "2",
+            "--sync-shards",
+            "2",
+            "--tokens",
+            "50000",
+            "--run-dir",
+            str(tmp_path / "run"),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "DDILOCO_TOKEN": "s3cret-tok"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_dry_run_writes_one_script_per_shard_and_learner_and_submits_nothing(tmp_path):
-    result = dry_run(tmp_path, "--procs-per-node", "2", "--nodes-per-learner", "2", "--gpus-per-node", "4",
-                     "--partition", "gpu", "--sbatch-arg=--qos=preempt")
+    result = dry_run(
+        tmp_path,
+        "--procs-per-node",
+        "2",
+        "--nodes-per-learner",
+        "2",
+        "--gpus-per-node",
+        "4",
+        "--partition",
+        "gpu",
+        "--sbatch-arg=--qos=preempt",
+    )
     scripts = {role: open(path).read() for role, path in result["scripts"].items()}
     assert set(scripts) == {"sync0", "sync1", "learner0", "learner1"} and "jobs" not in result
     assert not (tmp_path / "run" / "slurm" / "jobs.json").exists()
@@ -50,9 +83,26 @@ def test_one_rank_learners_run_without_torchrun_and_chaos_flags_are_refused(tmp_
     result = dry_run(tmp_path)
     text = open(result["scripts"]["learner0"]).read()
     assert "torch.distributed.run" not in text and "exec srun --ntasks=1" in text
-    out = subprocess.run([sys.executable, "-m", "ddiloco", "run", "--backend", "slurm", "--dry-run", "--tokens", "1000",
-                          "--learner-mtbf", "30", "--run-dir", str(tmp_path / "r2")], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddiloco",
+            "run",
+            "--backend",
+            "slurm",
+            "--dry-run",
+            "--tokens",
+            "1000",
+            "--learner-mtbf",
+            "30",
+            "--run-dir",
+            str(tmp_path / "r2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "--learner-mtbf" in out.stderr and "local chaos only" in out.stderr
 
 
@@ -73,7 +123,23 @@ def test_scratch_learner_state_is_new_at_every_job_start_and_peer_recovery_can_b
 
 
 def test_slurm_options_without_the_slurm_backend_are_errors(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "ddiloco", "run", "--tokens", "1000", "--partition", "gpu",
-                          "--learner-state", "scratch", "--run-dir", str(tmp_path / "r")], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddiloco",
+            "run",
+            "--tokens",
+            "1000",
+            "--partition",
+            "gpu",
+            "--learner-state",
+            "scratch",
+            "--run-dir",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "--partition, --learner-state: only with --backend slurm" in out.stderr

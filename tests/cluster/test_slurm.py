@@ -37,11 +37,49 @@ def journals(run, m: int) -> list[dict]:
 
 def launch(run, shakespeare, budget: int, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "ddiloco", "run", "--backend", "slurm", "--json", "--sync-host", "127.0.0.1",
-         "--learners", "2", "--model-size", "tiny", "--seq-len", "16", "--data", shakespeare, "--batch-size", "4",
-         "--fragments", "2", "--sync-every", "4", "--heartbeat", "0.2", "--threads", "1", "--min-step-seconds", "0.04",
-         "--tokens", str(budget), "--term-grace", "5", "--run-dir", str(run), *extra],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, "DDILOCO_TOKEN": TOKEN})
+        [
+            sys.executable,
+            "-m",
+            "ddiloco",
+            "run",
+            "--backend",
+            "slurm",
+            "--json",
+            "--sync-host",
+            "127.0.0.1",
+            "--learners",
+            "2",
+            "--model-size",
+            "tiny",
+            "--seq-len",
+            "16",
+            "--data",
+            shakespeare,
+            "--batch-size",
+            "4",
+            "--fragments",
+            "2",
+            "--sync-every",
+            "4",
+            "--heartbeat",
+            "0.2",
+            "--threads",
+            "1",
+            "--min-step-seconds",
+            "0.04",
+            "--tokens",
+            str(budget),
+            "--term-grace",
+            "5",
+            "--run-dir",
+            str(run),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "DDILOCO_TOKEN": TOKEN},
+    )
 
 
 @contextlib.contextmanager
@@ -52,8 +90,11 @@ def detached(run, shakespeare, budget: int = 10**9, *extra: str, merges: int = 0
     assert submit.returncode == 0, submit.stderr[-3000:]
     jobs = json.loads(submit.stdout.strip().splitlines()[-1])["jobs"]
     try:
-        address = wait_for(lambda: (run / "sync-0" / "address").is_file() and (run / "sync-0" / "address").read_text(),
-                           120, message="the synchronizer job's address")
+        address = wait_for(
+            lambda: (run / "sync-0" / "address").is_file() and (run / "sync-0" / "address").read_text(),
+            120,
+            message="the synchronizer job's address",
+        )
         wait_for(lambda: status(address).get("merges", 0) >= merges, 120, message="merges")
         yield jobs, address
     finally:
@@ -75,39 +116,71 @@ def shard_pid(run, shard: int) -> int | None:
 
 @pytest.mark.timeout(480)
 def test_requeued_learner_and_shard_jobs_and_a_killed_shard_all_recover_and_the_run_reaches_its_budget(
-        slurm, tmp_path, shakespeare):
+    slurm, tmp_path, shakespeare
+):
     run = tmp_path / "run"
     budget = 2 * 700 * TOKENS_PER_STEP
     with detached(run, shakespeare, budget, "--sync-shards", "2") as (jobs, address):
         assert set(jobs) == {"sync0", "sync1", "learner0", "learner1"}
-        addr = {s: wait_for(lambda s=s: (run / f"sync-{s}" / "address").is_file()
-                            and (run / f"sync-{s}" / "address").read_text(), 120, message=f"shard {s}'s address")
-                for s in range(2)}  # Slurm may start shard 1's job after shard 0 already answers
-        wait_for(lambda: all(status(address).get("books", {}).get(str(m), {}).get("contributions", 0) >= 2
-                             for m in range(2)), 120, message="both learner jobs to contribute")
+        addr = {
+            s: wait_for(
+                lambda s=s: (run / f"sync-{s}" / "address").is_file() and (run / f"sync-{s}" / "address").read_text(),
+                120,
+                message=f"shard {s}'s address",
+            )
+            for s in range(2)
+        }  # Slurm may start shard 1's job after shard 0 already answers
+        wait_for(
+            lambda: all(
+                status(address).get("books", {}).get(str(m), {}).get("contributions", 0) >= 2 for m in range(2)
+            ),
+            120,
+            message="both learner jobs to contribute",
+        )
         before = status(address)
         jobs_api.requeue(jobs["learner1"])  # what a preemption does: SIGTERM, then the job is queued again
         wait_for(lambda: len(journals(run, 1)) >= 2, 120, message="the requeued learner's new process")
-        wait_for(lambda: status(address).get("books", {}).get("1", {}).get("contributions", 0)
-                 >= before["books"]["1"]["contributions"] + 2, 120, message="contributions of the requeued learner")
+        wait_for(
+            lambda: (
+                status(address).get("books", {}).get("1", {}).get("contributions", 0)
+                >= before["books"]["1"]["contributions"] + 2
+            ),
+            120,
+            message="contributions of the requeued learner",
+        )
         # shard 0's process killed with kill -9: its job restarts it from the checkpoint, on the same port
         pid = wait_for(lambda: shard_pid(run, 0), 10, message="shard 0's process")
         killed = status(address)["version_sum"]
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: status(address).get("restored_from") is not None and status(address)["version_sum"]
-                 >= killed + 2, 120, message="shard 0 restarted from its checkpoint and merging again")
+        wait_for(
+            lambda: status(address).get("restored_from") is not None and status(address)["version_sum"] >= killed + 2,
+            120,
+            message="shard 0 restarted from its checkpoint and merging again",
+        )
         assert (run / "sync-0" / "address").read_text() == addr[0]
         # shard 1's job requeued (another node, a new port): learners read its address file again
         jobs_api.requeue(jobs["sync1"])
-        moved = wait_for(lambda: (lambda a: a if a and a != addr[1] else None)(
-            (run / "sync-1" / "address").read_text() if (run / "sync-1" / "address").is_file() else ""), 120,
-            message="shard 1's requeued job to write its new address")
+        moved = wait_for(
+            lambda: (lambda a: a if a and a != addr[1] else None)(
+                (run / "sync-1" / "address").read_text() if (run / "sync-1" / "address").is_file() else ""
+            ),
+            120,
+            message="shard 1's requeued job to write its new address",
+        )
         after = status(moved)
-        wait_for(lambda: status(moved).get("version_sum", 0) >= after.get("version_sum", 0) + 2 and all(
-            status(moved).get("books", {}).get(str(m), {}).get("contributions", 0) >= 1 for m in range(2)), 120,
-            message="both learners to follow shard 1 to its new address")
-        wait_for(lambda: all(jobs_api.states(jobs)[f"sync{s}"] in jobs_api.FINISHED | {"GONE"} for s in range(2)),
-                 300, message="the synchronizer jobs to end at the budget")
+        wait_for(
+            lambda: (
+                status(moved).get("version_sum", 0) >= after.get("version_sum", 0) + 2
+                and all(status(moved).get("books", {}).get(str(m), {}).get("contributions", 0) >= 1 for m in range(2))
+            ),
+            120,
+            message="both learners to follow shard 1 to its new address",
+        )
+        wait_for(
+            lambda: all(jobs_api.states(jobs)[f"sync{s}"] in jobs_api.FINISHED | {"GONE"} for s in range(2)),
+            300,
+            message="the synchronizer jobs to end at the budget",
+        )
     finals = [json.loads((run / f"sync-{s}" / "summary.json").read_text()) for s in range(2)]
     final = finals[0]
     assert all(f["finished"] and f["double_merged_steps"] == 0 for f in finals)
@@ -146,8 +219,9 @@ def test_the_launcher_follows_the_run_to_its_end_and_prints_the_summary(slurm, t
 def test_slurm_stop_ends_a_detached_run_cleanly(slurm, tmp_path, shakespeare):
     run = tmp_path / "run"
     with detached(run, shakespeare, merges=4) as (jobs, _):
-        stopped = subprocess.run([sys.executable, "-m", "ddiloco", "slurm-stop", str(run)], capture_output=True,
-                                 text=True, timeout=150)
+        stopped = subprocess.run(
+            [sys.executable, "-m", "ddiloco", "slurm-stop", str(run)], capture_output=True, text=True, timeout=150
+        )
         assert stopped.returncode == 0, stopped.stderr[-2000:]
         assert set(jobs_api.states(jobs).values()) <= jobs_api.FINISHED | {"GONE"}
     final = json.loads((run / "sync-0" / "summary.json").read_text())
@@ -160,8 +234,9 @@ def test_slurm_stop_ends_a_detached_run_cleanly(slurm, tmp_path, shakespeare):
 @pytest.mark.timeout(300)
 def test_a_learner_of_two_nodes_runs_torchrun_on_each_and_trains(slurm, tmp_path, shakespeare):
     run = tmp_path / "run"
-    done = launch(run, shakespeare, 2 * 150 * TOKENS_PER_STEP, "--learners", "1", "--nodes-per-learner", "2",
-                  timeout=280)
+    done = launch(
+        run, shakespeare, 2 * 150 * TOKENS_PER_STEP, "--learners", "1", "--nodes-per-learner", "2", timeout=280
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["summary"]["finished"] and result["summary"]["books"]["0"]["contributions"] > 0
@@ -175,8 +250,9 @@ def test_scancel_of_the_whole_run_ends_every_process_cleanly(slurm, tmp_path, sh
     run = tmp_path / "run"
     with detached(run, shakespeare, merges=4) as (jobs, _):
         jobs_api.cancel(jobs)  # scancel: SIGTERM to every job, SIGKILL after KillWait
-        wait_for(lambda: set(jobs_api.states(jobs).values()) <= jobs_api.FINISHED | {"GONE"}, 60,
-                 message="every job to end")
+        wait_for(
+            lambda: set(jobs_api.states(jobs).values()) <= jobs_api.FINISHED | {"GONE"}, 60, message="every job to end"
+        )
     final = json.loads((run / "sync-0" / "summary.json").read_text())
     assert final["merges"] >= 4 and (run / "sync-0" / "manifest.json").is_file()  # checkpoint on SIGTERM
     for m in range(2):

@@ -16,10 +16,12 @@ def make(overlap=1, period=4):
     params = {"a": torch.zeros(4), "b": torch.zeros(2)}
     plan = balanced_fragments([("a", 4), ("b", 2)], 2)  # a -> fragment 0, b -> fragment 1
     core = LearnerCore(7, params, plan, Schedule(2, period, overlap))
-    core.join([
-        FragmentUpdate(0, 0, {"a": torch.full((4,), 1.0)}, (7,)),
-        FragmentUpdate(1, 0, {"b": torch.full((2,), 2.0)}, (7,)),
-    ])
+    core.join(
+        [
+            FragmentUpdate(0, 0, {"a": torch.full((4,), 1.0)}, (7,)),
+            FragmentUpdate(1, 0, {"b": torch.full((2,), 2.0)}, (7,)),
+        ]
+    )
     return core, params
 
 

@@ -22,8 +22,18 @@ def contribution(learner, grad, tokens=100, version=0):
 
 
 def make(defer, momentum=0.5, merge="rda"):
-    config = AlgorithmConfig(fragments=1, sync_every=4, overlap=2, quorum=2, grace=0.0, outer_lr=0.5,
-                             outer_momentum=momentum, merge=merge, ema=1.0, max_outer_norm_ratio=0.0)
+    config = AlgorithmConfig(
+        fragments=1,
+        sync_every=4,
+        overlap=2,
+        quorum=2,
+        grace=0.0,
+        outer_lr=0.5,
+        outer_momentum=momentum,
+        merge=merge,
+        ema=1.0,
+        max_outer_norm_ratio=0.0,
+    )
     core = SynchronizerCore(config, balanced_fragments([("w", 2)], 1), {"w": torch.zeros(2)}, defer_merges=defer)
     for m in range(2):
         core.join(m, 0.0)
@@ -45,7 +55,9 @@ def test_a_deferred_merge_is_a_job_whose_result_matches_the_direct_merge_by_hand
     result = job.compute()
     finished = deferred.finish_merge(job, result, now=2.0)
     direct_out = direct.receive(contribution(1, [0.0, -1.0], tokens=300), now=1.0)
-    assert [type(a).__name__ for a in finished] == [type(a).__name__ for a in direct_out] == ["Merged", "FragmentUpdate"]
+    assert (
+        [type(a).__name__ for a in finished] == [type(a).__name__ for a in direct_out] == ["Merged", "FragmentUpdate"]
+    )
     assert deferred.versions[0] == direct.versions[0] == 1 and deferred.merging == {}
     # RDA by hand: weights 0.1 / 0.9; mean norm 0.1*3 + 0.9*1 = 1.2; direction (-0.1, -0.9) / |.|
     direction = torch.tensor([-0.1, -0.9]) / math.hypot(0.1, 0.9)
@@ -64,8 +76,7 @@ def test_a_refused_deferred_step_keeps_the_version_and_resets_the_contributors()
     [due] = core.receive(contribution(1, [0.0, -1.0]), now=0.1)
     assert isinstance(due, MergeDue)
     out = core.finish_merge(due.job, MergeResult({}, 0.0, "the merge failed: boom"), now=0.2)
-    assert sorted(a.learner for a in out) == [0, 1] and all("non-finite" in a.reason or "boom" in a.reason
-                                                              for a in out)
+    assert sorted(a.learner for a in out) == [0, 1] and all("non-finite" in a.reason or "boom" in a.reason for a in out)
     assert core.versions[0] == 0 and torch.equal(core.params["w"], torch.zeros(2)) and core.merging == {}
     core.receive(contribution(0, [-1.0, 0.0]), now=1.0)  # the fragment is free again
     assert isinstance(core.receive(contribution(1, [0.0, -1.0]), now=1.1)[0], MergeDue)

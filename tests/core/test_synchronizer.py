@@ -11,14 +11,25 @@ from ddiloco.core import (
 
 
 def contribution(learner, grad, steps=4, tokens=100, version=0, step_time=1.0, fragment=0, name="w"):
-    return Contribution(learner, fragment, version, {name: torch.tensor(grad)}, steps, tokens, float(steps), step_time, steps)
+    return Contribution(
+        learner, fragment, version, {name: torch.tensor(grad)}, steps, tokens, float(steps), step_time, steps
+    )
 
 
 def make(quorum=2, grace=0.5, learners=3, merge="mean", momentum=0.0, max_ratio=0.0):
     """The hand examples move a zero fragment by unit steps: the norm bound is off unless a test sets it."""
-    config = AlgorithmConfig(fragments=1, sync_every=4, overlap=2, quorum=quorum, grace=grace,
-                             outer_lr=0.7, outer_momentum=momentum, merge=merge, ema=1.0,
-                             max_outer_norm_ratio=max_ratio)
+    config = AlgorithmConfig(
+        fragments=1,
+        sync_every=4,
+        overlap=2,
+        quorum=quorum,
+        grace=grace,
+        outer_lr=0.7,
+        outer_momentum=momentum,
+        merge=merge,
+        ema=1.0,
+        max_outer_norm_ratio=max_ratio,
+    )
     plan = balanced_fragments([("w", 2)], 1)
     core = SynchronizerCore(config, plan, {"w": torch.zeros(2)})
     for m in range(learners):
@@ -52,7 +63,7 @@ def test_quorum_then_grace_then_token_weighted_merge_by_hand():
     assert update.version == 1 and update.learners == (0, 1, 2)
     assert core.versions[0] == 1 and core.rounds == {}
     # |delta| = sqrt(1/9 + 16/9) = sqrt(17)/3; contributions' norms 1 and 2, weighted 1:2 -> 5/3
-    assert merged.merged_norm == pytest.approx(17 ** 0.5 / 3)
+    assert merged.merged_norm == pytest.approx(17**0.5 / 3)
     assert merged.contribution_norm == pytest.approx(5 / 3)
 
 
@@ -63,7 +74,7 @@ def test_rda_keeps_the_norm_that_a_plain_mean_of_orthogonal_updates_loses():
         core.receive(contribution(0, [3.0, 0.0]), now=0.0)
         merged = core.receive(contribution(1, [0.0, 3.0]), now=0.1)[0]
         norms[merge] = merged.merged_norm / merged.contribution_norm
-    assert norms["mean"] == pytest.approx(2 ** -0.5) and norms["rda"] == pytest.approx(1.0)
+    assert norms["mean"] == pytest.approx(2**-0.5) and norms["rda"] == pytest.approx(1.0)
 
 
 def test_merge_closes_early_when_everyone_asked_has_answered():
@@ -202,7 +213,9 @@ def test_open_rounds_say_why_no_quorum_formed():
     text = view.describe(now=2.0)
     assert "no quorum after 2.00 s" in text and "waiting for [1]" in text and "need 2" in text
     out = core.receive(contribution(1, [1.0, 0.0]), now=2.0)
-    assert kinds(out) == ["Merged", "FragmentUpdate"] and core.open_rounds() == []  # a declined learner never hangs a round
+    assert (
+        kinds(out) == ["Merged", "FragmentUpdate"] and core.open_rounds() == []
+    )  # a declined learner never hangs a round
 
 
 def test_fragment_state_and_current_update_are_copies():
@@ -265,8 +278,7 @@ def test_k1_without_grace_admits_every_contribution_queued_at_the_quorum_by_hand
     assert torch.allclose(update.tensors["w"], -0.7 * delta)
     # without hold the first one merges alone and the others are refused as stale, as before
     core = make(quorum=1, grace=0.0)
-    assert kinds(core.receive(contribution(0, [-1.0, 0.0]), now=1.0)) == ["FragmentRequest", "Merged",
-                                                                           "FragmentUpdate"]
+    assert kinds(core.receive(contribution(0, [-1.0, 0.0]), now=1.0)) == ["FragmentRequest", "Merged", "FragmentUpdate"]
     assert kinds(core.receive(contribution(1, [0.0, -1.0]), now=1.0))[0] == "Rejected"
 
 
@@ -315,8 +327,18 @@ def test_the_learner_smooths_its_step_time_with_the_configured_ema():
 
 def test_without_final_momentum_the_final_flush_takes_a_plain_outer_step_by_hand():
     def run(final_momentum: bool) -> torch.Tensor:
-        config = AlgorithmConfig(fragments=1, sync_every=4, overlap=2, quorum=1, grace=0.0, outer_lr=0.5,
-                                 outer_momentum=0.9, ema=1.0, max_outer_norm_ratio=0.0, final_momentum=final_momentum)
+        config = AlgorithmConfig(
+            fragments=1,
+            sync_every=4,
+            overlap=2,
+            quorum=1,
+            grace=0.0,
+            outer_lr=0.5,
+            outer_momentum=0.9,
+            ema=1.0,
+            max_outer_norm_ratio=0.0,
+            final_momentum=final_momentum,
+        )
         core = SynchronizerCore(config, balanced_fragments([("w", 2)], 1), {"w": torch.zeros(2)})
         core.join(0, 0.0)
         core.receive(contribution(0, [-1.0, 0.0]), now=1.0)  # buf = d; Theta = 0 - 0.5 * (d + 0.9 d)

@@ -35,7 +35,9 @@ def test_rda_by_hand():
     assert torch.allclose(out, torch.tensor([expected, expected]))
     # a plain average would be much shorter: RDA keeps the typical norm
     assert torch.linalg.vector_norm(out) == pytest.approx(3.5)
-    assert torch.linalg.vector_norm(weighted_mean([torch.tensor([3.0, 0.0]), torch.tensor([0.0, 4.0])], [1, 1])) == pytest.approx(2.5)
+    assert torch.linalg.vector_norm(
+        weighted_mean([torch.tensor([3.0, 0.0]), torch.tensor([0.0, 4.0])], [1, 1])
+    ) == pytest.approx(2.5)
 
 
 def test_rda_weighted_by_hand():

@@ -25,8 +25,9 @@ from ddiloco.goodput.timeline import (
     running_segments,
 )
 
-CFG = GoodputConfig(slice_chips=100, reconfig_s=5.0, restart_s=25.0, checkpoint_s=10.0, rejoin_s=4.0,
-                    repair_mean_hours=1.0)
+CFG = GoodputConfig(
+    slice_chips=100, reconfig_s=5.0, restart_s=25.0, checkpoint_s=10.0, rejoin_s=4.0, repair_mean_hours=1.0
+)
 KEEP = 1.0 - CFG.repair_share  # ddp's goodput counts its hot spares: N / (1 - share under repair) chips
 H = 1000.0
 
@@ -44,9 +45,13 @@ def test_no_event_means_running_all_the_time():
 
 
 def test_windows_merge_when_they_overlap_and_groups_stay_apart():
-    ev = Events(time=np.array([10.0, 12.0, 30.0, 10.0]), group=np.array([0, 0, 0, 1]),
-                window=np.array([5.0, 5.0, 5.0, 100.0]), failure=np.array([True, True, False, True]),
-                delta=np.array([0, 0, 0, 0]))
+    ev = Events(
+        time=np.array([10.0, 12.0, 30.0, 10.0]),
+        group=np.array([0, 0, 0, 1]),
+        window=np.array([5.0, 5.0, 5.0, 100.0]),
+        failure=np.array([True, True, False, True]),
+        delta=np.array([0, 0, 0, 0]),
+    )
     seg = running_segments(ev, np.array([10, 10]), np.zeros(2), 200.0, 1.0)
     g0, g1 = seg.of_group(0), seg.of_group(1)
     # Group 0: pause [10, 17) (12 + 5 extends 15 to 17), pause [30, 35).
@@ -57,17 +62,25 @@ def test_windows_merge_when_they_overlap_and_groups_stay_apart():
 
 def test_failure_clock_stops_during_each_groups_own_failure_pauses():
     # Group 0 fails at 10, 12, 50 with 5-s windows; group 1 at 11 with a 100-s window (given unsorted).
-    shift = failure_clock_shift(np.array([50.0, 11.0, 12.0, 10.0]), np.array([0, 1, 0, 0]),
-                                np.array([5.0, 100.0, 5.0, 5.0]))
+    shift = failure_clock_shift(
+        np.array([50.0, 11.0, 12.0, 10.0]), np.array([0, 1, 0, 0]), np.array([5.0, 100.0, 5.0, 5.0])
+    )
     assert shift.tolist() == [10.0, 0.0, 5.0, 0.0]  # group 1's window never moves group 0
     assert failure_clock_shift(np.zeros(0), np.zeros(0, np.int64), np.zeros(0)).size == 0
 
 
 def test_cumulative_work_and_its_inverse():
     # Group 0 works [0,10) with 1 s lost at the end and [20,30) on 5 chips; group 1 works [5,8).
-    seg = Segments(np.array([0, 0, 1]), np.array([0.0, 20.0, 5.0]), np.array([10.0, 30.0, 8.0]),
-                   np.array([10.0, 5.0, 2.0]), np.array([1.0, 0.0, 0.0]), np.array([True, False, False]),
-                   2, 50.0)
+    seg = Segments(
+        np.array([0, 0, 1]),
+        np.array([0.0, 20.0, 5.0]),
+        np.array([10.0, 30.0, 8.0]),
+        np.array([10.0, 5.0, 2.0]),
+        np.array([1.0, 0.0, 0.0]),
+        np.array([True, False, False]),
+        2,
+        50.0,
+    )
     cum = Cumulative(seg)
     g = np.array([0, 0, 0, 1, 1])
     t = np.array([5.0, 15.0, 25.0, 0.0, 50.0])
@@ -204,7 +217,8 @@ def test_decoupled_with_one_learner_and_no_rejoin_is_elastic_ddp():
     rows = [(0, 101, 400), (1, 105, 300), (2, 401, 2000), (1, 700, 720)]
     cfg = CFG.with_(rejoin_s=0.0)
     assert simulate_decoupled(outages(rows), 1, cfg).goodput == pytest.approx(
-        simulate_elastic_ddp(outages(rows), cfg).goodput)
+        simulate_elastic_ddp(outages(rows), cfg).goodput
+    )
 
 
 # ---------------------------------------------------------------- synchronous DiLoCo
@@ -239,4 +253,4 @@ def test_diloco_step_time_noise_makes_everyone_wait_for_the_slowest():
     noisy = simulate_diloco(out, 8, CFG.with_(step_cv=0.2))
     assert calm.goodput == pytest.approx(1.0)
     # Max of 8 normals is about 1.42 sigma above the mean: sigma = 0.2 / sqrt(24) ~ 0.041.
-    assert 1 / (1 + 1.42 * 0.2 / 24 ** 0.5) == pytest.approx(noisy.goodput, abs=0.01)
+    assert 1 / (1 + 1.42 * 0.2 / 24**0.5) == pytest.approx(noisy.goodput, abs=0.01)

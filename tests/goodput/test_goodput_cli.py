@@ -35,8 +35,9 @@ def test_space_separated_lists_and_json_last_line():
 
 
 def test_repeated_flags_work_too_and_methods_can_be_chosen():
-    out = invoke("--chips", "150000", "--chips", "300000", "--methods", "ddp", "decoupled",
-                 "--learners", "2", *QUICK, "--json")
+    out = invoke(
+        "--chips", "150000", "--chips", "300000", "--methods", "ddp", "decoupled", "--learners", "2", *QUICK, "--json"
+    )
     assert out.exit_code == 0, out.output
     rows = json.loads(out.stdout.strip().splitlines()[-1])["results"]
     assert {r["method"] for r in rows} == {"ddp", "decoupled"} and len(rows) == 4
@@ -44,8 +45,22 @@ def test_repeated_flags_work_too_and_methods_can_be_chosen():
 
 def test_plot_and_trace_files(tmp_path):
     png, csv = tmp_path / "g.png", tmp_path / "t.csv"
-    out = invoke("--chips", "150000", "300000", "--learners", "2", *QUICK, "--plot", str(png),
-                 "--trace-out", str(csv), "--trace-learners", "3", "--trace-scale", "60")
+    out = invoke(
+        "--chips",
+        "150000",
+        "300000",
+        "--learners",
+        "2",
+        *QUICK,
+        "--plot",
+        str(png),
+        "--trace-out",
+        str(csv),
+        "--trace-learners",
+        "3",
+        "--trace-scale",
+        "60",
+    )
     assert out.exit_code == 0, out.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     trace = FailureTrace.load(csv)

@@ -55,10 +55,24 @@ def test_the_paper_ordering_holds_at_the_calibration_point():
 
 
 # The paper's table at MTBI 1 year (one source of it gives the 150k column): every method, both columns.
-PAPER = {150_000: {("ddp", 1): 72, ("elastic-ddp", 1): 88, ("decoupled", 2): 94, ("decoupled", 4): 96,
-                   ("decoupled", 8): 98, ("decoupled", 16): 99},
-         1_200_000: {("ddp", 1): 27, ("elastic-ddp", 1): 58, ("decoupled", 2): 70, ("decoupled", 4): 82,
-                     ("decoupled", 8): 88, ("decoupled", 16): 93}}
+PAPER = {
+    150_000: {
+        ("ddp", 1): 72,
+        ("elastic-ddp", 1): 88,
+        ("decoupled", 2): 94,
+        ("decoupled", 4): 96,
+        ("decoupled", 8): 98,
+        ("decoupled", 16): 99,
+    },
+    1_200_000: {
+        ("ddp", 1): 27,
+        ("elastic-ddp", 1): 58,
+        ("decoupled", 2): 70,
+        ("decoupled", 4): 82,
+        ("decoupled", 8): 88,
+        ("decoupled", 16): 93,
+    },
+}
 
 
 def test_one_set_of_defaults_lands_within_3_points_of_both_paper_columns():
@@ -72,8 +86,9 @@ def test_a_baselines_cost_per_failure_does_not_compound():
     # Each failure costs a fixed c seconds, so (held share / goodput) - 1 grows like the failure
     # rate, (w + L) / (1/lambda - L): 8.7x from 150k to 1.2M chips. A failure that restarts the
     # restart would make it grow like e^(lambda w): 16x with the earlier model.
-    rows = sorted(run([150_000, 1_200_000], [2], GoodputConfig(), seeds=3, methods=("ddp",)).rows,
-                  key=lambda r: r.chips)
+    rows = sorted(
+        run([150_000, 1_200_000], [2], GoodputConfig(), seeds=3, methods=("ddp",)).rows, key=lambda r: r.chips
+    )
     held = 1 - GoodputConfig().repair_share
     small, large = (held / r.goodput - 1 for r in rows)
     assert 6.5 < large / small < 11.0, (small, large)

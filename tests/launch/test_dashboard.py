@@ -60,8 +60,16 @@ def test_a_token_guards_page_and_state():
 
 
 def dump_dom(url: str, wait_ms: int, screenshot: str | None = None) -> str:
-    args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
-            f"--virtual-time-budget={wait_ms}", "--window-size=1200,900"]
+    args = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        f"--virtual-time-budget={wait_ms}",
+        "--window-size=1200,900",
+    ]
     args += [f"--screenshot={screenshot}"] if screenshot else ["--dump-dom"]
     out = subprocess.run(args + [url], capture_output=True, text=True, timeout=120)
     return out.stdout
@@ -76,13 +84,44 @@ def shown(dom: str, element: str) -> str:
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium; .ci/run installs it)")
 def test_chromium_sees_the_run_advance(tmp_path, shakespeare, procs):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "ddiloco", "run", "--model-size", "tiny", "--seq-len", "16", "--data", shakespeare,
-           "--batch-size", "4", "--learners", "2", "--fragments", "2", "--sync-every", "4", "--heartbeat", "0.2",
-           "--duration", "90", "--min-step-seconds", "0.05", "--eval-every", "2", "--run-dir", str(run_dir),
-           "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddiloco",
+        "run",
+        "--model-size",
+        "tiny",
+        "--seq-len",
+        "16",
+        "--data",
+        shakespeare,
+        "--batch-size",
+        "4",
+        "--learners",
+        "2",
+        "--fragments",
+        "2",
+        "--sync-every",
+        "4",
+        "--heartbeat",
+        "0.2",
+        "--duration",
+        "90",
+        "--min-step-seconds",
+        "0.05",
+        "--eval-every",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+    ]
     child = procs.start("run", cmd, tmp_path / "run.stderr", tmp_path / "run.stdout")
-    url = wait_for(lambda: (run_dir / "dashboard.url").is_file() and (run_dir / "dashboard.url").read_text().strip(),
-                   60, 0.2, "the dashboard's address")
+    url = wait_for(
+        lambda: (run_dir / "dashboard.url").is_file() and (run_dir / "dashboard.url").read_text().strip(),
+        60,
+        0.2,
+        "the dashboard's address",
+    )
 
     def version_and_count() -> tuple[int, int]:
         dom = dump_dom(url, 2500)

@@ -25,8 +25,13 @@ def test_live_view_rows_and_head(tmp_path):
         slot.state = "running"
     now = time.time()
     sup.shards[0].status = {
-        "version_sum": 7, "merges": 7, "useful_seconds": 15.0, "started_wall": now - 40.0,
-        "first_join_wall": now - 10.0, "stall_seconds_max": 2.5, "tokens_reported": 5000,
+        "version_sum": 7,
+        "merges": 7,
+        "useful_seconds": 15.0,
+        "started_wall": now - 40.0,
+        "first_join_wall": now - 10.0,
+        "stall_seconds_max": 2.5,
+        "tokens_reported": 5000,
         "learners": {"1": {"step": 0, "tokens": 0}, "2": {"step": 12, "tokens": 900, "loss": 3.25}},
         "books": {"2": {"tokens_trained": 4100, "tokens_merged": 3000.0}},
     }

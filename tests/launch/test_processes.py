@@ -29,21 +29,30 @@ from ..support.runtime import wait_for
 def test_killed_learner_is_not_waited_for_rejoins_and_every_token_is_accounted(procs, tmp_path, shakespeare):
     sync, address = start_synchronizer(procs, tmp_path, shakespeare, 3)
     learners = {m: start_learner(procs, tmp_path, shakespeare, 3, address, m) for m in range(3)}
-    wait_for(lambda: all(status(address).get("books", {}).get(str(m), {}).get("contributions", 0) > 0
-                         for m in range(3)), 90, message="every learner to contribute")
+    wait_for(
+        lambda: all(status(address).get("books", {}).get(str(m), {}).get("contributions", 0) > 0 for m in range(3)),
+        90,
+        message="every learner to contribute",
+    )
     os.kill(learners[1].pid, signal.SIGKILL)
     killed_at = status(address)
     wait_for(lambda: 1 not in status(address).get("live", [1]), 15, message="learner 1 to be declared gone")
     # the global model keeps advancing without it
-    wait_for(lambda: status(address)["version_sum"] >= killed_at["version_sum"] + 4, 30,
-             message="merges while learner 1 is down")
+    wait_for(
+        lambda: status(address)["version_sum"] >= killed_at["version_sum"] + 4,
+        30,
+        message="merges while learner 1 is down",
+    )
     gone = status(address)
     assert 1 not in gone["live"] and gone["version_sum"] > killed_at["version_sum"]
 
     learners[1] = start_learner(procs, tmp_path, shakespeare, 3, address, 1)
     before = status(address)["books"]["1"]["contributions"]
-    wait_for(lambda: status(address)["books"]["1"]["contributions"] >= before + 2, 60,
-             message="the restarted learner to contribute again")
+    wait_for(
+        lambda: status(address)["books"]["1"]["contributions"] >= before + 2,
+        60,
+        message="the restarted learner to contribute again",
+    )
     stop_run(address)
     codes = wait_exit([*learners.values(), sync], 60)
     assert codes == [0, 0, 0, 0], codes
@@ -70,15 +79,21 @@ def test_killed_learner_is_not_waited_for_rejoins_and_every_token_is_accounted(p
 
 
 @pytest.mark.timeout(150)
-def test_killed_synchronizer_restarts_from_its_checkpoint_on_a_new_port_and_learners_follow(procs, tmp_path,
-                                                                                             shakespeare):
+def test_killed_synchronizer_restarts_from_its_checkpoint_on_a_new_port_and_learners_follow(
+    procs, tmp_path, shakespeare
+):
     sync, address = start_synchronizer(procs, tmp_path, shakespeare, 2)
     # learners know the synchronizer only by its address file (as on Slurm, where a requeued shard moves)
     spec = f"@{tmp_path / 'sync' / 'address'}"
     learners = [start_learner(procs, tmp_path, shakespeare, 2, spec, m) for m in range(2)]
-    wait_for(lambda: status(address).get("merges", 0) >= 6 and all(
-        status(address).get("books", {}).get(str(m), {}).get("contributions", 0) > 0 for m in range(2)), 90,
-        message="merges with both learners")
+    wait_for(
+        lambda: (
+            status(address).get("merges", 0) >= 6
+            and all(status(address).get("books", {}).get(str(m), {}).get("contributions", 0) > 0 for m in range(2))
+        ),
+        90,
+        message="merges with both learners",
+    )
     os.kill(sync.pid, signal.SIGKILL)
     sync.popen.wait(10)
     steps_at_kill = {m: max(j["steps"] for j in journals(tmp_path, m)) for m in range(2)}
@@ -103,8 +118,11 @@ def test_killed_synchronizer_restarts_from_its_checkpoint_on_a_new_port_and_lear
     assert status(address)["restored_from"] is not None
     # both learners reconnect by themselves and the global model advances again
     wait_for(lambda: sorted(status(address).get("live", [])) == [0, 1], 30, message="both learners to reconnect")
-    wait_for(lambda: status(address).get("version_sum", 0) >= sum(committed.values()) + 4, 60,
-             message="merges after the restart")
+    wait_for(
+        lambda: status(address).get("version_sum", 0) >= sum(committed.values()) + 4,
+        60,
+        message="merges after the restart",
+    )
     stop_run(address)
     assert wait_exit([*learners, sync], 60) == [0, 0, 0]
     assert held  # journals were read
@@ -117,8 +135,10 @@ def test_kill_tree_ends_the_child_and_the_processes_it_started(tmp_path):
     table = ProcessTable()
     pid_file = tmp_path / "grandchild"
     # the child starts a grandchild in its own session (as a forkserver would) and sleeps
-    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
-            f"start_new_session=True); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    code = (
+        "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+        f"start_new_session=True); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    )
     child = table.start("parent", [sys.executable, "-c", code])
     deadline = time.monotonic() + 30
     while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:

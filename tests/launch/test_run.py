@@ -10,15 +10,55 @@ import pytest
 from ddiloco.records.events import read_events
 from ddiloco.records.rundir import load_run
 
-SIM_KEYS = {"method", "model", "learners", "tokens", "eval_loss", "goodput", "uptime", "utilization", "sim_seconds",
-            "outer_steps", "contributions", "rejected_contributions", "longest_gap_seconds", "fragments",
-            "wall_seconds", "seed", "tokens_merged", "sync_every", "overlap", "quorum", "grace", "merge"}
+SIM_KEYS = {
+    "method",
+    "model",
+    "learners",
+    "tokens",
+    "eval_loss",
+    "goodput",
+    "uptime",
+    "utilization",
+    "sim_seconds",
+    "outer_steps",
+    "contributions",
+    "rejected_contributions",
+    "longest_gap_seconds",
+    "fragments",
+    "wall_seconds",
+    "seed",
+    "tokens_merged",
+    "sync_every",
+    "overlap",
+    "quorum",
+    "grace",
+    "merge",
+}
 RUN_KEYS = {"stall_seconds_max", "learner_restarts", "tokens_trained", "availability", "synchronizer_restarts"}
 
 
 def ddiloco_run(tmp_path, data, *args, timeout=150):
-    cmd = [sys.executable, "-m", "ddiloco", "run", "--model-size", "tiny", "--seq-len", "16", "--data", data,
-           "--batch-size", "4", "--heartbeat", "0.2", "--run-dir", str(tmp_path / "run"), "--json", "--quiet", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddiloco",
+        "run",
+        "--model-size",
+        "tiny",
+        "--seq-len",
+        "16",
+        "--data",
+        data,
+        "--batch-size",
+        "4",
+        "--heartbeat",
+        "0.2",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--json",
+        "--quiet",
+        *args,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "300"})
     return out, tmp_path / "run"
 
@@ -36,10 +76,32 @@ def test_decoupled_run_survives_learner_and_synchronizer_kills(tmp_path, shakesp
     trace = tmp_path / "trace.csv"
     trace.write_text("learner,down_at,up_at\n1,4.0,6.0\n")
     out, run_dir = ddiloco_run(
-        tmp_path, shakespeare, "--learners", "3", "--fragments", "4", "--sync-every", "8", "--sync-shards", "2",
-        "--duration", "14", "--chaos-trace", str(trace), "--kill-synchronizer-at", "6", "--kill-shards", "all",
-        "--kill-every", "3", "--straggle", "1",
-        "--straggle-every", "4", "--net-delay", "2",
+        tmp_path,
+        shakespeare,
+        "--learners",
+        "3",
+        "--fragments",
+        "4",
+        "--sync-every",
+        "8",
+        "--sync-shards",
+        "2",
+        "--duration",
+        "14",
+        "--chaos-trace",
+        str(trace),
+        "--kill-synchronizer-at",
+        "6",
+        "--kill-shards",
+        "all",
+        "--kill-every",
+        "3",
+        "--straggle",
+        "1",
+        "--straggle-every",
+        "4",
+        "--net-delay",
+        "2",
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -61,8 +123,9 @@ def test_decoupled_run_survives_learner_and_synchronizer_kills(tmp_path, shakesp
     assert {"chaos_kill_learner", "chaos_kill_synchronizer", "chaos_sigstop", "chaos_sigcont", "stop"} <= kinds
     # both shards merged, each only its own fragments
     for shard, owned in ((0, {0, 2}), (1, {1, 3})):
-        merged = {e["fragment"] for e in read_events(run_dir / f"sync-{shard}" / "events.jsonl")
-                  if e["kind"] == "merge"}
+        merged = {
+            e["fragment"] for e in read_events(run_dir / f"sync-{shard}" / "events.jsonl") if e["kind"] == "merge"
+        }
         assert merged and merged <= owned
     killed = [e["shard"] for e in read_events(run_dir / "events.jsonl") if e["kind"] == "chaos_kill_synchronizer"]
     assert killed == [0, 1]
@@ -74,8 +137,9 @@ def test_decoupled_run_survives_learner_and_synchronizer_kills(tmp_path, shakesp
 
 @pytest.mark.timeout(120)
 def test_synchronous_baseline_runs_on_the_same_launcher(tmp_path, shakespeare):
-    out, run_dir = ddiloco_run(tmp_path, shakespeare, "--method", "diloco", "--learners", "2", "--sync-every", "4",
-                               "--tokens", "12000")
+    out, run_dir = ddiloco_run(
+        tmp_path, shakespeare, "--method", "diloco", "--learners", "2", "--sync-every", "4", "--tokens", "12000"
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert (result["method"], result["fragments"], result["overlap"], result["quorum"]) == ("diloco", 1, 0, 2)
@@ -99,11 +163,14 @@ def test_synchronous_baseline_runs_on_the_same_launcher(tmp_path, shakespeare):
     assert_all_ended(run_dir)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--learner-mtbf", "-1"], "learner-mtbf"),
-    (["--chaos-trace", "/nonexistent/trace.csv"], "does not exist"),
-    (["--method", "ddp"], "'ddp' is not one of 'decoupled', 'diloco'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--learner-mtbf", "-1"], "learner-mtbf"),
+        (["--chaos-trace", "/nonexistent/trace.csv"], "does not exist"),
+        (["--method", "ddp"], "'ddp' is not one of 'decoupled', 'diloco'"),
+    ],
+)
 def test_bad_flags_are_clear_errors(tmp_path, shakespeare, args, message):
     out, _ = ddiloco_run(tmp_path, shakespeare, "--tokens", "1000", *args, timeout=60)
     assert out.returncode == 2 and message in out.stderr
@@ -114,9 +181,34 @@ def test_ctrl_c_stops_every_process_cleanly(tmp_path, shakespeare):
     import signal
     import time
 
-    cmd = [sys.executable, "-m", "ddiloco", "run", "--model-size", "tiny", "--seq-len", "16", "--data", shakespeare,
-           "--batch-size", "4", "--learners", "2", "--fragments", "2", "--sync-every", "4", "--duration", "600",
-           "--run-dir", str(tmp_path / "run"), "--json", "--quiet", "--heartbeat", "0.2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddiloco",
+        "run",
+        "--model-size",
+        "tiny",
+        "--seq-len",
+        "16",
+        "--data",
+        shakespeare,
+        "--batch-size",
+        "4",
+        "--learners",
+        "2",
+        "--fragments",
+        "2",
+        "--sync-every",
+        "4",
+        "--duration",
+        "600",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--json",
+        "--quiet",
+        "--heartbeat",
+        "0.2",
+    ]
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         sync_events = tmp_path / "run" / "sync-0" / "events.jsonl"
@@ -144,13 +236,39 @@ def test_learners_that_keep_crashing_end_the_run_with_the_reason(tmp_path, shake
     hook = tmp_path / "hook"
     hook.mkdir()
     # every learner process dies at start-up with exit code 1 (as a broken environment would make it)
-    (hook / "sitecustomize.py").write_text('import sys\nif sys.argv[1:2] == ["learner"]:\n'
-                                           '    sys.stderr.write("simulated start-up crash\\n")\n'
-                                           '    raise SystemExit(1)\n')
+    (hook / "sitecustomize.py").write_text(
+        'import sys\nif sys.argv[1:2] == ["learner"]:\n'
+        '    sys.stderr.write("simulated start-up crash\\n")\n'
+        "    raise SystemExit(1)\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(hook)}
-    cmd = [sys.executable, "-m", "ddiloco", "run", "--model-size", "tiny", "--seq-len", "16", "--data", shakespeare,
-           "--batch-size", "4", "--learners", "2", "--heartbeat", "0.2", "--tokens", "100000", "--learner-down",
-           "0.2", "--run-dir", str(tmp_path / "run"), "--json", "--quiet", "--no-dashboard"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddiloco",
+        "run",
+        "--model-size",
+        "tiny",
+        "--seq-len",
+        "16",
+        "--data",
+        shakespeare,
+        "--batch-size",
+        "4",
+        "--learners",
+        "2",
+        "--heartbeat",
+        "0.2",
+        "--tokens",
+        "100000",
+        "--learner-down",
+        "0.2",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--json",
+        "--quiet",
+        "--no-dashboard",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env={**env, "COLUMNS": "300"})
     assert out.returncode == 1, out.stderr[-2000:]
     assert "keeps crashing" in out.stderr and "exit code 1" in out.stderr and "stderr.log" in out.stderr

@@ -13,18 +13,31 @@ def write_events(path, events):
 
 def test_goodput_uptime_and_stall_from_merge_records(tmp_path):
     work = lambda m, seconds, tokens, share, a, b: {  # noqa: E731
-        "learner": m, "steps": 2, "tokens": tokens, "seconds": seconds, "share": share, "span_start": a,
-        "snapshot_wall": b}
-    write_events(tmp_path / "sync-0" / "events.jsonl", [
-        {"t": 100.0, "kind": "join", "learner": 0},
-        {"t": 101.0, "kind": "join", "learner": 1},
-        {"t": 104.0, "kind": "merge", "fragment": 0, "admitted": [work(0, 2.0, 100, 0.5, 100.0, 104.0)]},
-        {"t": 107.0, "kind": "merge", "fragment": 1, "admitted": [work(1, 4.0, 60, 0.5, 103.0, 107.0),
-                                                                  work(0, 2.0, 40, 0.5, 105.0, 107.0)]},
-        {"t": 108.0, "kind": "rejected", "learner": 1},
-        {"t": 110.0, "kind": "stop"},
-        {"t": 111.0, "kind": "merge", "fragment": 0, "admitted": []},
-    ])
+        "learner": m,
+        "steps": 2,
+        "tokens": tokens,
+        "seconds": seconds,
+        "share": share,
+        "span_start": a,
+        "snapshot_wall": b,
+    }
+    write_events(
+        tmp_path / "sync-0" / "events.jsonl",
+        [
+            {"t": 100.0, "kind": "join", "learner": 0},
+            {"t": 101.0, "kind": "join", "learner": 1},
+            {"t": 104.0, "kind": "merge", "fragment": 0, "admitted": [work(0, 2.0, 100, 0.5, 100.0, 104.0)]},
+            {
+                "t": 107.0,
+                "kind": "merge",
+                "fragment": 1,
+                "admitted": [work(1, 4.0, 60, 0.5, 103.0, 107.0), work(0, 2.0, 40, 0.5, 105.0, 107.0)],
+            },
+            {"t": 108.0, "kind": "rejected", "learner": 1},
+            {"t": 110.0, "kind": "stop"},
+            {"t": 111.0, "kind": "merge", "fragment": 0, "admitted": []},
+        ],
+    )
     j = Journal(tmp_path / "learner-0" / "journal-a.json")
     j.write({"tokens": 300, "seconds": 8.0})
     j.close()
@@ -41,8 +54,10 @@ def test_goodput_uptime_and_stall_from_merge_records(tmp_path):
 def test_bytes_per_step_against_a_ring_all_reduce_by_hand():
     # two shards of 600 + 400 parameters; 4 learners took 100 steps in all. A ring of 4 workers moves
     # 2 * 3/4 * 1000 * 2 bytes (bf16) = 3000 each way per worker per step.
-    statuses = [{"params": 600, "bytes_received": 2400, "bytes_sent": 3600},
-                {"params": 400, "bytes_received": 1600, "bytes_sent": 8400}]
+    statuses = [
+        {"params": 600, "bytes_received": 2400, "bytes_sent": 3600},
+        {"params": 400, "bytes_received": 1600, "bytes_sent": 8400},
+    ]
     b = bandwidth(statuses, steps=100, learners=4)
     assert (b["bytes_up_per_step"], b["bytes_down_per_step"], b["inner_steps"]) == (40, 120, 100)
     assert b["allreduce_bf16_bytes_per_step"] == 3000 and b["allreduce_workers"] == 4

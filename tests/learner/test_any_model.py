@@ -23,8 +23,9 @@ def test_a_user_model_trains_through_the_client_in_a_few_lines(tmp_path, caplog)
     model = mlp()
     save_file({n: p.detach().contiguous() for n, p in model.named_parameters()}, str(tmp_path / "init.safetensors"))
     params = load_file(str(tmp_path / "init.safetensors"))  # what `ddiloco synchronizer --init` loads
-    service = build_service(params, AlgorithmConfig(fragments=2, sync_every=4, overlap=1),
-                            ServiceSettings(timeouts=FAST, tokens=200 * 32))
+    service = build_service(
+        params, AlgorithmConfig(fragments=2, sync_every=4, overlap=1), ServiceSettings(timeouts=FAST, tokens=200 * 32)
+    )
     server = SynchronizerServer(service)
     address = server.start()
     try:

@@ -27,13 +27,25 @@ def run_learner(tmp_path: Path, shakespeare: Path, name: str, ranks: int) -> tup
     out = tmp_path / f"{name}.safetensors"
     # blocking syncs (overlap 0) and one learner: the same steps meet the same updates in both runs
     # fp32 updates: in bf16 a rounding step apart in the two runs' sums would be a visible difference
-    with ddiloco.Synchronizer(model(), learners=1, fragments=3, sync_every=H, overlap=0, outer_lr=0.7,
-                              outer_momentum=0.9, codec_down="fp32") as sync:
-        launcher = [sys.executable] if ranks == 1 else [
-            str(TORCHRUN) if TORCHRUN.exists() else shutil.which("torchrun"), "--standalone", "--nproc-per-node",
-            str(ranks)]
-        done = subprocess.run([*launcher, str(SCRIPT), sync.address, str(shakespeare), str(STEPS), str(out)],
-                              capture_output=True, text=True, timeout=240)
+    with ddiloco.Synchronizer(
+        model(), learners=1, fragments=3, sync_every=H, overlap=0, outer_lr=0.7, outer_momentum=0.9, codec_down="fp32"
+    ) as sync:
+        launcher = (
+            [sys.executable]
+            if ranks == 1
+            else [
+                str(TORCHRUN) if TORCHRUN.exists() else shutil.which("torchrun"),
+                "--standalone",
+                "--nproc-per-node",
+                str(ranks),
+            ]
+        )
+        done = subprocess.run(
+            [*launcher, str(SCRIPT), sync.address, str(shakespeare), str(STEPS), str(out)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
         status = sync.status()
     return load_file(out), done.stdout + str(status)
@@ -49,7 +61,10 @@ def test_fsdp_learner_trains_the_same_global_model_as_one_process(tmp_path, shak
     for name in single:
         assert not torch.allclose(single[name], initial[name].detach()), f"{name} never changed"
         assert torch.allclose(sharded[name], single[name], atol=1e-5, rtol=1e-5), (
-            name, float((sharded[name] - single[name]).abs().max()), log[-1500:])
+            name,
+            float((sharded[name] - single[name]).abs().max()),
+            log[-1500:],
+        )
 
 
 PEER_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "fsdp_peer_learner.py"
@@ -57,8 +72,7 @@ PEER_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "fsdp_peer_learn
 
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not TORCHRUN.exists() and shutil.which("torchrun") is None, reason="torchrun not installed")
-def test_an_fsdp_learner_takes_a_peers_inner_state_in_shards_and_donates_its_own_gathered(procs, tmp_path,
-                                                                                          shakespeare):
+def test_an_fsdp_learner_takes_a_peers_inner_state_in_shards_and_donates_its_own_gathered(procs, tmp_path, shakespeare):
     from ..support.runtime import wait_for
 
     torchrun = str(TORCHRUN) if TORCHRUN.exists() else shutil.which("torchrun")
@@ -66,8 +80,12 @@ def test_an_fsdp_learner_takes_a_peers_inner_state_in_shards_and_donates_its_own
     def start(name: str, learner: int, ranks: int):
         out = tmp_path / f"{name}.json"
         launcher = [sys.executable] if ranks == 1 else [torchrun, "--standalone", "--nproc-per-node", str(ranks)]
-        child = procs.start(name, [*launcher, str(PEER_SCRIPT), sync.address, str(shakespeare), str(learner),
-                                   str(out)], tmp_path / f"{name}.err", tmp_path / f"{name}.out")
+        child = procs.start(
+            name,
+            [*launcher, str(PEER_SCRIPT), sync.address, str(shakespeare), str(learner), str(out)],
+            tmp_path / f"{name}.err",
+            tmp_path / f"{name}.out",
+        )
         return child, out
 
     def ended(child, out):
@@ -77,20 +95,35 @@ def test_an_fsdp_learner_takes_a_peers_inner_state_in_shards_and_donates_its_own
 
     with ddiloco.Synchronizer(model(), learners=2, fragments=3, sync_every=4, overlap=1) as sync:
         first, first_out = start("plain-1", 1, 1)
-        wait_for(lambda: sync.status().get("learners", {}).get("1", {}).get("step", 0) >= 20, 90,
-                 message="the first donor to train")
+        wait_for(
+            lambda: sync.status().get("learners", {}).get("1", {}).get("step", 0) >= 20,
+            90,
+            message="the first donor to train",
+        )
         # an FSDP learner on an empty machine: rank 0 takes the donor's state, each rank keeps its shards
         fsdp, fsdp_out = start("fsdp-0", 0, 2)
-        wait_for(lambda: sync.status().get("books", {}).get("0", {}).get("contributions", 0) >= 2, 120,
-                 message="the FSDP learner to contribute")
+        wait_for(
+            lambda: sync.status().get("books", {}).get("0", {}).get("contributions", 0) >= 2,
+            120,
+            message="the FSDP learner to contribute",
+        )
         Path(str(first_out) + ".stop").touch()
         plain = ended(first, first_out)
         # a new learner 1, empty: the only live donor is the FSDP learner, which gathers its shards
         second, second_out = start("plain-1b", 1, 1)
-        wait_for(lambda: second_out.with_name("plain-1b.err").is_file() and "took its inner state" in
-                 second_out.with_name("plain-1b.err").read_text(), 90, message="the new learner to recover")
-        wait_for(lambda: sync.status().get("books", {}).get("1", {}).get("contributions", 0)
-                 >= plain["accepted"] + 2, 90, message="the new learner's contributions")
+        wait_for(
+            lambda: (
+                second_out.with_name("plain-1b.err").is_file()
+                and "took its inner state" in second_out.with_name("plain-1b.err").read_text()
+            ),
+            90,
+            message="the new learner to recover",
+        )
+        wait_for(
+            lambda: sync.status().get("books", {}).get("1", {}).get("contributions", 0) >= plain["accepted"] + 2,
+            90,
+            message="the new learner's contributions",
+        )
         sync.request_stop("test is done")
         got_fsdp, got_second = ended(fsdp, fsdp_out), ended(second, second_out)
     assert got_fsdp["world"] == 2 and got_fsdp["recovered"]["donor"] == 1 and got_fsdp["recovered"]["step"] > 0

@@ -46,8 +46,9 @@ def test_a_fragment_that_differs_in_one_bit_is_downloaded_and_only_that_one():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    service = build_service(params, AlgorithmConfig(fragments=2, sync_every=4, overlap=1),
-                            ServiceSettings(timeouts=FAST, tokens=10**9))
+    service = build_service(
+        params, AlgorithmConfig(fragments=2, sync_every=4, overlap=1), ServiceSettings(timeouts=FAST, tokens=10**9)
+    )
     changed = service.core.plan.names[0][0]
     with torch.no_grad():
         w = dict(model.named_parameters())[changed]

@@ -26,15 +26,24 @@ TOOK = re.compile(r"learner 2 took its inner state from learner (\d) \(step (\d+
 
 @pytest.mark.timeout(240)
 def test_empty_learner_recovers_a_peers_inner_state_even_when_the_first_donor_dies_mid_transfer(
-        procs, tmp_path, shakespeare):
-    sync, address = start_synchronizer(procs, tmp_path, shakespeare, 3, 0, "--tokens", str(10**9),
-                                       "--chunk-bytes", "8192", "--heartbeat", "1.0")
+    procs, tmp_path, shakespeare
+):
+    sync, address = start_synchronizer(
+        procs, tmp_path, shakespeare, 3, 0, "--tokens", str(10**9), "--chunk-bytes", "8192", "--heartbeat", "1.0"
+    )
     # slow donors: each 8 KB frame of a donation waits 200 ms, so an upload takes about 8 s and can be
     # cut short even on a loaded machine (a 1 s heartbeat gives it a 24 s drain to finish in)
-    donors = {m: start_learner(procs, tmp_path, shakespeare, 3, address, m, "--net-delay", "200",
-                               "--min-step-seconds", "0.03") for m in range(2)}
-    wait_for(lambda: all(status(address).get("learners", {}).get(str(m), {}).get("step", 0) >= 20
-                         for m in range(2)), 120, message="both donors to train")
+    donors = {
+        m: start_learner(
+            procs, tmp_path, shakespeare, 3, address, m, "--net-delay", "200", "--min-step-seconds", "0.03"
+        )
+        for m in range(2)
+    }
+    wait_for(
+        lambda: all(status(address).get("learners", {}).get(str(m), {}).get("step", 0) >= 20 for m in range(2)),
+        120,
+        message="both donors to train",
+    )
     joiner = start_learner(procs, tmp_path, shakespeare, 3, address, 2, "--json")  # learner-2/ is empty
 
     def uploading() -> dict | None:
@@ -49,8 +58,11 @@ def test_empty_learner_recovers_a_peers_inner_state_even_when_the_first_donor_di
     assert donor != first and donor in donors and step > 0
     donated = DONATED.findall((tmp_path / f"learner-{donor}" / "stderr.log").read_text())
     assert took.group(3) in donated  # the joiner holds exactly the moments the donor snapshotted
-    wait_for(lambda: status(address).get("books", {}).get("2", {}).get("contributions", 0) >= 2, 60,
-             message="the joiner's contributions")
+    wait_for(
+        lambda: status(address).get("books", {}).get("2", {}).get("contributions", 0) >= 2,
+        60,
+        message="the joiner's contributions",
+    )
     final = status(address)
     assert final["donations"]["donated"] >= 1 and final["donations"]["failed"] >= 1
     stop_run(address)

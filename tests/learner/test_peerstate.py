@@ -26,8 +26,9 @@ def test_snapshot_load_round_trip_gives_the_same_next_step():
     joiner.load_state_dict(donor.state_dict())  # the same parameters (in a run: the global ones)
     joiner_opt = torch.optim.AdamW(joiner.parameters(), lr=1e-2)
     assert peerstate.load(joiner_opt, dict(joiner.named_parameters()), tensors, scalars) == 5
-    assert state_checksum(*peerstate.snapshot(joiner_opt, dict(joiner.named_parameters()))) == \
-        state_checksum(tensors, scalars)
+    assert state_checksum(*peerstate.snapshot(joiner_opt, dict(joiner.named_parameters()))) == state_checksum(
+        tensors, scalars
+    )
     x = torch.randn(8, 4)
     for model, opt in ((donor, donor_opt), (joiner, joiner_opt)):
         model(x).pow(2).mean().backward()

@@ -1,6 +1,5 @@
 """Snapshots through reused host buffers: taken at the boundary, subtracted later, never shared while in use."""
 
-
 import pytest
 import torch
 
@@ -49,10 +48,13 @@ def test_buffers_are_reused_once_released_and_never_shared_while_in_use():
 def run_core(stage: bool) -> list:
     params = {"a": torch.zeros(5), "b": torch.zeros(3)}
     plan = balanced_fragments([("a", 5), ("b", 3)], 2)
-    core = LearnerCore(0, params, plan, Schedule(2, 4, 1),
-                       stage=SnapshotStager(params).stage if stage else None)
-    core.join([FragmentUpdate(0, 0, {"a": torch.linspace(0, 1, 5)}, (0,)),
-               FragmentUpdate(1, 0, {"b": torch.full((3,), 2.0)}, (0,))])
+    core = LearnerCore(0, params, plan, Schedule(2, 4, 1), stage=SnapshotStager(params).stage if stage else None)
+    core.join(
+        [
+            FragmentUpdate(0, 0, {"a": torch.linspace(0, 1, 5)}, (0,)),
+            FragmentUpdate(1, 0, {"b": torch.full((3,), 2.0)}, (0,)),
+        ]
+    )
     sent = []
     torch.manual_seed(0)
     for step in range(12):
@@ -61,8 +63,14 @@ def run_core(stage: bool) -> list:
         for m in core.after_step(10, 0.1):
             sent.append((step, m.fragment, {n: g.clone() for n, g in m.outer_gradient.items()}))
             release(m.outer_gradient)
-            core.receive(FragmentUpdate(m.fragment, core.versions[m.fragment] + 1,
-                                        {n: torch.full_like(params[n], float(step)) for n in m.outer_gradient}, (0,)))
+            core.receive(
+                FragmentUpdate(
+                    m.fragment,
+                    core.versions[m.fragment] + 1,
+                    {n: torch.full_like(params[n], float(step)) for n in m.outer_gradient},
+                    (0,),
+                )
+            )
     return sent
 
 

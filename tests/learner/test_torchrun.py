@@ -26,9 +26,27 @@ def test_two_rank_torchrun_learner_trains_and_syncs(procs, tmp_path, shakespeare
     d = tmp_path / "learner-0"
     d.mkdir()
     torchrun = str(TORCHRUN) if TORCHRUN.exists() else shutil.which("torchrun")
-    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "ddiloco", "learner", "--connect", address,
-           "--id", "0", *model_args(shakespeare, 1), "--batch-size", "4", "--threads", "1", "--state-dir", str(d),
-           "--json"]
+    cmd = [
+        torchrun,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "ddiloco",
+        "learner",
+        "--connect",
+        address,
+        "--id",
+        "0",
+        *model_args(shakespeare, 1),
+        "--batch-size",
+        "4",
+        "--threads",
+        "1",
+        "--state-dir",
+        str(d),
+        "--json",
+    ]
     learner = procs.start("torchrun", cmd, d / "stderr.log", d / "stdout.log")
     assert wait_exit([learner, sync], 120) == [0, 0], (d / "stderr.log").read_text()[-3000:]
     stats = [json.loads(line) for line in (d / "stdout.log").read_text().splitlines() if line.startswith("{")]
@@ -52,8 +70,9 @@ def test_learner_trains_in_bf16_on_the_resolved_device(procs, tmp_path, shakespe
 
     budget = 120 * TOKENS_PER_STEP
     sync, address = start_synchronizer(procs, tmp_path, shakespeare, 1, 0, "--tokens", str(budget))
-    learner = start_learner(procs, tmp_path, shakespeare, 1, address, 0, "--precision", "bf16", "--device", "auto",
-                            "--json")
+    learner = start_learner(
+        procs, tmp_path, shakespeare, 1, address, 0, "--precision", "bf16", "--device", "auto", "--json"
+    )
     d = tmp_path / "learner-0"
     assert wait_exit([learner, sync], 120) == [0, 0], (d / "stderr.log").read_text()[-3000:]
     stats = json.loads([line for line in (d / "stdout.log").read_text().splitlines() if line.startswith("{")][-1])
@@ -79,8 +98,9 @@ def _rank_pid(torchrun_pid: int, rank: int) -> int | None:
 
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(not TORCHRUN.exists() and shutil.which("torchrun") is None, reason="torchrun not installed")
-def test_a_rank_killed_with_kill9_makes_torchrun_restart_the_group_which_rejoins(procs, tmp_path, shakespeare,
-                                                                                  monkeypatch):
+def test_a_rank_killed_with_kill9_makes_torchrun_restart_the_group_which_rejoins(
+    procs, tmp_path, shakespeare, monkeypatch
+):
     import os
     import signal
 
@@ -94,13 +114,41 @@ def test_a_rank_killed_with_kill9_makes_torchrun_restart_the_group_which_rejoins
     # torch's own workaround for restarts (pytorch#135712): a restarted group must not read the
     # previous round's addresses from a store shared with the agent; the sbatch scripts set it too
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    group = procs.start("torchrun", [
-        torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "-m", "ddiloco", "learner",
-        "--connect", address, "--id", "0", *model_args(shakespeare, 2), "--batch-size", "4", "--threads", "1",
-        "--state-dir", str(d), "--min-step-seconds", "0.03"], d / "stderr.log", d / "stdout.log")
+    group = procs.start(
+        "torchrun",
+        [
+            torchrun,
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "2",
+            "-m",
+            "ddiloco",
+            "learner",
+            "--connect",
+            address,
+            "--id",
+            "0",
+            *model_args(shakespeare, 2),
+            "--batch-size",
+            "4",
+            "--threads",
+            "1",
+            "--state-dir",
+            str(d),
+            "--min-step-seconds",
+            "0.03",
+        ],
+        d / "stderr.log",
+        d / "stdout.log",
+    )
     other = start_learner(procs, tmp_path, shakespeare, 2, address, 1, "--min-step-seconds", "0.03")
-    wait_for(lambda: all(status(address).get("books", {}).get(str(m), {}).get("contributions", 0) >= 2
-                         for m in range(2)), 120, message="both learners to contribute")
+    wait_for(
+        lambda: all(status(address).get("books", {}).get(str(m), {}).get("contributions", 0) >= 2 for m in range(2)),
+        120,
+        message="both learners to contribute",
+    )
     rank1 = wait_for(lambda: _rank_pid(group.pid, 1), 10, message="rank 1 of the torchrun learner")
     os.kill(rank1, signal.SIGKILL)
     killed = status(address)
@@ -108,8 +156,11 @@ def test_a_rank_killed_with_kill9_makes_torchrun_restart_the_group_which_rejoins
     wait_for(lambda: status(address)["version_sum"] >= killed["version_sum"] + 4, 30, message="merges meanwhile")
     wait_for(lambda: len(journals(tmp_path, 0)) >= 2, 120, message="torchrun's restarted group to rejoin")
     rejoined = status(address)["books"]["0"]["contributions"]
-    wait_for(lambda: status(address)["books"]["0"]["contributions"] >= rejoined + 2, 90,
-             message="contributions of the restarted group")
+    wait_for(
+        lambda: status(address)["books"]["0"]["contributions"] >= rejoined + 2,
+        90,
+        message="contributions of the restarted group",
+    )
     assert group.alive(), "torchrun gave up instead of restarting the group"
     stop_run(address)
     assert wait_exit([group, other, sync], 90) == [0, 0, 0], (d / "stderr.log").read_text()[-3000:]
@@ -125,20 +176,47 @@ def test_a_two_rank_learner_on_an_empty_disk_takes_a_peers_inner_state_on_every_
 
     sync, address = start_synchronizer(procs, tmp_path, shakespeare, 2, 0, "--tokens", str(10**9))
     donor = start_learner(procs, tmp_path, shakespeare, 2, address, 1, "--min-step-seconds", "0.02")
-    wait_for(lambda: status(address).get("learners", {}).get("1", {}).get("step", 0) >= 20, 90,
-             message="the donor to train")
+    wait_for(
+        lambda: status(address).get("learners", {}).get("1", {}).get("step", 0) >= 20, 90, message="the donor to train"
+    )
     d = tmp_path / "learner-0"
     d.mkdir()
     torchrun = str(TORCHRUN) if TORCHRUN.exists() else shutil.which("torchrun")
-    group = procs.start("torchrun", [
-        torchrun, "--standalone", "--nproc-per-node", "2", "-m", "ddiloco", "learner", "--connect", address, "--id",
-        "0", *model_args(shakespeare, 2), "--batch-size", "4", "--threads", "1", "--state-dir", str(d),
-        "--max-steps", "40", "--json"], d / "stderr.log", d / "stdout.log")
+    group = procs.start(
+        "torchrun",
+        [
+            torchrun,
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "ddiloco",
+            "learner",
+            "--connect",
+            address,
+            "--id",
+            "0",
+            *model_args(shakespeare, 2),
+            "--batch-size",
+            "4",
+            "--threads",
+            "1",
+            "--state-dir",
+            str(d),
+            "--max-steps",
+            "40",
+            "--json",
+        ],
+        d / "stderr.log",
+        d / "stdout.log",
+    )
     assert wait_exit([group], 120) == [0], (d / "stderr.log").read_text()[-3000:]
     stop_run(address)
     assert wait_exit([donor, sync], 60) == [0, 0]
-    stats = {s["rank"]: s for s in (json.loads(line) for line in (d / "stdout.log").read_text().splitlines()
-                                    if line.startswith("{"))}
+    stats = {
+        s["rank"]: s
+        for s in (json.loads(line) for line in (d / "stdout.log").read_text().splitlines() if line.startswith("{"))
+    }
     assert set(stats) == {0, 1} and stats[0]["recovered"]["donor"] == 1 and stats[0]["recovered"]["step"] > 0
     # rank 1 took the same state from rank 0: after 40 identical steps both hold the same moments
     assert stats[0]["inner_sha"] == stats[1]["inner_sha"] and stats[0]["params_sha"] == stats[1]["params_sha"]

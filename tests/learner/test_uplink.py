@@ -33,13 +33,15 @@ def test_tls_covers_the_bulk_socket_too(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    service = build_service(params, AlgorithmConfig(fragments=2, sync_every=4, overlap=1),
-                            ServiceSettings(timeouts=FAST, tokens=10**9))
+    service = build_service(
+        params, AlgorithmConfig(fragments=2, sync_every=4, overlap=1), ServiceSettings(timeouts=FAST, tokens=10**9)
+    )
     server = SynchronizerServer(service, "127.0.0.1", 0, "tok", auth.server_credentials(cert, key), bulk_socket=True)
     address = server.start()
     try:
-        with LearnerClient(model, address, 0, token="tok", timeouts=FAST, report_every=1e9,
-                           credentials=auth.channel_credentials(cert)) as client:
+        with LearnerClient(
+            model, address, 0, token="tok", timeouts=FAST, report_every=1e9, credentials=auth.channel_credentials(cert)
+        ) as client:
             assert client.links[0].uplink.socket.tls is not None
             assert train_until_accepted(client, model, 2) >= 2
         assert server.bulk.served["Push"] >= 2
@@ -64,8 +66,18 @@ def test_an_unreachable_bulk_port_falls_back_to_grpc():
         session = link.session
         dead = Uplink(None, None, 1 << 22, WanLink())
         dead.configure(link.address, {"bulk_port": _free_port()})
-        head = {"kind": "contribution", "session": session, "fragment": 0, "base_version": 0, "steps": 1,
-                "tokens": 1, "seconds": 0.1, "step_time": 0.1, "step": 1, "position": 1}
+        head = {
+            "kind": "contribution",
+            "session": session,
+            "fragment": 0,
+            "base_version": 0,
+            "steps": 1,
+            "tokens": 1,
+            "seconds": 0.1,
+            "step_time": 0.1,
+            "step": 1,
+            "position": 1,
+        }
         names = service.core.plan.names[0]
         grads = {n: torch.zeros(service.shapes[n]) for n in names}
         reply, sent = dead.push(link.bulk, head, grads, "bf16", framing.DEFAULT_CHUNK_BYTES, 30)

@@ -58,8 +58,9 @@ def test_a_learner_behind_a_slow_link_trains_and_its_uploads_take_at_least_bytes
     wan = WanSettings(latency=0.005, bandwidth=rate, jitter=0.005)
     algorithm = replace(ALGORITHM, quorum=2)  # K = M: the slow learner's work is waited for, not stale
     with synchronizer(tiny_task, tmp_path, algorithm=algorithm, tokens=2 * 48 * 64) as (service, address):
-        learners = [LearnerThread(tiny_task, address, m, step_delay=0.01, wan=wan if m == 0 else None)
-                    for m in range(2)]
+        learners = [
+            LearnerThread(tiny_task, address, m, step_delay=0.01, wan=wan if m == 0 else None) for m in range(2)
+        ]
         started = time.monotonic()
         for t in learners:
             t.start()

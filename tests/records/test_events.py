@@ -18,12 +18,30 @@ SOURCE = Path(ddiloco.__file__).parent
 def test_records_carry_time_kind_and_plain_fields(tmp_path):
     path = tmp_path / "events.jsonl"
     with EventLog(path, clock=lambda: 12.5) as log:
-        log.write("merge", fragment=1, version=3, learners=[0, 2], expected=3, quorum_seconds=0.25,
-                  grace_seconds=0.1, params={"w": torch.zeros(2)}, where=tmp_path)
+        log.write(
+            "merge",
+            fragment=1,
+            version=3,
+            learners=[0, 2],
+            expected=3,
+            quorum_seconds=0.25,
+            grace_seconds=0.1,
+            params={"w": torch.zeros(2)},
+            where=tmp_path,
+        )
         log.observe("down", 3.5, {"learner": 1})
     first, second = list(read_events(path))
-    assert first == {"t": 12.5, "kind": "merge", "fragment": 1, "version": 3, "learners": [0, 2], "expected": 3,
-                     "quorum_seconds": 0.25, "grace_seconds": 0.1, "where": str(tmp_path)}  # tensors left out
+    assert first == {
+        "t": 12.5,
+        "kind": "merge",
+        "fragment": 1,
+        "version": 3,
+        "learners": [0, 2],
+        "expected": 3,
+        "quorum_seconds": 0.25,
+        "grace_seconds": 0.1,
+        "where": str(tmp_path),
+    }  # tensors left out
     assert second == {"t": 3.5, "kind": "down", "learner": 1}
 
 

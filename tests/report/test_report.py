@@ -13,8 +13,24 @@ from ddiloco.report.timeline import learner_intervals, merges
 
 _register()
 runner = CliRunner()
-TINY = ["--model-size", "tiny", "--seq-len", "16", "--batch-size", "4", "--tokens", "6000", "--learners", "3",
-        "--fragments", "2", "--sync-every", "4", "--quiet", "--json"]
+TINY = [
+    "--model-size",
+    "tiny",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "4",
+    "--tokens",
+    "6000",
+    "--learners",
+    "3",
+    "--fragments",
+    "2",
+    "--sync-every",
+    "4",
+    "--quiet",
+    "--json",
+]
 
 
 def sim(shakespeare, *extra):
@@ -70,8 +86,9 @@ def test_timelines_come_from_the_events(two_runs):
 def test_report_overlays_runs_in_pngs_and_one_html_page(two_runs, tmp_path):
     base, _ = two_runs
     out = tmp_path / "report"
-    result = runner.invoke(app, ["report", str(base / "decoupled"), str(base / "elastic-ddp"), "--out", str(out)],
-                           catch_exceptions=False)
+    result = runner.invoke(
+        app, ["report", str(base / "decoupled"), str(base / "elastic-ddp"), "--out", str(out)], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.output
     pngs = sorted(out.glob("*.png"))
     assert {p.name for p in pngs} >= {"loss_vs_tokens.png", "loss_vs_time.png", "goodput.png"}
@@ -112,8 +129,12 @@ def test_wandb_offline_gets_the_same_metrics(shakespeare, tmp_path):
     assert len(files) == 1, "one offline wandb run inside the run directory"
     logged = [m["eval_loss"] for m in load_run(tmp_path / "run").metrics if m["kind"] == "eval"]
     # wandb's own service process writes the file; under load it lands shortly after finish() returns
-    rows = wait_for(lambda: (r := history(files[0])) and sum("eval/eval_loss" in x for x in r) >= len(logged) and r,
-                    60, 0.5, "wandb's service to write the run file")
+    rows = wait_for(
+        lambda: (r := history(files[0])) and sum("eval/eval_loss" in x for x in r) >= len(logged) and r,
+        60,
+        0.5,
+        "wandb's service to write the run file",
+    )
     assert [r["eval/eval_loss"] for r in rows if "eval/eval_loss" in r] == pytest.approx(logged, rel=1e-9)
     assert any("train/train_loss" in r for r in rows) and any("progress/goodput" in r for r in rows)
     assert all("tokens" in r for r in rows)

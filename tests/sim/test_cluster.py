@@ -26,8 +26,9 @@ def test_k1_alone_merges_the_opener_grace_admits_the_slower_learners_and_k_m_adm
     k1 = run(tiny_task, quorum=1, grace=0.0)
     k1_grace = run(tiny_task, quorum=1, grace=0.5)
     km = run(tiny_task, quorum=4, grace=0.0)
-    per_merge = {name: s["contributions"] / s["outer_steps"] for name, s in
-                 [("k1", k1), ("k1_grace", k1_grace), ("km", km)]}
+    per_merge = {
+        name: s["contributions"] / s["outer_steps"] for name, s in [("k1", k1), ("k1_grace", k1_grace), ("km", km)]
+    }
     assert per_merge["k1"] < 2.0  # mostly the opener: with jitter, few contributions arrive at once
     assert per_merge["k1_grace"] > 3.0
     assert per_merge["km"] > 3.7  # all but learners that declined (an update still in flight to them)
@@ -61,7 +62,9 @@ def test_goodput_accounting_is_consistent(tiny_task):
     stats = run(tiny_task, quorum=1, grace=0.5)
     assert 0 < stats["goodput"] <= stats["utilization"] <= 1
     assert 0 < stats["tokens_merged"] <= stats["tokens_trained"]
-    assert stats["goodput"] == pytest.approx(stats["tokens_merged"] / stats["tokens_trained"] * stats["utilization"], rel=0.15)
+    assert stats["goodput"] == pytest.approx(
+        stats["tokens_merged"] / stats["tokens_trained"] * stats["utilization"], rel=0.15
+    )
 
 
 def test_outer_gradients_go_through_the_wire_codec(tiny_task):
@@ -76,8 +79,12 @@ def test_outer_gradients_go_through_the_wire_codec(tiny_task):
 
 def test_plain_averaging_shrinks_the_merged_outer_gradient_rda_does_not(tiny_task):
     algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=0, quorum=4, grace=0.0)
-    ratio = {merge: run_sim(sim_config(learners=4, algorithm=replace(algorithm, merge=merge)),
-                            task=tiny_task)["outer_norm_ratio"] for merge in ("mean", "rda")}
+    ratio = {
+        merge: run_sim(sim_config(learners=4, algorithm=replace(algorithm, merge=merge)), task=tiny_task)[
+            "outer_norm_ratio"
+        ]
+        for merge in ("mean", "rda")
+    }
     assert ratio["rda"] == pytest.approx(1.0, abs=0.02)  # RDA keeps the contributions' mean norm
     assert ratio["mean"] < 0.9 * ratio["rda"]
 
@@ -88,8 +95,13 @@ def test_a_restarted_learners_refused_duplicate_does_not_relabel_its_dead_incarn
     # blocking syncs, learner 1 three times slower: learner 0's first snapshot waits in the round
     # while it dies and comes back; its new incarnation's snapshot for the same round is a duplicate
     algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=0, quorum=2, grace=0.0)
-    config = sim_config(learners=2, steps_per_learner=12, algorithm=algorithm, steps=StepTimeModel(speeds=(1.0, 3.0)),
-                        failures=FailureTrace.of([Outage(4.2, 0, 4.5)]))
+    config = sim_config(
+        learners=2,
+        steps_per_learner=12,
+        algorithm=algorithm,
+        steps=StepTimeModel(speeds=(1.0, 3.0)),
+        failures=FailureTrace.of([Outage(4.2, 0, 4.5)]),
+    )
     cluster = DecoupledCluster(config, tiny_task)
     stats = cluster.run()
     assert any("duplicate" in r for r in cluster.rejections)
@@ -121,8 +133,13 @@ def test_rebase_keeps_work_refused_as_stale_and_merges_every_token_once(tiny_tas
     runs = {}
     for arrival in ("overwrite", "rebase"):
         algorithm = AlgorithmConfig(fragments=2, sync_every=8, overlap=2, quorum=1, grace=0.0, arrival=arrival)
-        config = sim_config(learners=4, steps_per_learner=40, algorithm=algorithm, steps=HETERO,
-                            link=LinkModel(latency=0.3, bandwidth=1e15, merge_rate=1e15))
+        config = sim_config(
+            learners=4,
+            steps_per_learner=40,
+            algorithm=algorithm,
+            steps=HETERO,
+            link=LinkModel(latency=0.3, bandwidth=1e15, merge_rate=1e15),
+        )
         runs[arrival] = DecoupledCluster(config, tiny_task).run()
     share = {k: s["tokens_merged"] / s["tokens_trained"] for k, s in runs.items()}
     assert all(s["rejected_contributions"] >= 5 for s in runs.values())  # stale work in both

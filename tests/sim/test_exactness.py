@@ -12,7 +12,9 @@ from .helpers import FLAT_INNER, sim_config
 
 def adamw(model):
     return torch.optim.AdamW(
-        model.parameters(), lr=FLAT_INNER.lr, betas=(FLAT_INNER.beta1, FLAT_INNER.beta2),
+        model.parameters(),
+        lr=FLAT_INNER.lr,
+        betas=(FLAT_INNER.beta1, FLAT_INNER.beta2),
         weight_decay=FLAT_INNER.weight_decay,
     )
 
@@ -32,7 +34,8 @@ def assert_same_params(sync_params, model):
 def test_one_learner_one_fragment_every_step_lr1_is_plain_training(tiny_task):
     steps = 12
     config = sim_config(
-        learners=1, steps_per_learner=steps,
+        learners=1,
+        steps_per_learner=steps,
         algorithm=AlgorithmConfig(fragments=1, sync_every=1, overlap=0, quorum=1, outer_lr=1.0, outer_momentum=0.0),
     )
     cluster = DecoupledCluster(config, tiny_task)
@@ -50,9 +53,11 @@ def test_one_learner_one_fragment_every_step_lr1_is_plain_training(tiny_task):
 def test_k_equals_m_blocking_one_fragment_is_classic_synchronous_diloco(tiny_task):
     learners, period, rounds = 3, 4, 3
     config = sim_config(
-        learners=learners, steps_per_learner=period * rounds,
-        algorithm=AlgorithmConfig(fragments=1, sync_every=period, overlap=0, quorum=learners, merge="mean",
-                                  outer_lr=0.7, outer_momentum=0.9),
+        learners=learners,
+        steps_per_learner=period * rounds,
+        algorithm=AlgorithmConfig(
+            fragments=1, sync_every=period, overlap=0, quorum=learners, merge="mean", outer_lr=0.7, outer_momentum=0.9
+        ),
     )
     cluster = DecoupledCluster(config, tiny_task)
     stats = cluster.run()
@@ -82,7 +87,9 @@ def test_learner_down_then_rejoining_starts_from_the_current_global_model(tiny_t
 
     # Learner 2 comes back half a step out of phase; tau = 2 leaves a grace window of a whole step.
     config = sim_config(
-        learners=3, steps_per_learner=30, failures=FailureTrace.of([Outage(6.5, 2, 20.5)]),
+        learners=3,
+        steps_per_learner=30,
+        failures=FailureTrace.of([Outage(6.5, 2, 20.5)]),
         algorithm=AlgorithmConfig(fragments=2, sync_every=4, overlap=2, quorum=1, grace=0.5),
     )
     seen = {"merges_while_down": 0, "joined": [], "contributed_after": 0}
@@ -124,8 +131,7 @@ def test_a_run_is_deterministic_from_its_seed(tiny_task):
         assert torch.equal(t, results[1][1][name])
 
 
-def test_several_fragments_overlap_unequal_learners_and_rda_match_a_replay_written_out_here(tiny_task,
-                                                                                             monkeypatch):
+def test_several_fragments_overlap_unequal_learners_and_rda_match_a_replay_written_out_here(tiny_task, monkeypatch):
     """The schedule (who stepped, snapshotted, applied, merged, in what order) is recorded from the
     run; the arithmetic is redone here independently: per-learner training, outer gradients
     Theta - theta, weights tokens^2 / steps, RDA (plain mean for embeddings) and Nesterov."""
@@ -135,21 +141,42 @@ def test_several_fragments_overlap_unequal_learners_and_rda_match_a_replay_writt
     trace = []
     originals = {k: getattr(LearnerCore, k) for k in ("begin_step", "_overwrite", "_snapshot")}
     merge = SynchronizerCore._merge
-    monkeypatch.setattr(LearnerCore, "begin_step", lambda self, tokens, seconds: (
-        trace.append(("step", self.id, tokens)), originals["begin_step"](self, tokens, seconds))[1])
-    monkeypatch.setattr(LearnerCore, "_overwrite", lambda self, u: (
-        trace.append(("apply", self.id, u.fragment, u.version)), originals["_overwrite"](self, u))[1])
-    monkeypatch.setattr(LearnerCore, "_snapshot", lambda self, p: (
-        trace.append(("snapshot", self.id, p, self.versions[p])), originals["_snapshot"](self, p))[1])
-    monkeypatch.setattr(SynchronizerCore, "_merge", lambda self, p, now: (
-        trace.append(("merge", p, self.rounds[p].version, sorted(self.rounds[p].contributions))),
-        merge(self, p, now))[1])
+    monkeypatch.setattr(
+        LearnerCore,
+        "begin_step",
+        lambda self, tokens, seconds: (
+            trace.append(("step", self.id, tokens)),
+            originals["begin_step"](self, tokens, seconds),
+        )[1],
+    )
+    monkeypatch.setattr(
+        LearnerCore,
+        "_overwrite",
+        lambda self, u: (trace.append(("apply", self.id, u.fragment, u.version)), originals["_overwrite"](self, u))[1],
+    )
+    monkeypatch.setattr(
+        LearnerCore,
+        "_snapshot",
+        lambda self, p: (trace.append(("snapshot", self.id, p, self.versions[p])), originals["_snapshot"](self, p))[1],
+    )
+    monkeypatch.setattr(
+        SynchronizerCore,
+        "_merge",
+        lambda self, p, now: (
+            trace.append(("merge", p, self.rounds[p].version, sorted(self.rounds[p].contributions))),
+            merge(self, p, now),
+        )[1],
+    )
 
     learners, lr, mu, batches = 3, 0.7, 0.9, (4, 2, 6)  # unequal speeds and batches: tokens per step differ
     config = sim_config(
-        learners=learners, steps_per_learner=16, steps=StepTimeModel(speeds=(1.0, 1.5, 2.2)), batch_sizes=batches,
-        algorithm=AlgorithmConfig(fragments=2, sync_every=4, overlap=1, quorum=2, grace=0.5, merge="rda",
-                                  outer_lr=lr, outer_momentum=mu),
+        learners=learners,
+        steps_per_learner=16,
+        steps=StepTimeModel(speeds=(1.0, 1.5, 2.2)),
+        batch_sizes=batches,
+        algorithm=AlgorithmConfig(
+            fragments=2, sync_every=4, overlap=1, quorum=2, grace=0.5, merge="rda", outer_lr=lr, outer_momentum=mu
+        ),
     )
     cluster = DecoupledCluster(config, tiny_task)
     stats = cluster.run()
@@ -204,7 +231,8 @@ def test_several_fragments_overlap_unequal_learners_and_rda_match_a_replay_writt
                     delta = sum(wi * x for wi, x in zip(w, vs))
                 else:
                     delta = unit(sum(wi * unit(x) for wi, x in zip(w, vs))) * sum(
-                        wi * float(torch.linalg.vector_norm(x)) for wi, x in zip(w, vs))
+                        wi * float(torch.linalg.vector_norm(x)) for wi, x in zip(w, vs)
+                    )
                 momentum[n] = mu * momentum[n] + delta
                 new[n] = theta[(p, v)][n] - lr * (delta + mu * momentum[n])
             theta[(p, v + 1)] = new

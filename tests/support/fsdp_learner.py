@@ -24,8 +24,14 @@ BATCH, SEQ = 8, 32
 
 def model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Embedding(256, 32), torch.nn.Linear(32, 64), torch.nn.GELU(),
-                               torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 256))
+    return torch.nn.Sequential(
+        torch.nn.Embedding(256, 32),
+        torch.nn.Linear(32, 64),
+        torch.nn.GELU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.GELU(),
+        torch.nn.Linear(64, 256),
+    )
 
 
 def sharded_model() -> tuple[torch.nn.Module, int, int]:
@@ -56,8 +62,8 @@ def main(address: str, data: str, steps: int, out: str) -> None:
     per_rank = BATCH // world
     for step in range(steps):
         rng = np.random.default_rng(step)
-        starts = rng.integers(0, len(text) - SEQ - 1, BATCH)[rank * per_rank:(rank + 1) * per_rank]
-        window = torch.from_numpy(np.stack([text[s:s + SEQ + 1] for s in starts]).astype(np.int64))
+        starts = rng.integers(0, len(text) - SEQ - 1, BATCH)[rank * per_rank : (rank + 1) * per_rank]
+        window = torch.from_numpy(np.stack([text[s : s + SEQ + 1] for s in starts]).astype(np.int64))
         logits = net(window[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), window[:, 1:].reshape(-1))
         loss.backward()

@@ -34,8 +34,9 @@ def main(address: str, data: str, learner: int, out: str) -> None:
     net, rank, world = sharded_model()
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3)
     text = np.frombuffer(open(data, "rb").read(), dtype=np.uint8)
-    client = ddiloco.LearnerClient(net, address, learner, codec="fp32", timeouts=Timeouts.derive(0.2),
-                                   optimizer=optimizer)
+    client = ddiloco.LearnerClient(
+        net, address, learner, codec="fp32", timeouts=Timeouts.derive(0.2), optimizer=optimizer
+    )
     client.start()
     after_start = state_checksum(*peerstate.snapshot(optimizer, dict(net.named_parameters())))  # collective
     stop_file = Path(out + ".stop")
@@ -43,7 +44,7 @@ def main(address: str, data: str, learner: int, out: str) -> None:
     for _ in range(MAX_STEPS):
         began = time.perf_counter()
         starts = rng.integers(0, len(text) - SEQ - 1, BATCH)
-        window = torch.from_numpy(np.stack([text[s:s + SEQ + 1] for s in starts]).astype(np.int64))
+        window = torch.from_numpy(np.stack([text[s : s + SEQ + 1] for s in starts]).astype(np.int64))
         loss = torch.nn.functional.cross_entropy(net(window[:, :-1]).reshape(-1, 256), window[:, 1:].reshape(-1))
         loss.backward()
         optimizer.step()
@@ -57,9 +58,18 @@ def main(address: str, data: str, learner: int, out: str) -> None:
             break
     stats = client.finish()
     if rank == 0:
-        Path(out).write_text(json.dumps({"recovered": client.recovered, "after_start": after_start, "world": world,
-                                         "accepted": stats["accepted"], "rejected": stats["rejected"],
-                                         "donations": client.donations}))
+        Path(out).write_text(
+            json.dumps(
+                {
+                    "recovered": client.recovered,
+                    "after_start": after_start,
+                    "world": world,
+                    "accepted": stats["accepted"],
+                    "rejected": stats["rejected"],
+                    "donations": client.donations,
+                }
+            )
+        )
     if world > 1:  # together: a rank that tears gloo down while the other still works can abort both
         dist.barrier()
         dist.destroy_process_group()

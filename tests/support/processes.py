@@ -22,21 +22,56 @@ def start_synchronizer(procs, tmp: Path, data: str, learners: int, port: int = 0
     d = tmp / "sync"
     d.mkdir(exist_ok=True)
     (d / "address").unlink(missing_ok=True)
-    cmd = ddiloco_command("synchronizer", "--port", str(port), "--address-file", str(d / "address"),
-                          *model_args(data, learners), "--fragments", "2", "--sync-every", "4", "--overlap", "2",
-                          "--heartbeat", "0.2", "--checkpoint-dir", str(d), "--event-log", str(d / "events.jsonl"),
-                          "--summary", str(d / "summary.json"), "--max-learners", str(learners), *extra)
+    cmd = ddiloco_command(
+        "synchronizer",
+        "--port",
+        str(port),
+        "--address-file",
+        str(d / "address"),
+        *model_args(data, learners),
+        "--fragments",
+        "2",
+        "--sync-every",
+        "4",
+        "--overlap",
+        "2",
+        "--heartbeat",
+        "0.2",
+        "--checkpoint-dir",
+        str(d),
+        "--event-log",
+        str(d / "events.jsonl"),
+        "--summary",
+        str(d / "summary.json"),
+        "--max-learners",
+        str(learners),
+        *extra,
+    )
     child = procs.start("sync", cmd, d / "stderr.log", d / "stdout.log")
-    address = wait_for(lambda: (d / "address").is_file() and (d / "address").read_text(), 60,
-                       message="the synchronizer's address")
+    address = wait_for(
+        lambda: (d / "address").is_file() and (d / "address").read_text(), 60, message="the synchronizer's address"
+    )
     return child, address
 
 
 def start_learner(procs, tmp: Path, data: str, learners: int, address: str, m: int, *extra: str):
     d = tmp / f"learner-{m}"
     d.mkdir(exist_ok=True)
-    cmd = ddiloco_command("learner", "--connect", address, "--id", str(m), *model_args(data, learners),
-                          "--batch-size", "4", "--threads", "1", "--state-dir", str(d), *extra)
+    cmd = ddiloco_command(
+        "learner",
+        "--connect",
+        address,
+        "--id",
+        str(m),
+        *model_args(data, learners),
+        "--batch-size",
+        "4",
+        "--threads",
+        "1",
+        "--state-dir",
+        str(d),
+        *extra,
+    )
     return procs.start(f"learner-{m}", cmd, d / "stderr.log", d / "stdout.log")
 
 

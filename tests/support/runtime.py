@@ -28,8 +28,11 @@ def mlp_run(width: int = 16, bulk_socket: bool = True, **settings):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    service = build_service(params, AlgorithmConfig(fragments=2, sync_every=4, overlap=1),
-                            ServiceSettings(timeouts=FAST, tokens=10**9, **settings))
+    service = build_service(
+        params,
+        AlgorithmConfig(fragments=2, sync_every=4, overlap=1),
+        ServiceSettings(timeouts=FAST, tokens=10**9, **settings),
+    )
     server = SynchronizerServer(service, bulk_socket=bulk_socket)
     address = server.start()
     service.server = server  # for tests that look at the server's planes
@@ -59,9 +62,14 @@ def train_until_accepted(client: LearnerClient, model: torch.nn.Module, accepted
 def synchronizer(task, tmp_path=None, algorithm=ALGORITHM, token=None, bulk_socket=True, **settings):
     params = {n: p.detach() for n, p in task.build_model(0).named_parameters()}
     settings.setdefault("timeouts", FAST)
-    service = build_service(params, algorithm, ServiceSettings(**settings), task.embedding_names,
-                            checkpoint_dir=tmp_path / "ckpt" if tmp_path is not None else None,
-                            event_log=tmp_path / "events.jsonl" if tmp_path is not None else None)
+    service = build_service(
+        params,
+        algorithm,
+        ServiceSettings(**settings),
+        task.embedding_names,
+        checkpoint_dir=tmp_path / "ckpt" if tmp_path is not None else None,
+        event_log=tmp_path / "events.jsonl" if tmp_path is not None else None,
+    )
     server = SynchronizerServer(service, "127.0.0.1", 0, token, bulk_socket=bulk_socket)
     address = server.start()
     try:
@@ -125,15 +133,27 @@ class RawClient:
         return framing.read_message(self.stubs.call(method, framing.message(head), timeout))
 
     def register(self, learner, signature, incarnation="raw"):
-        return self.call("Register", {"learner": learner, "incarnation": incarnation, "signature": signature,
-                                      "fresh": True})
+        return self.call(
+            "Register", {"learner": learner, "incarnation": incarnation, "signature": signature, "fresh": True}
+        )
 
     def push_frames(self, frames, timeout=10.0):
         return framing.read_message(self.stubs.push(iter(frames), timeout=timeout, metadata=self.stubs.metadata))
 
     def contribution(self, session, fragment, tensors, codec="fp32", **fields):
-        head = {"kind": "contribution", "session": session, "fragment": fragment, "base_version": 0, "steps": 3,
-                "tokens": 192, "seconds": 0.3, "step_time": 0.1, "step": 3, "position": 3, **fields}
+        head = {
+            "kind": "contribution",
+            "session": session,
+            "fragment": fragment,
+            "base_version": 0,
+            "steps": 3,
+            "tokens": 192,
+            "seconds": 0.3,
+            "step_time": 0.1,
+            "step": 3,
+            "position": 3,
+            **fields,
+        }
         return framing.tensor_frames(head, tensors, codec)
 
     def close(self):

@@ -35,8 +35,9 @@ def main(address: str, learner: int, out: str) -> None:
     net = model()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
     sampler = ddiloco.ResumableSampler(Indexed(), learner, 2, batch_size=BATCH, seed=3)
-    loader = DataLoader(Indexed(), batch_size=BATCH, sampler=sampler, num_workers=1,
-                        multiprocessing_context="forkserver")
+    loader = DataLoader(
+        Indexed(), batch_size=BATCH, sampler=sampler, num_workers=1, multiprocessing_context="forkserver"
+    )
     client = ddiloco.LearnerClient(net, address, learner, timeouts=Timeouts.derive(0.1))
     sampler.seek(client.start())
     with open(out, "a", buffering=1) as log:
@@ -46,8 +47,10 @@ def main(address: str, learner: int, out: str) -> None:
             optimizer.step()
             optimizer.zero_grad()
             client.step(tokens=BATCH)
-            log.write(json.dumps({"incarnation": client.incarnation, "position": client.position,
-                                  "indices": index.tolist()}) + "\n")
+            log.write(
+                json.dumps({"incarnation": client.incarnation, "position": client.position, "indices": index.tolist()})
+                + "\n"
+            )
             if client.stopping:
                 break
     client.finish(timeout=10)

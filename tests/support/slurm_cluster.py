@@ -31,7 +31,9 @@ def missing() -> str | None:
     """Why no cluster can start here, or None."""
     absent = [b for b in BINARIES if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
     if absent:
-        return f"Slurm is not installed ({', '.join(absent)} missing): apt-get install slurmctld slurmd slurm-client munge"
+        return (
+            f"Slurm is not installed ({', '.join(absent)} missing): apt-get install slurmctld slurmd slurm-client munge"
+        )
     if os.geteuid() != 0:
         return "a local Slurm cluster needs root (slurmd starts jobs as their users)"
     return None
@@ -91,8 +93,10 @@ def write_config(d: Path, nodes: int, cpus: int) -> Path:
     ]
     names = [f"n{i + 1}" for i in range(nodes)]
     for name, port in zip(names, slurmd):
-        lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} "
-                     f"RealMemory=2000 State=UNKNOWN")
+        lines.append(
+            f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} "
+            f"RealMemory=2000 State=UNKNOWN"
+        )
     lines.append(f"PartitionName=debug Nodes={','.join(names)} Default=YES MaxTime=INFINITE State=UP")
     conf = d / "slurm.conf"
     conf.write_text("\n".join(lines) + "\n")
@@ -130,12 +134,15 @@ def start(d: Path, nodes: int = 3, cpus: int = 2, timeout: float = 60.0) -> dict
     pids: dict = {"munged": _start_munge(d), "slurmd": []}
     e = env(d)
     logs = open(d / "daemons.out", "ab")
-    ctld = subprocess.Popen([_exe("slurmctld"), "-D", "-c", "-i"], env=e, stdout=logs, stderr=logs, start_new_session=True)
+    ctld = subprocess.Popen(
+        [_exe("slurmctld"), "-D", "-c", "-i"], env=e, stdout=logs, stderr=logs, start_new_session=True
+    )
     pids["slurmctld"] = ctld.pid
     for i in range(nodes):
         (d / "spool" / f"n{i + 1}").mkdir(exist_ok=True)
-        p = subprocess.Popen([_exe("slurmd"), "-D", "-N", f"n{i + 1}"], env=e, stdout=logs, stderr=logs,
-                             start_new_session=True)
+        p = subprocess.Popen(
+            [_exe("slurmd"), "-D", "-N", f"n{i + 1}"], env=e, stdout=logs, stderr=logs, start_new_session=True
+        )
         pids["slurmd"].append(p.pid)
     (d / "pids.json").write_text(json.dumps(pids))
     deadline = time.monotonic() + timeout

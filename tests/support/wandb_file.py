@@ -23,8 +23,8 @@ def records(path: Path) -> list[bytes]:
         if BLOCK - pos % BLOCK < HEADER:  # the block's tail is padding
             pos += BLOCK - pos % BLOCK
             continue
-        length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])
-        body = data[pos + HEADER:pos + HEADER + length]
+        length, kind = struct.unpack("<HB", data[pos + 4 : pos + 7])
+        body = data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind == FULL:
             out.append(body)
@@ -51,6 +51,7 @@ def history(path: Path) -> list[dict]:
         except Exception:  # noqa: BLE001 - a record still being written: read the file again later
             continue
         if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
     return rows

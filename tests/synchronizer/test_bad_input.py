@@ -82,8 +82,18 @@ def test_bad_tensors_are_rejected_counted_and_the_learner_reset(service, mutate,
 
 def test_a_dtype_the_wire_does_not_know_is_refused(service):
     svc, _, client, reply, _ = service
-    head = {"kind": "contribution", "session": reply["session"], "fragment": 0, "base_version": 0, "steps": 1,
-            "tokens": 64, "seconds": 0.1, "step_time": 0.1, "step": 1, "position": 1}
+    head = {
+        "kind": "contribution",
+        "session": reply["session"],
+        "fragment": 0,
+        "base_version": 0,
+        "steps": 1,
+        "tokens": 64,
+        "seconds": 0.1,
+        "step_time": 0.1,
+        "step": 1,
+        "position": 1,
+    }
     name = reply["plan"]["names"][0][0]
     frames = framing.frames(dict(head, tensors=[[name, reply["plan"]["shapes"][name], "pickle"]]), [b"\x80\x04."])
     answer = client.push_frames(frames)

@@ -29,9 +29,12 @@ NUMEL = 1 << 20
 @pytest.fixture
 def served():
     params = {"w": torch.zeros(NUMEL), "b": torch.ones(3)}
-    algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=2, grace=0.0, outer_lr=1.0,
-                                outer_momentum=0.0, merge="mean")
-    service = build_service(params, algorithm, ServiceSettings(timeouts=FAST, max_learners=2, max_message_bytes=8 << 20))
+    algorithm = AlgorithmConfig(
+        fragments=1, sync_every=4, overlap=1, quorum=2, grace=0.0, outer_lr=1.0, outer_momentum=0.0, merge="mean"
+    )
+    service = build_service(
+        params, algorithm, ServiceSettings(timeouts=FAST, max_learners=2, max_message_bytes=8 << 20)
+    )
     server = SynchronizerServer(service, "127.0.0.1", 0, "tok", bulk_socket=True)
     address = server.start()
     done = threading.Event()
@@ -55,12 +58,24 @@ def _keep_alive(service, done):
 
 
 def _head(session, version, fragment=0):
-    return {"kind": "contribution", "session": session, "fragment": fragment, "base_version": version, "steps": 4,
-            "tokens": 64, "seconds": 0.1, "step_time": 0.025, "step": 4 * (version + 1), "position": 4 * (version + 1)}
+    return {
+        "kind": "contribution",
+        "session": session,
+        "fragment": fragment,
+        "base_version": version,
+        "steps": 4,
+        "tokens": 64,
+        "seconds": 0.1,
+        "step_time": 0.025,
+        "step": 4 * (version + 1),
+        "position": 4 * (version + 1),
+    }
 
 
 def _client(server, token="tok"):
-    return sockets.BulkSocketClient("127.0.0.1", server.handlers.bulk_port, token, framing.DEFAULT_CHUNK_BYTES + rpc.FRAME_MARGIN)
+    return sockets.BulkSocketClient(
+        "127.0.0.1", server.handlers.bulk_port, token, framing.DEFAULT_CHUNK_BYTES + rpc.FRAME_MARGIN
+    )
 
 
 def _wait(predicate, seconds=30):
@@ -95,7 +110,9 @@ def test_a_fetch_over_the_socket_is_the_model_gRPC_fetches(served):
     msgs = list(_client(server).fetch(30))
     assert [m.head["fragment"] for m in msgs] == [0] and msgs[0].head["version"] == 0
     bulk = rpc.Stubs(rpc.open_channel(address, "bulk", framing.DEFAULT_CHUNK_BYTES + rpc.FRAME_MARGIN), "tok")
-    via_grpc = list(reassembly.read_stream(bulk.fetch(framing.message({}), timeout=30, metadata=bulk.metadata), 1 << 40))
+    via_grpc = list(
+        reassembly.read_stream(bulk.fetch(framing.message({}), timeout=30, metadata=bulk.metadata), 1 << 40)
+    )
     got, expected = msgs[0].tensors(), via_grpc[0].tensors()
     with service.lock:
         assert torch.equal(got["w"], service.core.params["w"]) and torch.equal(got["w"], expected["w"])
@@ -107,8 +124,9 @@ def test_a_wrong_token_is_refused_before_anything_is_read(served):
     before = service.status()["rejected_contributions"]
     for token in ("wrong", None):
         with pytest.raises(grpc.RpcError) as err:
-            _client(server, token).push(framing.iter_frame_parts(_head(session, 0), {"w": torch.zeros(NUMEL),
-                                                                                    "b": torch.zeros(3)}, "bf16"), 30)
+            _client(server, token).push(
+                framing.iter_frame_parts(_head(session, 0), {"w": torch.zeros(NUMEL), "b": torch.zeros(3)}, "bf16"), 30
+            )
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert service.traffic.bytes_received == 0 and service.status()["contributions"] == 0
     assert service.status()["rejected_contributions"] == before + 2  # counted as refused pushes
@@ -140,8 +158,9 @@ def test_an_unknown_session_is_answered_before_the_payload_is_read(served):
 def test_a_wrong_shape_is_an_ordinary_rejection(served):
     service, server, _ = served
     session = service.register(0, "inc0", True)["session"]
-    reply, _ = _client(server).push(framing.iter_frame_parts(_head(session, 0), {"w": torch.zeros(7), "b": torch.zeros(3)},
-                                                             "bf16"), 30)
+    reply, _ = _client(server).push(
+        framing.iter_frame_parts(_head(session, 0), {"w": torch.zeros(7), "b": torch.zeros(3)}, "bf16"), 30
+    )
     assert reply["ok"] is False and "shape" in reply["reason"]
 
 
@@ -155,8 +174,9 @@ def test_a_silent_connection_takes_no_bulk_slot_and_is_closed(served):
         time.sleep(0.1)
         assert service.bulk_slots._value == free
         session = service.register(0, "inc0", True)["session"]
-        reply, _ = _client(server).push(framing.iter_frame_parts(_head(session, 0), {"w": torch.zeros(NUMEL),
-                                                                                     "b": torch.zeros(3)}, "bf16"), 30)
+        reply, _ = _client(server).push(
+            framing.iter_frame_parts(_head(session, 0), {"w": torch.zeros(NUMEL), "b": torch.zeros(3)}, "bf16"), 30
+        )
         assert reply.get("ok"), reply
         for sock in silent:
             sock.settimeout(10 + 3 * FAST.failure)
@@ -200,8 +220,12 @@ for i, parts in enumerate(framing.iter_frame_parts(head, {{"w": torch.ones({NUME
     assert service.status()["contributions"] == 0
     client = _client(server)
     for m in range(2):
-        reply, _ = client.push(framing.iter_frame_parts(_head(sessions[m], 0), {"w": torch.full((NUMEL,), -0.5),
-                                                                                "b": torch.zeros(3)}, "bf16"), 30)
+        reply, _ = client.push(
+            framing.iter_frame_parts(
+                _head(sessions[m], 0), {"w": torch.full((NUMEL,), -0.5), "b": torch.zeros(3)}, "bf16"
+            ),
+            30,
+        )
         assert reply.get("ok"), reply
     _wait(lambda: service.core.versions[0] == 1)
     with service.lock:
@@ -239,14 +263,22 @@ def test_a_fixed_bulk_port_is_taken_again_after_a_restart_but_never_twice_at_onc
     client = _client(server)
     list(client.fetch(30))  # a connection that leaves TIME_WAIT behind on one side
     params = {"w": torch.zeros(NUMEL), "b": torch.ones(3)}
-    other = SynchronizerServer(build_service(params, AlgorithmConfig(fragments=1), ServiceSettings(timeouts=FAST)),
-                               "127.0.0.1", 0, bulk_port=port)
+    other = SynchronizerServer(
+        build_service(params, AlgorithmConfig(fragments=1), ServiceSettings(timeouts=FAST)),
+        "127.0.0.1",
+        0,
+        bulk_port=port,
+    )
     with pytest.raises(OSError, match="cannot listen for bulk sockets"):
         other.start()  # the running one holds it
     other.service.close()
     server.stop(grace=0.2)
-    again = SynchronizerServer(build_service(params, AlgorithmConfig(fragments=1), ServiceSettings(timeouts=FAST)),
-                               "127.0.0.1", 0, bulk_port=port)
+    again = SynchronizerServer(
+        build_service(params, AlgorithmConfig(fragments=1), ServiceSettings(timeouts=FAST)),
+        "127.0.0.1",
+        0,
+        bulk_port=port,
+    )
     try:
         again.start()
         assert again.bulk.port == port

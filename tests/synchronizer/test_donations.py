@@ -30,8 +30,14 @@ def test_a_donor_sends_only_the_models_parameters_with_their_shapes_and_finite_s
     for bad in (["x/exp_avg"], ["w/../../etc"], ["w/" + "k" * 40], [f"w/k{i}" for i in range(5)]):
         with pytest.raises(ValueError):
             d.expected(ticket, "s0", bad)
-    for bad in ({"x": {"step": 1}}, {"w": {"step": float("nan")}}, {"w": {"step": 1e300}}, {"w": {"step": True}},
-                {"w": "step"}, []):
+    for bad in (
+        {"x": {"step": 1}},
+        {"w": {"step": float("nan")}},
+        {"w": {"step": 1e300}},
+        {"w": {"step": True}},
+        {"w": "step"},
+        [],
+    ):
         with pytest.raises(ValueError):
             d.check_scalars(bad)
     assert d.check_scalars({"w": {"step": 7}}) == {"w": {"step": 7.0}}
@@ -83,15 +89,22 @@ def test_hostile_donations_are_refused_and_never_reach_the_joiner(tiny_task):
         scalars = {name: {"step": 10.0}}
 
         def donate(m: int, ticket: str, tensors: dict, checksum: str):
-            head = {"kind": "inner_state", "session": sessions[m], "ticket": ticket, "scalars": scalars,
-                    "checksum": checksum}
+            head = {
+                "kind": "inner_state",
+                "session": sessions[m],
+                "ticket": ticket,
+                "scalars": scalars,
+                "checksum": checksum,
+            }
             frames = framing.tensor_frames(head, tensors, "fp32")
             return c.stubs.donate(iter(frames), timeout=10, metadata=c.stubs.metadata)
 
-        for attempt, (tensors, checksum) in enumerate([
-            ({f"{name}/exp_avg": torch.full(shape, float("nan"))}, None),  # NaN moments
-            (good, "0" * 64),  # does not match its checksum
-        ]):
+        for attempt, (tensors, checksum) in enumerate(
+            [
+                ({f"{name}/exp_avg": torch.full(shape, float("nan"))}, None),  # NaN moments
+                (good, "0" * 64),  # does not match its checksum
+            ]
+        ):
             ask = c.call("Donor", {"session": sessions[2], "op": "ask"})
             donor = ask["donor"]
             assert donor == 1 - attempt  # the most steps first; a failed donor is not asked again
@@ -102,9 +115,15 @@ def test_hostile_donations_are_refused_and_never_reach_the_joiner(tiny_task):
             err = rpc_error(lambda: donate(donor, ask["ticket"], tensors, checksum or state_checksum(tensors, scalars)))
             assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert c.call("Donor", {"session": sessions[2], "op": "poll", "ticket": ask["ticket"]})["state"] == "failed"
-            taken = rpc_error(lambda: list(c.stubs.recover(framing.message({"session": sessions[2],
-                                                                            "ticket": ask["ticket"]}),
-                                                           timeout=10, metadata=c.stubs.metadata)))
+            taken = rpc_error(
+                lambda: list(
+                    c.stubs.recover(
+                        framing.message({"session": sessions[2], "ticket": ask["ticket"]}),
+                        timeout=10,
+                        metadata=c.stubs.metadata,
+                    )
+                )
+            )
             assert taken.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert not c.call("Donor", {"session": sessions[2], "op": "ask"})["ok"]  # both donors failed once
         c.close()

@@ -44,7 +44,7 @@ def test_the_learner_holds_the_synchronizers_bits_and_feedback_keeps_them_on_the
             sizes.append((sum(map(len, enc.delta)), sum(map(len, enc.full()))))
         for n in theta:  # never further from the master than one quantisation step of one update and bf16
             err = (got[n] - theta[n]).abs().max().item()
-            assert err <= bound * step * 10 + 2 ** -7 * theta[n].abs().max().item(), (version, n, err)
+            assert err <= bound * step * 10 + 2**-7 * theta[n].abs().max().item(), (version, n, err)
     ratio = sum(d for d, _ in sizes) / sum(f for _, f in sizes)
     assert ratio < (0.6 if codec == "int8" else 0.35), f"{codec} differences are {ratio:.2f} of bf16"
 
@@ -92,8 +92,10 @@ def test_the_outbox_sends_a_difference_only_after_the_version_it_needs():
 
 def test_a_chain_as_large_as_the_whole_value_gives_way_to_it():
     down = DeltaDownlink("int8", 1 << 20)  # two int8 differences weigh about one bf16 value
-    encoded = [down.encode({"kind": "update", "fragment": 0, "version": v}, 0, v, {"w": torch.full((4096,), v + 1.0)})
-               for v in range(3)]
+    encoded = [
+        down.encode({"kind": "update", "fragment": 0, "version": v}, 0, v, {"w": torch.full((4096,), v + 1.0)})
+        for v in range(3)
+    ]
     box = Outbox()
     box.put_update(0, 0, encoded[0])
     drain(box)

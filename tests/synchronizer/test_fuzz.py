@@ -29,17 +29,65 @@ STREAMS = ("Push", "Donate")  # client streams: the payload is a list of frames
 # K = 1, no grace, one learner: an accepted contribution merges at once, never later behind our back
 ALGORITHM = AlgorithmConfig(fragments=2, sync_every=4, overlap=2, quorum=1, grace=0.0)
 
-EDGE_VALUES = [0, -1, 1, 2**31, 2**53, 2**53 + 1, 2**63, 10**200, 10**400, -(10**400), 1e308, -1e-308,
-               float("nan"), float("inf"), "", "x" * 10_000, True, None, [], {}, {"a": [1]}]
+EDGE_VALUES = [
+    0,
+    -1,
+    1,
+    2**31,
+    2**53,
+    2**53 + 1,
+    2**63,
+    10**200,
+    10**400,
+    -(10**400),
+    1e308,
+    -1e-308,
+    float("nan"),
+    float("inf"),
+    "",
+    "x" * 10_000,
+    True,
+    None,
+    [],
+    {},
+    {"a": [1]},
+]
 json_values = st.sampled_from(EDGE_VALUES) | st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(10**600), max_value=10**600)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=300),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**600), max_value=10**600)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=300),
     lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5),
     max_leaves=20,
 )
-FIELDS = ("learner", "incarnation", "signature", "fresh", "session", "fragment", "version", "base_version", "steps",
-          "tokens", "step", "position", "seconds", "step_time", "tokens_total", "span_start", "snapshot_wall",
-          "state", "reason", "kind", "nbytes", "op", "ticket", "scalars", "checksum")
+FIELDS = (
+    "learner",
+    "incarnation",
+    "signature",
+    "fresh",
+    "session",
+    "fragment",
+    "version",
+    "base_version",
+    "steps",
+    "tokens",
+    "step",
+    "position",
+    "seconds",
+    "step_time",
+    "tokens_total",
+    "span_start",
+    "snapshot_wall",
+    "state",
+    "reason",
+    "kind",
+    "nbytes",
+    "op",
+    "ticket",
+    "scalars",
+    "checksum",
+)
 
 
 class Target:
@@ -80,8 +128,15 @@ class Target:
 def target(tmp_path_factory, tiny_task):
     tmp = tmp_path_factory.mktemp("fuzz")
     sig = signature(dict(tiny_task.build_model(0).named_parameters()))
-    with synchronizer(tiny_task, tmp, algorithm=ALGORITHM, max_learners=4, max_message_bytes=2_000_000,
-                      tokens=10**12, timeouts=Timeouts.derive(0.5)) as (service, address):
+    with synchronizer(
+        tiny_task,
+        tmp,
+        algorithm=ALGORITHM,
+        max_learners=4,
+        max_message_bytes=2_000_000,
+        tokens=10**12,
+        timeouts=Timeouts.derive(0.5),
+    ) as (service, address):
         reply = RawClient(address).call("Status", {})
         assert reply
         plan = service.plan_json
@@ -98,14 +153,19 @@ def check(target: Target, method: str, payload) -> None:
 
 
 def fuzz(cases: int):
-    return settings(max_examples=cases, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    return settings(
+        max_examples=cases,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
 
 
 def campaign(test):
     """The same property twice: a fast default run and a long `slow` campaign."""
-    fast = pytest.mark.parametrize("size", [pytest.param(FAST_CASES, id="fast"),
-                                            pytest.param(SLOW_CASES, id="campaign", marks=pytest.mark.slow)])
+    fast = pytest.mark.parametrize(
+        "size", [pytest.param(FAST_CASES, id="fast"), pytest.param(SLOW_CASES, id="campaign", marks=pytest.mark.slow)]
+    )
     return fast(test)
 
 
@@ -123,8 +183,14 @@ def base_heads(target: Target) -> dict[str, dict]:
     """A well-formed request of each control method, with every field it reads."""
     return {
         "Register": {"learner": 1, "incarnation": "fuzz", "signature": target.sig, "fresh": True},
-        "Heartbeat": {"session": target.session, "step": 3, "tokens": 100, "position": 3, "step_time": 0.1,
-                      "state": "running"},
+        "Heartbeat": {
+            "session": target.session,
+            "step": 3,
+            "tokens": 100,
+            "position": 3,
+            "step_time": 0.1,
+            "state": "running",
+        },
         "Decline": {"session": target.session, "fragment": 0, "version": 0, "reason": "no steps"},
         "Leave": {"session": "not-ours", "tokens": 5},
         "Stop": {"reason": "fuzz"},
@@ -171,8 +237,7 @@ def test_hostile_json_headers(target, size):
 @campaign
 def test_random_heads_on_the_control_plane(target, size):
     @fuzz(size)
-    @given(st.sampled_from(CONTROL), st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=8),
-           st.booleans())
+    @given(st.sampled_from(CONTROL), st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=8), st.booleans())
     def run(method, head, with_session):
         if with_session:
             head = {**head, "session": target.session}
@@ -188,10 +253,13 @@ def test_random_heads_on_the_control_plane(target, size):
 @campaign
 def test_mutated_contributions(target, size):
     @fuzz(size)
-    @given(st.integers(0, 1), st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=3),
-           st.sampled_from(["fp32", "bf16", "int8", "int4"]),
-           st.sampled_from([0.0, 1e-3, float("nan"), float("inf"), 3e38, -3e38, 1e30]),
-           st.sampled_from(["ok", "drop_tensor", "wrong_shape", "truncate", "extra_frame", "bad_numbering"]))
+    @given(
+        st.integers(0, 1),
+        st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=3),
+        st.sampled_from(["fp32", "bf16", "int8", "int4"]),
+        st.sampled_from([0.0, 1e-3, float("nan"), float("inf"), 3e38, -3e38, 1e30]),
+        st.sampled_from(["ok", "drop_tensor", "wrong_shape", "truncate", "extra_frame", "bad_numbering"]),
+    )
     def run(fragment, overrides, codec, value, damage):
         tensors = {n: torch.full_like(t, value) for n, t in target.tensors[fragment].items()}
         if damage == "drop_tensor":
@@ -199,9 +267,18 @@ def test_mutated_contributions(target, size):
         if damage == "wrong_shape":
             name = next(iter(tensors))
             tensors[name] = torch.zeros(3, 1)
-        head = {"kind": "contribution", "session": target.session, "fragment": fragment,
-                "base_version": target.service.core.versions.get(fragment, 0), "steps": 3, "tokens": 192,
-                "seconds": 0.3, "step_time": 0.1, "step": 3, "position": 3}
+        head = {
+            "kind": "contribution",
+            "session": target.session,
+            "fragment": fragment,
+            "base_version": target.service.core.versions.get(fragment, 0),
+            "steps": 3,
+            "tokens": 192,
+            "seconds": 0.3,
+            "step_time": 0.1,
+            "step": 3,
+            "position": 3,
+        }
         head.update(overrides)
         try:
             frames = framing.tensor_frames(head, tensors, codec, 4096)
@@ -224,8 +301,12 @@ def test_memory_stays_bounded(target, size):
     """Oversized declarations and floods of refused calls do not grow the process without bound."""
     start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for i in range(size):
-        head = {"msg": i, "part": 0, "parts": 3, "head": {"kind": "contribution", "nbytes": 1 << 30,
-                                                          "session": target.session}}
+        head = {
+            "msg": i,
+            "part": 0,
+            "parts": 3,
+            "head": {"kind": "contribution", "nbytes": 1 << 30, "session": target.session},
+        }
         check(target, "Push", [framing.pack_frame(head, b"x" * 64)])
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start) / 1024
     assert grown_mib < 256, f"RSS grew by {grown_mib:.0f} MiB"

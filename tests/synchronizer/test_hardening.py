@@ -107,8 +107,11 @@ def test_3_absurd_tokens_in_one_contribution_do_not_drop_the_round(tiny_task, tm
         assert bad["ok"] is False and "'tokens'" in bad["reason"]
         good = b.push_frames(b.contribution(rb["session"], 0, tensors_for(rb)))
         assert good["ok"] is True
-        merges = wait_for(lambda: [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "merge"], 10,
-                          message="the honest learner's merge")  # the event is written just after the version
+        merges = wait_for(
+            lambda: [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "merge"],
+            10,
+            message="the honest learner's merge",
+        )  # the event is written just after the version
         assert [m["learners"] for m in merges] == [[1]] and svc.core.versions[0] == 1
         a.close()
         b.close()
@@ -117,8 +120,9 @@ def test_3_absurd_tokens_in_one_contribution_do_not_drop_the_round(tiny_task, tm
 def test_4_stalled_pushes_give_their_slots_back(tiny_task, tmp_path, sig):
     # 6 bulk slots; 6 "learners" open a push, send one frame, and stop (slowloris)
     # failure timeout 3 s: the stalled pushes hold every slot long enough to be seen doing it, even on a busy machine
-    with synchronizer(tiny_task, tmp_path, workers=10, reserved_control_workers=4, max_learners=8,
-                      timeouts=Timeouts.derive(0.5)) as (svc, address):
+    with synchronizer(
+        tiny_task, tmp_path, workers=10, reserved_control_workers=4, max_learners=8, timeouts=Timeouts.derive(0.5)
+    ) as (svc, address):
         release = threading.Event()
         clients = [RawClient(address) for _ in range(7)]
         replies = [c.register(m, sig) for m, c in enumerate(clients)]
@@ -126,8 +130,11 @@ def test_4_stalled_pushes_give_their_slots_back(tiny_task, tmp_path, sig):
 
         def stall(client, reply):
             frames = client.contribution(reply["session"], 0, tensors_for(reply))
-            frames = framing.frames(framing.unpack_frame(frames[0])[0]["head"],
-                                    [b"".join(framing.unpack_frame(f)[1] for f in frames)], chunk_size=256)
+            frames = framing.frames(
+                framing.unpack_frame(frames[0])[0]["head"],
+                [b"".join(framing.unpack_frame(f)[1] for f in frames)],
+                chunk_size=256,
+            )
 
             def trickle():
                 yield frames[0]
@@ -194,17 +201,23 @@ def test_4_one_session_holds_at_most_two_pushes_and_one_subscribe(tiny_task, tmp
             t.join(20)
         assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 1
         # a second Subscribe of the same session replaces the first
-        first = client.stubs.subscribe(framing.message({"session": reply["session"]}), timeout=30,
-                                       metadata=client.stubs.metadata)
+        first = client.stubs.subscribe(
+            framing.message({"session": reply["session"]}), timeout=30, metadata=client.stubs.metadata
+        )
         wait_for(lambda: svc.bulk_slots._value < svc.settings.workers - 8, 5, message="the first subscribe")
-        second = client.stubs.subscribe(framing.message({"session": reply["session"]}), timeout=30,
-                                        metadata=client.stubs.metadata)
+        second = client.stubs.subscribe(
+            framing.message({"session": reply["session"]}), timeout=30, metadata=client.stubs.metadata
+        )
         with pytest.raises(grpc.RpcError):
             for _ in first:
                 pass
         # however many Subscribes one session opens (never reading them), it holds one bulk slot
-        more = [client.stubs.subscribe(framing.message({"session": reply["session"]}), timeout=30,
-                                       metadata=client.stubs.metadata) for _ in range(5)]
+        more = [
+            client.stubs.subscribe(
+                framing.message({"session": reply["session"]}), timeout=30, metadata=client.stubs.metadata
+            )
+            for _ in range(5)
+        ]
         free = svc.settings.workers - svc.settings.reserved_control_workers
         wait_for(lambda: svc.bulk_slots._value == free - 1, 10, message="one Subscribe slot for the session")
         for call in [second, *more]:
@@ -262,15 +275,18 @@ def test_7_learner_state_is_bounded(tiny_task, tmp_path, sig):
         client.close()
 
 
-@pytest.mark.parametrize("head, field", [
-    ({"learner": 0, "incarnation": "a", "signature": "s", "deep": json.loads("[" * 900 + "]" * 900)}, None),
-    ({"learner": 0, "incarnation": "a", "signature": 5}, "signature"),
-    ({"learner": True, "incarnation": "a", "signature": "s"}, "learner"),
-    ({"learner": 0, "incarnation": ["a"], "signature": "s"}, "incarnation"),
-    ({"learner": 0, "incarnation": "a", "signature": "s", "holds": ["0" * 32]}, "holds"),
-    ({"learner": 0, "incarnation": "a", "signature": "s", "holds": {"no.such.tensor": "0" * 32}}, "holds"),
-    ({"learner": 0, "incarnation": "a", "signature": "s", "holds": {"x": 7}}, "holds"),
-])
+@pytest.mark.parametrize(
+    "head, field",
+    [
+        ({"learner": 0, "incarnation": "a", "signature": "s", "deep": json.loads("[" * 900 + "]" * 900)}, None),
+        ({"learner": 0, "incarnation": "a", "signature": 5}, "signature"),
+        ({"learner": True, "incarnation": "a", "signature": "s"}, "learner"),
+        ({"learner": 0, "incarnation": ["a"], "signature": "s"}, "incarnation"),
+        ({"learner": 0, "incarnation": "a", "signature": "s", "holds": ["0" * 32]}, "holds"),
+        ({"learner": 0, "incarnation": "a", "signature": "s", "holds": {"no.such.tensor": "0" * 32}}, "holds"),
+        ({"learner": 0, "incarnation": "a", "signature": "s", "holds": {"x": 7}}, "holds"),
+    ],
+)
 def test_8_register_never_raises_on_malformed_input(tiny_task, tmp_path, head, field):
     with synchronizer(tiny_task, tmp_path) as (svc, address):
         client = RawClient(address)
@@ -284,8 +300,10 @@ def test_8_register_never_raises_on_malformed_input(tiny_task, tmp_path, head, f
 def test_8_deep_json_and_huge_integers_are_refused_at_the_wire(tiny_task, tmp_path):
     with synchronizer(tiny_task, tmp_path) as (svc, address):
         client = RawClient(address)
-        for raw_head in (b'{"head": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-                         b'{"head": {"learner": 1' + b"0" * 5000 + b"}}"):
+        for raw_head in (
+            b'{"head": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            b'{"head": {"learner": 1' + b"0" * 5000 + b"}}",
+        ):
             frame = framing._PREFIX.pack(framing.MAGIC, framing.PROTOCOL_VERSION, len(raw_head)) + raw_head
             err = rpc_error(lambda: client.stubs.call("Register", frame, 5))
             assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "JSON" in err.details()
@@ -293,9 +311,19 @@ def test_8_deep_json_and_huge_integers_are_refused_at_the_wire(tiny_task, tmp_pa
         client.close()
 
 
-@pytest.mark.parametrize("fields", [{"span_start": "soon"}, {"snapshot_wall": [1]}, {"span_start": 1e300},
-                                    {"seconds": -1.0}, {"step_time": float("inf")}, {"position": -3},
-                                    {"base_version": 2**60}, {"tokens_total": "many"}])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"span_start": "soon"},
+        {"snapshot_wall": [1]},
+        {"span_start": 1e300},
+        {"seconds": -1.0},
+        {"step_time": float("inf")},
+        {"position": -3},
+        {"base_version": 2**60},
+        {"tokens_total": "many"},
+    ],
+)
 def test_8_contribution_fields_out_of_range_are_rejected_and_counted(tiny_task, tmp_path, sig, fields):
     with synchronizer(tiny_task, tmp_path, max_learners=4) as (svc, address):
         client = RawClient(address)

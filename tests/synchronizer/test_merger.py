@@ -28,8 +28,9 @@ def test_a_heartbeat_is_answered_while_the_service_lock_is_held_and_its_tokens_b
         session = service.register(0, "inc0", True)["session"]
         control = rpc.Stubs(rpc.open_channel(address, "control", 1 << 20), None)
         with service.cond:  # the service is busy (a long merge, a checkpoint snapshot)
-            reply = framing.read_message(control.call(
-                "Heartbeat", framing.message({"session": session, "tokens": 4096, "step": 3}), 10))
+            reply = framing.read_message(
+                control.call("Heartbeat", framing.message({"session": session, "tokens": 4096, "step": 3}), 10)
+            )
             assert reply["ok"] is True  # answered without the lock
             assert service.ledger.tokens_reported == 0  # not booked while the lock was held
         wait_for(lambda: service.ledger.tokens_reported == 4096, 10, message="the tick to book the tokens")
@@ -37,7 +38,8 @@ def test_a_heartbeat_is_answered_while_the_service_lock_is_held_and_its_tokens_b
 
 
 def test_the_merge_runs_off_the_lock_and_its_fragment_refuses_work_against_the_version_being_merged(
-        tiny_task, tmp_path, monkeypatch):
+    tiny_task, tmp_path, monkeypatch
+):
     computing, release = threading.Event(), threading.Event()
     compute = MergeJob.compute
 

@@ -20,8 +20,9 @@ def test_each_push_reuses_the_buffer_of_the_contribution_summed_before_it():
     every later one arrives into the memory the summed one left, and the merge is still exact."""
     numel = 1 << 20
     params = {"w": torch.zeros(numel)}
-    algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=2, grace=0.0, outer_lr=1.0,
-                                outer_momentum=0.0, merge="mean")
+    algorithm = AlgorithmConfig(
+        fragments=1, sync_every=4, overlap=1, quorum=2, grace=0.0, outer_lr=1.0, outer_momentum=0.0, merge="mean"
+    )
     service = build_service(params, algorithm, ServiceSettings(timeouts=FAST, max_learners=2))
     server = SynchronizerServer(service, "127.0.0.1", 0)
     address = server.start()
@@ -30,9 +31,18 @@ def test_each_push_reuses_the_buffer_of_the_contribution_summed_before_it():
         sessions = [service.register(m, f"inc{m}", True)["session"] for m in range(2)]
         for version in range(3):
             for m in range(2):
-                head = {"kind": "contribution", "session": sessions[m], "fragment": 0, "base_version": version,
-                        "steps": 4, "tokens": 64, "seconds": 0.1, "step_time": 0.025, "step": 4 * (version + 1),
-                        "position": 4 * (version + 1)}
+                head = {
+                    "kind": "contribution",
+                    "session": sessions[m],
+                    "fragment": 0,
+                    "base_version": version,
+                    "steps": 4,
+                    "tokens": 64,
+                    "seconds": 0.1,
+                    "step_time": 0.025,
+                    "step": 4 * (version + 1),
+                    "position": 4 * (version + 1),
+                }
                 grad = {"w": torch.full((numel,), -0.25 * (m + 1))}  # exact in bf16
                 reply = framing.read_message(bulk.push(iter(framing.tensor_frames(head, grad, "bf16")), timeout=30))
                 assert reply.get("ok"), reply

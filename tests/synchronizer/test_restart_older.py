@@ -31,8 +31,14 @@ def test_learners_follow_a_synchronizer_that_lost_merges(tiny_task, tmp_path):
     try:
         assert address2 == address and restored.core.versions == {0: 0, 1: 0}
         # learners held versions >= 4; they are moved back to the restored ones and train on from there
-        wait_for(lambda: all(t.client.core.versions[p] <= restored.core.versions[p] for t in learners for p in (0, 1))
-                 and min(restored.core.versions.values()) >= 2, 60, message="learners to resync and merge again")
+        wait_for(
+            lambda: (
+                all(t.client.core.versions[p] <= restored.core.versions[p] for t in learners for p in (0, 1))
+                and min(restored.core.versions.values()) >= 2
+            ),
+            60,
+            message="learners to resync and merge again",
+        )
         for t in learners:
             t.halt.set()
         for t in learners:

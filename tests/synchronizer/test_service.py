@@ -47,8 +47,9 @@ def test_two_learners_train_and_sync_until_the_budget(tiny_task, tmp_path):
         status = service.status()
     assert status["merges"] >= 4 and sum(status["versions"].values()) == status["merges"]
     assert not same(initial, params_of(service)), "the global model never moved"
-    admitted = {a["learner"] for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "merge"
-                for a in e["admitted"]}
+    admitted = {
+        a["learner"] for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "merge" for a in e["admitted"]
+    }
     assert admitted == {0, 1}
     assert status["double_merged_steps"] == 0
     trained = sum(t.result["tokens"] for t in learners)
@@ -220,7 +221,6 @@ def test_the_timer_does_not_merge_a_round_while_contributions_are_queued_for_it(
     import threading
 
     with k1_sessions(tiny_task, tmp_path) as (service, sessions, push):
-
         replies = {}
         late = threading.Thread(target=lambda: replies.update({1: push(1)}))
         with service.cond:  # learner 1's contribution arrives and queues behind the busy service

@@ -20,8 +20,11 @@ def two_shards(task, tmp_path):
         shards = []
         for s in range(2):
             (tmp_path / f"s{s}").mkdir()
-            shards.append(stack.enter_context(
-                synchronizer(task, tmp_path / f"s{s}", FOUR, shard=s, num_shards=2, tokens=2 * 30 * 64)))
+            shards.append(
+                stack.enter_context(
+                    synchronizer(task, tmp_path / f"s{s}", FOUR, shard=s, num_shards=2, tokens=2 * 30 * 64)
+                )
+            )
         yield shards
 
 

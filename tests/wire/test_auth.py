@@ -3,8 +3,18 @@ import pytest
 from ddiloco.wire import auth
 
 
-@pytest.mark.parametrize("host, loop", [("127.0.0.1", True), ("::1", True), ("[::1]", True), ("localhost", True),
-                                        ("0.0.0.0", False), ("", False), ("10.1.2.3", False)])
+@pytest.mark.parametrize(
+    "host, loop",
+    [
+        ("127.0.0.1", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("", False),
+        ("10.1.2.3", False),
+    ],
+)
 def test_loopback_detection(host, loop):
     assert auth.is_loopback(host) is loop
 
@@ -37,9 +47,28 @@ def _self_signed(tmp_path):
     if shutil.which("openssl") is None:
         pytest.skip("openssl not available to make a test certificate")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key
 
 
@@ -58,8 +87,9 @@ def test_tls_with_token_end_to_end(tiny_task, tmp_path):
     server = SynchronizerServer(service, "127.0.0.1", 0, "tok", auth.server_credentials(cert, key))
     address = server.start()
     try:
-        ok = LearnerClient(tiny_task.build_model(1), address, 0, token="tok", timeouts=FAST,
-                           credentials=auth.channel_credentials(cert))
+        ok = LearnerClient(
+            tiny_task.build_model(1), address, 0, token="tok", timeouts=FAST, credentials=auth.channel_credentials(cert)
+        )
         assert ok.start() == 0 and ok.core.versions == [0, 0]
         ok.close()
         plain = LearnerClient(tiny_task.build_model(1), address, 1, token="tok", timeouts=FAST, start_timeout=2)

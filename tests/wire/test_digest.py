@@ -22,6 +22,13 @@ def test_a_digest_is_equal_exactly_when_the_float32_values_and_shape_are():
 
 def test_only_lowercase_hex_of_the_right_length_is_a_digest():
     assert is_digest("0" * DIGEST_CHARS)
-    for bad in ("0" * (DIGEST_CHARS - 1), "0" * (DIGEST_CHARS + 1), "G" * DIGEST_CHARS, "A" * DIGEST_CHARS, 5, None,
-                ["0" * DIGEST_CHARS]):
+    for bad in (
+        "0" * (DIGEST_CHARS - 1),
+        "0" * (DIGEST_CHARS + 1),
+        "G" * DIGEST_CHARS,
+        "A" * DIGEST_CHARS,
+        5,
+        None,
+        ["0" * DIGEST_CHARS],
+    ):
         assert not is_digest(bad)

@@ -4,8 +4,9 @@ import torch
 from ddiloco.wire import quant
 
 
-@pytest.mark.parametrize("codec, bound, ratio", [("fp32", 0.0, 1.0), ("bf16", 0.005, 0.5), ("int8", 0.01, 0.27),
-                                                  ("int4", 0.15, 0.15)])
+@pytest.mark.parametrize(
+    "codec, bound, ratio", [("fp32", 0.0, 1.0), ("bf16", 0.005, 0.5), ("int8", 0.01, 0.27), ("int4", 0.15, 0.15)]
+)
 def test_round_trip_error_and_size(codec, bound, ratio):
     torch.manual_seed(0)
     x = torch.randn(64, 129)

@@ -25,8 +25,21 @@ def test_good_addresses_pass(address):
     check_address(address)
 
 
-@pytest.mark.parametrize("address", ["nonsense", "127.0.0.1", ":7070", "127.0.0.1:0", "127.0.0.1:65536", "a b:1",
-                                     "[::1:7070", "::1:7070", "127.0.0.1:70x", "http://h:1"])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "nonsense",
+        "127.0.0.1",
+        ":7070",
+        "127.0.0.1:0",
+        "127.0.0.1:65536",
+        "a b:1",
+        "[::1:7070",
+        "::1:7070",
+        "127.0.0.1:70x",
+        "http://h:1",
+    ],
+)
 def test_bad_addresses_are_refused_without_resolving(address):
     with pytest.raises(ValueError, match="bad synchronizer address"):
         check_address(address)

@@ -37,7 +37,9 @@ def _receive_message(sock, limit=1 << 30, pool=None, max_frame=1 << 24):
             return msg
 
 
-@pytest.mark.parametrize("codec,chunk", [("bf16", 1000), ("fp32", 1 << 12), ("fp32", 12), ("int8", 333), ("bf16", 1 << 20)])
+@pytest.mark.parametrize(
+    "codec,chunk", [("bf16", 1000), ("fp32", 1 << 12), ("fp32", 12), ("int8", 333), ("bf16", 1 << 20)]
+)
 def test_frame_parts_over_a_socket_arrive_as_the_tensors_sent(pair, codec, chunk):
     """Bodies received straight into the message buffer give the tensors a gRPC push would: frames that
     span tensors, odd chunk sizes, pieces sent from the tensors' own memory (fp32) or converted."""
@@ -47,8 +49,12 @@ def test_frame_parts_over_a_socket_arrive_as_the_tensors_sent(pair, codec, chunk
     expected = reassembly.Reassembler(1 << 30)
     for frame in framing.tensor_frames({"kind": "x"}, tensors, codec, chunk):
         via_grpc = expected.feed(frame)
-    sender = threading.Thread(target=lambda: [sockets.send_frame(client, parts, sockets.Deadline(20))
-                                              for parts in framing.iter_frame_parts({"kind": "x"}, tensors, codec, chunk)])
+    sender = threading.Thread(
+        target=lambda: [
+            sockets.send_frame(client, parts, sockets.Deadline(20))
+            for parts in framing.iter_frame_parts({"kind": "x"}, tensors, codec, chunk)
+        ]
+    )
     sender.start()
     msg = _receive_message(server, pool=BufferPool(1 << 20, min_bytes=0))
     sender.join(10)
@@ -65,8 +71,12 @@ def test_partial_sends_are_completed(pair):
     client, server = pair
     client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     values = {"w": torch.arange(300_000, dtype=torch.float32)}
-    sender = threading.Thread(target=lambda: [sockets.send_frame(client, parts, sockets.Deadline(20))
-                                              for parts in framing.iter_frame_parts({}, values, "fp32", 1 << 18)])
+    sender = threading.Thread(
+        target=lambda: [
+            sockets.send_frame(client, parts, sockets.Deadline(20))
+            for parts in framing.iter_frame_parts({}, values, "fp32", 1 << 18)
+        ]
+    )
     sender.start()
     time.sleep(0.2)  # the sender's buffers fill up first
     msg = _receive_message(server)
@@ -81,8 +91,14 @@ def test_a_frame_longer_than_allowed_is_refused_before_its_body_is_read(pair):
         sockets.recv_frame(server, 1 << 20, sockets.Deadline(5), reassembly.Reassembler(1 << 40))
 
 
-@pytest.mark.parametrize("bad,match", [(b"XYZ\x01\x05\x00\x00\x00", "magic"), (b"DDL\x09\x05\x00\x00\x00", "version"),
-                                       (b"DDL\x01\xff\x00\x00\x00", "does not fit")])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (b"XYZ\x01\x05\x00\x00\x00", "magic"),
+        (b"DDL\x09\x05\x00\x00\x00", "version"),
+        (b"DDL\x01\xff\x00\x00\x00", "does not fit"),
+    ],
+)
 def test_a_bad_prefix_is_refused(pair, bad, match):
     client, server = pair
     client.sendall(struct.pack("<I", 100) + bad)

@@ -12,8 +12,12 @@ def test_defaults_are_derived_from_the_heartbeat():
 
 @pytest.mark.parametrize(
     "overrides, message",
-    [({"failure": 1.0}, "failure"), ({"rpc": 5.0}, "rpc deadline"), ({"backoff_min": 0.0}, "backoff"),
-     ({"drain": 1.0}, "drain")],
+    [
+        ({"failure": 1.0}, "failure"),
+        ({"rpc": 5.0}, "rpc deadline"),
+        ({"backoff_min": 0.0}, "backoff"),
+        ({"drain": 1.0}, "drain"),
+    ],
 )
 def test_inconsistent_timeouts_are_refused(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -10,8 +10,9 @@ import grpc
 from ..wire import framing, rpc
 
 
-def stop_run(addresses: str | Sequence[str], token: str | None = None, reason: str = "stop requested",
-             timeout: float = 10.0) -> list[str]:
+def stop_run(
+    addresses: str | Sequence[str], token: str | None = None, reason: str = "stop requested", timeout: float = 10.0
+) -> list[str]:
     """Ask every shard to end the run (learners send what they hold and leave); returns the shards
     that acknowledged. A shard that refuses or does not answer is a ConnectionError naming it."""
     shards = [a.strip() for a in addresses.split(",")] if isinstance(addresses, str) else list(addresses)
@@ -24,8 +25,9 @@ def stop_run(addresses: str | Sequence[str], token: str | None = None, reason: s
             framing.read_message(stubs.call("Stop", framing.message({"reason": reason[:200]}), timeout))
             done.append(address)
         except grpc.RpcError as exc:
-            raise ConnectionError(f"synchronizer {address} did not stop the run ({exc.code().name}: "
-                                  f"{exc.details()})") from None
+            raise ConnectionError(
+                f"synchronizer {address} did not stop the run ({exc.code().name}: {exc.details()})"
+            ) from None
         finally:
             channel.close()
     return done

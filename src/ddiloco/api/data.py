@@ -28,8 +28,16 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
     """Indices of a map-style dataset: this shard's samples in a fresh seeded order every epoch,
     endless, starting at batch `position` after `seek`. Deterministic, so a restart reproduces it."""
 
-    def __init__(self, dataset: Sized | int, learner: int, learners: int, batch_size: int, seed: int = 0,
-                 rank: int = 0, world: int = 1) -> None:
+    def __init__(
+        self,
+        dataset: Sized | int,
+        learner: int,
+        learners: int,
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
         n = dataset if isinstance(dataset, int) else len(dataset)
         self.shard, self.shards = _shard(learner, learners, rank, world)
         self.indices = np.arange(self.shard, n, self.shards)
@@ -63,8 +71,9 @@ class ResumableIterable(torch.utils.data.IterableDataset):
     that the loader's round-robin hands them out in stream order. Every learner reads the whole
     stream and keeps its share."""
 
-    def __init__(self, source: Iterable, learner: int, learners: int, batch_size: int, rank: int = 0,
-                 world: int = 1) -> None:
+    def __init__(
+        self, source: Iterable, learner: int, learners: int, batch_size: int, rank: int = 0, world: int = 1
+    ) -> None:
         self.source = source
         self.shard, self.shards = _shard(learner, learners, rank, world)
         if batch_size < 1:

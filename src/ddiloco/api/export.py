@@ -37,7 +37,9 @@ def load_global(source: str | Path) -> dict[str, torch.Tensor]:
     return params
 
 
-def fetch_global(addresses: str | Sequence[str], token: str | None = None, timeout: float = 30.0) -> dict[str, torch.Tensor]:
+def fetch_global(
+    addresses: str | Sequence[str], token: str | None = None, timeout: float = 30.0
+) -> dict[str, torch.Tensor]:
     """The current global parameters from the running shards (read-only; no learner slot taken)."""
     shards = [a.strip() for a in addresses.split(",")] if isinstance(addresses, str) else list(addresses)
     params = fetch_params(shards, token, timeout)

@@ -26,7 +26,9 @@ def parameters(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str,
 
 def embedding_names(model: torch.nn.Module) -> frozenset[str]:
     """Every nn.Embedding's weight, and every parameter tied to one, under its `named_parameters` name."""
-    embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))}
+    embedding_weights = {
+        id(m.weight) for m in model.modules() if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+    }
     return frozenset(n for n, p in model.named_parameters() if id(p) in embedding_weights)
 
 
@@ -44,14 +46,18 @@ def fit_fragments(num_tensors: int, requested: int | None, sync_every: int | Non
     """P as asked, or by default min(24, number of tensors, H), with a note when it is lowered."""
     if requested is not None:
         if requested > num_tensors:
-            raise ValueError(f"cannot split {num_tensors} tensors into {requested} fragments: "
-                             f"use fragments <= {num_tensors}")
+            raise ValueError(
+                f"cannot split {num_tensors} tensors into {requested} fragments: use fragments <= {num_tensors}"
+            )
         return requested
     default = AlgorithmConfig().fragments
     fitted = min(default, num_tensors, sync_every or default)
     if fitted < default:
-        why = (f"the model has {num_tensors} parameter tensors" if fitted == num_tensors
-               else f"H = {sync_every} steps between syncs")
+        why = (
+            f"the model has {num_tensors} parameter tensors"
+            if fitted == num_tensors
+            else f"H = {sync_every} steps between syncs"
+        )
         log.warning("%d fragments instead of the default %d: %s", fitted, default, why)
     return fitted
 
@@ -68,8 +74,10 @@ def balance_note(params: Mapping[str, torch.Tensor], fragments: int) -> str | No
     if small > 0 and large <= 2 * small:
         return None
     better = next((p for p in range(fragments - 1, 0, -1) if (lambda s: s[0] > 0 and s[1] <= 2 * s[0])(spread(p))), 1)
-    return (f"{fragments} fragments range from {small:,} to {large:,} parameters (whole tensors are not split); "
-            f"{better} fragments would keep them within 2x of each other")
+    return (
+        f"{fragments} fragments range from {small:,} to {large:,} parameters (whole tensors are not split); "
+        f"{better} fragments would keep them within 2x of each other"
+    )
 
 
 def save_initial(model: torch.nn.Module, path: str | Path) -> Path:
@@ -104,9 +112,15 @@ def _load_hf_folder(path: Path) -> tuple[dict[str, torch.Tensor], frozenset[str]
     try:
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
     except ImportError:
-        raise ValueError("--init of a Hugging Face model folder needs transformers: pip install 'ddiloco[hf]'") from None
+        raise ValueError(
+            "--init of a Hugging Face model folder needs transformers: pip install 'ddiloco[hf]'"
+        ) from None
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-    cls = AutoModelForCausalLM if getattr(config, "architectures", None) and any(
-        a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in config.architectures) else AutoModel
+    cls = (
+        AutoModelForCausalLM
+        if getattr(config, "architectures", None)
+        and any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in config.architectures)
+        else AutoModel
+    )
     model = cls.from_pretrained(str(path), local_files_only=True)
     return parameters(model), embedding_names(model)

@@ -68,17 +68,25 @@ class Synchronizer:
         base = algorithm or AlgorithmConfig()
         unknown = set(knobs) - {f.name for f in dataclasses.fields(AlgorithmConfig)}
         if unknown:
-            raise TypeError(f"unknown settings {sorted(unknown)}; AlgorithmConfig has "
-                            f"{[f.name for f in dataclasses.fields(AlgorithmConfig)]}")
+            raise TypeError(
+                f"unknown settings {sorted(unknown)}; AlgorithmConfig has "
+                f"{[f.name for f in dataclasses.fields(AlgorithmConfig)]}"
+            )
         requested = fragments if fragments is not None else (base.fragments if algorithm is not None else None)
         sync_every = int(knobs.get("sync_every", base.sync_every))  # type: ignore[call-overload]
         self.algorithm = dataclasses.replace(base, fragments=fit_fragments(len(params), requested, sync_every), **knobs)
         note = balance_note(params, self.algorithm.fragments)
         if note:
             log.warning(note)
-        self.settings = ServiceSettings(max_learners=learners, tokens=tokens, duration=duration,
-                                        timeouts=Timeouts.derive(heartbeat), keep_versions=keep_versions,
-                                        budget_counts=budget_counts, codec_down=codec_down)
+        self.settings = ServiceSettings(
+            max_learners=learners,
+            tokens=tokens,
+            duration=duration,
+            timeouts=Timeouts.derive(heartbeat),
+            keep_versions=keep_versions,
+            budget_counts=budget_counts,
+            codec_down=codec_down,
+        )
         self.service = build_service(params, self.algorithm, self.settings, plain, checkpoint_dir, event_log)
         self.plain_names = plain
         self._server = SynchronizerServer(self.service, host, port, token)

@@ -69,9 +69,7 @@ class FailureTrace:
         """The same trace with every time multiplied by `factor` (e.g. days to seconds of a run)."""
         if not factor > 0:
             raise ValueError(f"scale factor must be > 0, got {factor}")
-        return FailureTrace(
-            tuple(Outage(o.down_at * factor, o.learner, o.up_at * factor) for o in self.outages)
-        )
+        return FailureTrace(tuple(Outage(o.down_at * factor, o.learner, o.up_at * factor) for o in self.outages))
 
     def for_learners(self, num_learners: int) -> "FailureTrace":
         """Only the outages of learners 0..num_learners-1."""

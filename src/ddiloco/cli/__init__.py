@@ -27,8 +27,9 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
-                                 help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+    ),
 ) -> None:
     """Decoupled DiLoCo: resilient distributed pre-training. Every command also takes
     --config FILE.toml (keys spelled like its flags; flags override the file)."""

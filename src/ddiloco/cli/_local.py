@@ -15,9 +15,17 @@ import typer
 from ..launch.config import RunConfig
 
 
-def run_locally(config: RunConfig, task, *, method: str, quiet: bool, eval_every: float,  # noqa: ANN001
-                as_json: bool, sinks: tuple[Optional[Path], bool, object, str],
-                dashboard: tuple[str, int] | None) -> None:
+def run_locally(
+    config: RunConfig,
+    task,
+    *,
+    method: str,
+    quiet: bool,
+    eval_every: float,  # noqa: ANN001
+    as_json: bool,
+    sinks: tuple[Optional[Path], bool, object, str],
+    dashboard: tuple[str, int] | None,
+) -> None:
     """Run the configured processes until the budget or an interrupt, then evaluate and summarize."""
     from rich.live import Live
 
@@ -45,16 +53,23 @@ def run_locally(config: RunConfig, task, *, method: str, quiet: bool, eval_every
     sup = Supervisor(config, on_tick)
     record = RunDir(config.run_dir)
     record.write_config("run", config, clock_origin=sup.start_wall)
-    log = record.metrics(metric_sinks(tensorboard, wandb, wandb_mode, wandb_project, config.run_dir,
-                                      config.run_dir.name, jsonable(config)))
+    log = record.metrics(
+        metric_sinks(
+            tensorboard, wandb, wandb_mode, wandb_project, config.run_dir, config.run_dir.name, jsonable(config)
+        )
+    )
     metrics = RunMetrics(sup, task, log, eval_every, config.seed, config.token)
     board = None
     if dashboard is not None:
         dashboard_host, dashboard_port = dashboard
         try:
             auth.require_token_policy(dashboard_host, config.token, False)
-            board = Dashboard(lambda: {**snapshot(sup, metrics.latest["loss"]), "history": list(metrics.history)},
-                              dashboard_host, dashboard_port, config.token)
+            board = Dashboard(
+                lambda: {**snapshot(sup, metrics.latest["loss"]), "history": list(metrics.history)},
+                dashboard_host,
+                dashboard_port,
+                config.token,
+            )
         except (ValueError, OSError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--dashboard-host/--dashboard-port") from None
         url = board.start()
@@ -79,8 +94,12 @@ def run_locally(config: RunConfig, task, *, method: str, quiet: bool, eval_every
             live.stop()
             stderr.print()
     result = _result(sup, task, config, time.perf_counter() - wall_start)
-    metrics.metrics.write("eval", time.time() - sup.start_wall, result["tokens"],
-                          **{k: v for k, v in result.items() if k.startswith("eval_")})
+    metrics.metrics.write(
+        "eval",
+        time.time() - sup.start_wall,
+        result["tokens"],
+        **{k: v for k, v in result.items() if k.startswith("eval_")},
+    )
     metrics.metrics.close()
     record.write_summary(result)
     print_summary(result, title=f"ddiloco run --method {method}")
@@ -104,8 +123,10 @@ def _result(sup, task, config, wall_seconds: float) -> dict:  # noqa: ANN001
         sup.error = sup.error or f"could not evaluate the final checkpoint: {exc}"
     window = stats["sim_seconds"]
     offset = stats["window_start"] - sup.start_wall  # chaos times count from the launch
-    downtime = sum(sup.injector.downtime(m, offset + window) - sup.injector.downtime(m, max(0.0, offset))
-                   for m in range(config.learners))
+    downtime = sum(
+        sup.injector.downtime(m, offset + window) - sup.injector.downtime(m, max(0.0, offset))
+        for m in range(config.learners)
+    )
     return {
         **config.as_dict(),
         "model": config.model,

@@ -50,7 +50,11 @@ def prepare(config: RunConfig, opts: SlurmOptions) -> tuple[RunConfig, dict[str,
 
 def run_on_slurm(config: RunConfig, opts: SlurmOptions, dry_run: bool, detach: bool) -> dict:
     config, scripts = prepare(config, opts)
-    result: dict = {"backend": "slurm", "run_dir": str(config.run_dir), "scripts": {r: str(p) for r, p in scripts.items()}}
+    result: dict = {
+        "backend": "slurm",
+        "run_dir": str(config.run_dir),
+        "scripts": {r: str(p) for r, p in scripts.items()},
+    }
     if dry_run:
         stderr.print(f"wrote {len(scripts)} job scripts to {config.run_dir / 'slurm'} (not submitted)")
         return result
@@ -100,15 +104,18 @@ def _progress_line(config: RunConfig, states: dict[str, str]) -> str:
     if shards:
         try:
             st = shard_status(shards[0], config.token)
-            line += (f"; merges {st.get('merges', 0)}, learners {len(st.get('learners', {}))}, "
-                     f"progress {100 * float(st.get('progress', 0.0)):.0f}%")
+            line += (
+                f"; merges {st.get('merges', 0)}, learners {len(st.get('learners', {}))}, "
+                f"progress {100 * float(st.get('progress', 0.0)):.0f}%"
+            )
         except ConnectionError:
             line += "; synchronizer not answering"
     return line
 
 
-def stop(run_dir: Path, shards: int, token: str | None, jobs: dict[str, str],
-         reason: str = "ddiloco slurm-stop") -> None:
+def stop(
+    run_dir: Path, shards: int, token: str | None, jobs: dict[str, str], reason: str = "ddiloco slurm-stop"
+) -> None:
     """End the run the clean way (shards checkpoint, learners send their work), then cancel the jobs."""
     live = addresses(run_dir, shards)
     if live:

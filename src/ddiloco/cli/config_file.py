@@ -16,10 +16,19 @@ from pathlib import Path
 import typer
 
 ALIASES: dict[str, dict[str, str]] = {
-    "goodput": {"--inner-steps": "--sync-every", "--tau": "--overlap", "--reconfig-seconds": "--reconfigure-seconds",
-                "--step-seconds": "--step-time"},
-    "sim": {"--fail-mtbf": "--learner-mtbf", "--fail-downtime": "--learner-down", "--failures": "--chaos-trace",
-            "--failures-scale": "--chaos-trace-scale", "--events": "--event-log"},
+    "goodput": {
+        "--inner-steps": "--sync-every",
+        "--tau": "--overlap",
+        "--reconfig-seconds": "--reconfigure-seconds",
+        "--step-seconds": "--step-time",
+    },
+    "sim": {
+        "--fail-mtbf": "--learner-mtbf",
+        "--fail-downtime": "--learner-down",
+        "--failures": "--chaos-trace",
+        "--failures-scale": "--chaos-trace-scale",
+        "--events": "--event-log",
+    },
     "learner": {"--checkpoint-every": "--save-state-every"},  # the others' --checkpoint-every counts merges
 }
 
@@ -36,7 +45,7 @@ def apply_aliases(args: list[str]) -> list[str]:
     if i is None or args[i] not in ALIASES:
         return args
     table, out = ALIASES[args[i]], list(args[: i + 1])
-    for j, token in enumerate(args[i + 1:], start=i + 1):
+    for j, token in enumerate(args[i + 1 :], start=i + 1):
         if token == "--":
             return out + args[j:]
         name, eq, value = token.partition("=")
@@ -85,14 +94,17 @@ def split_config(args: list[str], app: typer.Typer) -> tuple[list[str], dict | N
     command = typer.main.get_command(app).commands.get(args[i])  # type: ignore[attr-defined]
     if command is None:
         return rest, None  # click reports the unknown command
-    by_flag = {opt.lstrip("-"): p.name for p in command.params for opt in getattr(p, "opts", []) if opt.startswith("--")}
+    by_flag = {
+        opt.lstrip("-"): p.name for p in command.params for opt in getattr(p, "opts", []) if opt.startswith("--")
+    }
     aliases = {old.lstrip("-"): new.lstrip("-") for old, new in ALIASES.get(args[i], {}).items()}
     settings = {}
     for key, value in _load_toml(path).items():
         flag = key.replace("_", "-")
         flag = aliases.get(flag, flag)
         if flag not in by_flag or flag == "config":
-            raise ValueError(f"--config {path}: unknown setting {key!r} for `ddiloco {args[i]}` "
-                             f"(see `ddiloco {args[i]} --help`)")
+            raise ValueError(
+                f"--config {path}: unknown setting {key!r} for `ddiloco {args[i]}` (see `ddiloco {args[i]} --help`)"
+            )
         settings[by_flag[flag]] = value
     return rest, {args[i]: settings}

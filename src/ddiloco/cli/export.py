@@ -14,11 +14,17 @@ from .output import user_error
 
 @app.command("export")
 def export(
-    source: Path = typer.Argument(..., metavar="RUN_OR_CHECKPOINT_DIR", help="A run directory (its sync-*/ "
-                                  "checkpoints) or one synchronizer --checkpoint-dir."),
+    source: Path = typer.Argument(
+        ...,
+        metavar="RUN_OR_CHECKPOINT_DIR",
+        help="A run directory (its sync-*/ checkpoints) or one synchronizer --checkpoint-dir.",
+    ),
     out: Path = typer.Option(..., help="Folder to write model.safetensors (and config.json) into."),
-    hf_config: Optional[Path] = typer.Option(None, help="A Hugging Face config.json (or the folder holding it): "
-                                             "copied beside the weights so that from_pretrained(OUT) loads them."),
+    hf_config: Optional[Path] = typer.Option(
+        None,
+        help="A Hugging Face config.json (or the folder holding it): "
+        "copied beside the weights so that from_pretrained(OUT) loads them.",
+    ),
 ) -> None:
     """Write the global parameters (no optimizer state) of a run or checkpoint."""
     from ..api.export import export_global

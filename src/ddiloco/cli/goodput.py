@@ -68,39 +68,60 @@ def _validate(chips: list[int], learners: list[int], methods: list[str], config:
     for name in methods:
         _check(name in METHODS, f"unknown method {name!r}; choose from {', '.join(METHODS)}", "--methods")
     if any(m in methods for m in ("diloco", "decoupled")):
-        _check(config.quorum <= min(learners),
-               f"quorum K={config.quorum} exceeds the smallest learner count {min(learners)}", "--quorum")
+        _check(
+            config.quorum <= min(learners),
+            f"quorum K={config.quorum} exceeds the smallest learner count {min(learners)}",
+            "--quorum",
+        )
         for n in chips:
             slices = slice_sizes(n, config.slice_chips).size
-            _check(slices >= max(learners),
-                   f"{n} chips make {slices} slices of {config.slice_chips}; "
-                   f"{max(learners)} learners need at least one slice each", "--learners")
+            _check(
+                slices >= max(learners),
+                f"{n} chips make {slices} slices of {config.slice_chips}; "
+                f"{max(learners)} learners need at least one slice each",
+                "--learners",
+            )
 
 
 def _table(rows: list[Summary], config: GoodputConfig, wall: float) -> Table:
-    table = Table(title=f"Goodput under failures (MTBI {config.mtbi_years:g} y/chip, "
-                        f"{config.days:g} days, {rows[0].seeds} seed(s), 95 % CI)")
-    for col, justify in (("chips", "right"), ("method", "left"), ("M", "right"),
-                         ("goodput %", "right"), ("uptime %", "right")):
+    table = Table(
+        title=f"Goodput under failures (MTBI {config.mtbi_years:g} y/chip, "
+        f"{config.days:g} days, {rows[0].seeds} seed(s), 95 % CI)"
+    )
+    for col, justify in (
+        ("chips", "right"),
+        ("method", "left"),
+        ("M", "right"),
+        ("goodput %", "right"),
+        ("uptime %", "right"),
+    ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     last_chips = None
     for r in rows:
         if last_chips is not None and r.chips != last_chips:
             table.add_section()
         last_chips = r.chips
-        table.add_row(f"{r.chips:,}", r.method, str(r.learners),
-                      f"{100 * r.goodput:5.1f} ± {100 * r.goodput_ci:.1f}",
-                      f"{100 * r.uptime:6.2f}")
+        table.add_row(
+            f"{r.chips:,}",
+            r.method,
+            str(r.learners),
+            f"{100 * r.goodput:5.1f} ± {100 * r.goodput_ci:.1f}",
+            f"{100 * r.uptime:6.2f}",
+        )
     table.caption = f"simulated in {wall:.2f} s"
     return table
 
 
-def _json_line(report: RunReport, config: GoodputConfig, chips: list[int], learners: list[int],
-               seeds: int, first_seed: int) -> str:
+def _json_line(
+    report: RunReport, config: GoodputConfig, chips: list[int], learners: list[int], seeds: int, first_seed: int
+) -> str:
     payload = {
         "results": [r.as_json() for r in report.rows],
         "sim_wall_seconds": round(report.wall_seconds, 3),
-        "chips": chips, "learners": learners, "seeds": seeds, "first_seed": first_seed,
+        "chips": chips,
+        "learners": learners,
+        "seeds": seeds,
+        "first_seed": first_seed,
         "config": config.as_dict(),
     }
     return json.dumps(payload, separators=(",", ":"))
@@ -108,26 +129,33 @@ def _json_line(report: RunReport, config: GoodputConfig, chips: list[int], learn
 
 @app.command("goodput", cls=SpaceSeparatedLists)
 def goodput(
-    chips: list[int] = typer.Option([1_200_000], "--chips", metavar="N [N ...]",
-                                    help="Chip counts to simulate (space-separated)."),
-    learners: list[int] = typer.Option([2, 4, 8, 16], "--learners", metavar="M [M ...]",
-                                       help="Learner counts for diloco and decoupled."),
+    chips: list[int] = typer.Option(
+        [1_200_000], "--chips", metavar="N [N ...]", help="Chip counts to simulate (space-separated)."
+    ),
+    learners: list[int] = typer.Option(
+        [2, 4, 8, 16], "--learners", metavar="M [M ...]", help="Learner counts for diloco and decoupled."
+    ),
     mtbi_years: float = typer.Option(_D.mtbi_years, help="Mean time between interruptions of one chip, years."),
     seeds: int = typer.Option(5, help="Independent failure draws per chip count (confidence interval)."),
     seed: int = typer.Option(0, help="First seed; seeds are seed, seed+1, ..."),
     days: float = typer.Option(_D.days, help="Simulated wall-clock days."),
-    methods: list[str] = typer.Option(list(METHODS), "--methods", metavar="NAME [NAME ...]",
-                                      help="Methods: ddp elastic-ddp diloco decoupled."),
+    methods: list[str] = typer.Option(
+        list(METHODS), "--methods", metavar="NAME [NAME ...]", help="Methods: ddp elastic-ddp diloco decoupled."
+    ),
     slice_chips: int = typer.Option(_D.slice_chips, help="Chips per slice (fail and return together)."),
     repair_dist: str = typer.Option(_D.repair_dist, help=f"Repair time: {', '.join(REPAIR_DISTRIBUTIONS)}."),
     repair_mean_hours: float = typer.Option(_D.repair_mean_hours, help="Mean repair time of a slice, hours."),
     repair_sigma: float = typer.Option(_D.repair_sigma, help="Lognormal shape (sigma of the log)."),
     detect_seconds: float = typer.Option(_D.detect_s, help="Failure detection time (all methods)."),
-    reconfig_seconds: float = typer.Option(_D.reconfig_s, "--reconfigure-seconds", help="Elastic pause to drop a failed slice."),
+    reconfig_seconds: float = typer.Option(
+        _D.reconfig_s, "--reconfigure-seconds", help="Elastic pause to drop a failed slice."
+    ),
     scaleup_seconds: float = typer.Option(_D.scaleup_s, help="Elastic pause to take a repaired slice back."),
     restart_seconds: float = typer.Option(_D.restart_s, help="ddp: restart on a spare after detection."),
     checkpoint_seconds: float = typer.Option(_D.checkpoint_s, help="ddp: checkpoint interval."),
-    step_seconds: float = typer.Option(_D.step_s, "--step-time", help="Training step time; a failure loses the step in flight."),
+    step_seconds: float = typer.Option(
+        _D.step_s, "--step-time", help="Training step time; a failure loses the step in flight."
+    ),
     step_cv: float = typer.Option(_D.step_cv, help="Coefficient of variation of a learner's step time."),
     inner_steps: int = typer.Option(_D.inner_steps, "--sync-every", "-H", help="H: inner steps per (fragment) sync."),
     tau: int = typer.Option(_D.overlap_steps, "--overlap", help="tau: steps a sync overlaps with compute."),
@@ -136,21 +164,36 @@ def goodput(
     outer_sync_seconds: float = typer.Option(_D.outer_sync_s, help="diloco: blocking outer all-reduce time."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
     plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png", help="Draw goodput against chips."),
-    trace_out: Optional[Path] = typer.Option(None, "--trace-out", metavar="FILE.csv",
-                                             help="Write the learners' down/up trace (first chips, first seed)."),
-    trace_learners: Optional[int] = typer.Option(None, help="Learners in the trace (default: the first --learners value)."),
+    trace_out: Optional[Path] = typer.Option(
+        None, "--trace-out", metavar="FILE.csv", help="Write the learners' down/up trace (first chips, first seed)."
+    ),
+    trace_learners: Optional[int] = typer.Option(
+        None, help="Learners in the trace (default: the first --learners value)."
+    ),
     trace_scale: float = typer.Option(1.0, help="Simulated seconds per trace second (trace times = sim / scale)."),
 ) -> None:
     """Simulate failures on a large cluster; report goodput and uptime of ddp, elastic-ddp,
     synchronous DiLoCo and Decoupled DiLoCo. Defaults reproduce the paper (MTBI 1 year, 1.2M chips)."""
     try:
         config = GoodputConfig(
-            mtbi_years=mtbi_years, slice_chips=slice_chips, repair_dist=repair_dist,
-            repair_mean_hours=repair_mean_hours, repair_sigma=repair_sigma, detect_s=detect_seconds,
-            reconfig_s=reconfig_seconds, scaleup_s=scaleup_seconds, restart_s=restart_seconds,
-            checkpoint_s=checkpoint_seconds, step_s=step_seconds, step_cv=step_cv,
-            inner_steps=inner_steps, overlap_steps=tau, quorum=quorum, rejoin_s=rejoin_seconds,
-            outer_sync_s=outer_sync_seconds, days=days,
+            mtbi_years=mtbi_years,
+            slice_chips=slice_chips,
+            repair_dist=repair_dist,
+            repair_mean_hours=repair_mean_hours,
+            repair_sigma=repair_sigma,
+            detect_s=detect_seconds,
+            reconfig_s=reconfig_seconds,
+            scaleup_s=scaleup_seconds,
+            restart_s=restart_seconds,
+            checkpoint_s=checkpoint_seconds,
+            step_s=step_seconds,
+            step_cv=step_cv,
+            inner_steps=inner_steps,
+            overlap_steps=tau,
+            quorum=quorum,
+            rejoin_s=rejoin_seconds,
+            outer_sync_s=outer_sync_seconds,
+            days=days,
         )
     except ValueError as exc:
         raise user_error(exc) from None
@@ -161,14 +204,22 @@ def goodput(
     if trace_out is not None:
         m_trace = learners[0] if trace_learners is None else trace_learners
         _check(m_trace >= 1, f"--trace-learners must be >= 1, got {m_trace}", "--trace-learners")
-        _check(slice_sizes(chips[0], config.slice_chips).size >= m_trace,
-               f"{chips[0]} chips have too few slices for {m_trace} learners", "--trace-learners")
+        _check(
+            slice_sizes(chips[0], config.slice_chips).size >= m_trace,
+            f"{chips[0]} chips have too few slices for {m_trace} learners",
+            "--trace-learners",
+        )
 
     console = Console()
     total = len(chips) * seeds
-    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as progress:
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as progress:
         task = progress.add_task("simulating", total=total)
 
         def done(n: int, s: int) -> None:
@@ -177,8 +228,10 @@ def goodput(
         report = run(chips, learners, config, seeds, first_seed=seed, methods=methods, on_done=done)
 
     console.print(_table(report.rows, config, report.wall_seconds))
-    console.print(f"sim_wall_seconds: {report.wall_seconds:.2f} "
-                  f"({len(chips)} chip count(s) x {seeds} seed(s), {config.days:g} simulated days)")
+    console.print(
+        f"sim_wall_seconds: {report.wall_seconds:.2f} "
+        f"({len(chips)} chip count(s) x {seeds} seed(s), {config.days:g} simulated days)"
+    )
     if plot is not None:
         from ddiloco.goodput.plot import plot_goodput
 
@@ -190,7 +243,9 @@ def goodput(
         fail_rng = seed_rngs(chips[0], seed)[0]
         trace = learner_trace(sample_outages(chips[0], config, fail_rng), m_trace, config, trace_scale)
         trace.save(trace_out)
-        console.print(f"trace of {m_trace} learners ({len(trace.outages)} outages, {chips[0]:,} chips, "
-                      f"seed {seed}, 1 trace s = {trace_scale:g} simulated s) written to {trace_out}")
+        console.print(
+            f"trace of {m_trace} learners ({len(trace.outages)} outages, {chips[0]:,} chips, "
+            f"seed {seed}, 1 trace s = {trace_scale:g} simulated s) written to {trace_out}"
+        )
     if json_out:
         print(_json_line(report, config, chips, learners, seeds, seed), flush=True)

@@ -16,8 +16,11 @@ from .output import user_error
 
 @app.command("learner")
 def learner(
-    connect: str = typer.Option("127.0.0.1:7070", help="Synchronizer address(es), comma-separated, one per shard; "
-                                "@FILE reads a shard's --address-file, again whenever the shard stops answering."),
+    connect: str = typer.Option(
+        "127.0.0.1:7070",
+        help="Synchronizer address(es), comma-separated, one per shard; "
+        "@FILE reads a shard's --address-file, again whenever the shard stops answering.",
+    ),
     learner_id: int = typer.Option(..., "--id", min=0, help="This learner's id (0..M-1)."),
     learners: int = typer.Option(4, "--learners", "-M", min=1, help="Learners M: the data is split into M shards."),
     model: options.Model = typer.Option("gpt", help="Must match the synchronizer's."),
@@ -30,30 +33,57 @@ def learner(
     codec: options.Codec = options.CODEC,
     token: Optional[str] = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN)."),
     tls_ca: Optional[Path] = typer.Option(None, help="CA certificate to verify a TLS synchronizer."),
-    state_dir: Optional[Path] = typer.Option(None, help="Folder for this learner's own state (inner optimizer, "
-                                             "journal of trained tokens)."),
+    state_dir: Optional[Path] = typer.Option(
+        None, help="Folder for this learner's own state (inner optimizer, journal of trained tokens)."
+    ),
     net_delay: float = typer.Option(0.0, min=0.0, help="Added latency per message, milliseconds (chaos testing)."),
     net_latency: float = options.NET_LATENCY,
     net_bandwidth: float = options.NET_BANDWIDTH,
     net_jitter: float = options.NET_JITTER,
     max_steps: Optional[int] = typer.Option(None, min=1, help="Stop after this many steps even if the run goes on."),
-    save_state_every: int = typer.Option(24, min=1, help="Steps between saves of the inner optimizer state to "
-                                          "--state-dir."),
-    min_step_seconds: float = typer.Option(0.0, min=0.0, help="Pad every step to at least this long (emulates a learner "
-                                           "with its own accelerator of that speed on a shared CPU)."),
-    connect_timeout: float = typer.Option(120.0, min=0.1, max=1e6, help="Give up (exit code 2) when no synchronizer "
-                                          "answers within this many seconds at start."),
-    device: str = typer.Option("auto", "--device", help="Where to train: auto (cuda:LOCAL_RANK when CUDA is present, "
-                               "else cpu), cpu, cuda or cuda:N."),
-    precision: options.Precision = typer.Option("fp32", "--precision", help="fp32, or bf16 through autocast "
-                                                "(weights, optimizer state and what is sent stay fp32)."),
-    term_grace: float = typer.Option(20.0, min=0.1, max=86400.0, help="After SIGTERM (a preemption notice): send the "
-                                     "work held and exit within this many seconds (keep it below the scheduler's "
-                                     "kill wait, 30 s in Slurm by default)."),
-    peer_recovery: bool = typer.Option(True, help="Start with a live learner's inner optimizer state when this "
-                                       "one has none of its own (a new machine); donate ours to learners that join empty."),
-    inner_state_dir: Optional[Path] = typer.Option(None, help="Where the inner optimizer state is saved and loaded "
-                                                   "(default STATE_DIR/inner; node-local scratch works too)."),
+    save_state_every: int = typer.Option(
+        24, min=1, help="Steps between saves of the inner optimizer state to --state-dir."
+    ),
+    min_step_seconds: float = typer.Option(
+        0.0,
+        min=0.0,
+        help="Pad every step to at least this long (emulates a learner "
+        "with its own accelerator of that speed on a shared CPU).",
+    ),
+    connect_timeout: float = typer.Option(
+        120.0,
+        min=0.1,
+        max=1e6,
+        help="Give up (exit code 2) when no synchronizer answers within this many seconds at start.",
+    ),
+    device: str = typer.Option(
+        "auto",
+        "--device",
+        help="Where to train: auto (cuda:LOCAL_RANK when CUDA is present, else cpu), cpu, cuda or cuda:N.",
+    ),
+    precision: options.Precision = typer.Option(
+        "fp32",
+        "--precision",
+        help="fp32, or bf16 through autocast (weights, optimizer state and what is sent stay fp32).",
+    ),
+    term_grace: float = typer.Option(
+        20.0,
+        min=0.1,
+        max=86400.0,
+        help="After SIGTERM (a preemption notice): send the "
+        "work held and exit within this many seconds (keep it below the scheduler's "
+        "kill wait, 30 s in Slurm by default).",
+    ),
+    peer_recovery: bool = typer.Option(
+        True,
+        help="Start with a live learner's inner optimizer state when this "
+        "one has none of its own (a new machine); donate ours to learners that join empty.",
+    ),
+    inner_state_dir: Optional[Path] = typer.Option(
+        None,
+        help="Where the inner optimizer state is saved and loaded "
+        "(default STATE_DIR/inner; node-local scratch works too).",
+    ),
     threads: int = options.THREADS,
     as_json: bool = typer.Option(False, "--json", help="End with one JSON line of this learner's stats."),
     log_level: options.LogLevel = options.LOG_LEVEL,
@@ -75,14 +105,30 @@ def learner(
     options.set_threads(threads)
     try:
         settings = LearnerSettings(
-            learner=learner_id, addresses=connect, learners=learners, model=model, model_size=model_size, data=data,
-            seq_len=seq_len, seed=seed, inner=InnerConfig(lr=inner_lr, batch_size=batch_size), codec=codec,
-            token=auth.resolve_token(token), credentials=auth.channel_credentials(tls_ca),
-            state_dir=str(state_dir) if state_dir else None, net_delay=net_delay / 1000.0, max_steps=max_steps,
+            learner=learner_id,
+            addresses=connect,
+            learners=learners,
+            model=model,
+            model_size=model_size,
+            data=data,
+            seq_len=seq_len,
+            seed=seed,
+            inner=InnerConfig(lr=inner_lr, batch_size=batch_size),
+            codec=codec,
+            token=auth.resolve_token(token),
+            credentials=auth.channel_credentials(tls_ca),
+            state_dir=str(state_dir) if state_dir else None,
+            net_delay=net_delay / 1000.0,
+            max_steps=max_steps,
             wan=WanSettings(net_latency / 1000.0, net_bandwidth * 1e6, net_jitter / 1000.0),
-            checkpoint_every=save_state_every, min_step_seconds=min_step_seconds, start_timeout=connect_timeout,
-            device=device, precision=options.plain(precision)[0], term_grace=term_grace,
-            peer_recovery=peer_recovery, inner_state_dir=str(inner_state_dir) if inner_state_dir else None,
+            checkpoint_every=save_state_every,
+            min_step_seconds=min_step_seconds,
+            start_timeout=connect_timeout,
+            device=device,
+            precision=options.plain(precision)[0],
+            term_grace=term_grace,
+            peer_recovery=peer_recovery,
+            inner_state_dir=str(inner_state_dir) if inner_state_dir else None,
         )
         resolve_device(device)
         for address in connect.split(","):

@@ -15,8 +15,14 @@ from ..core.config import AlgorithmConfig
 _D = AlgorithmConfig()
 
 LEARNERS = typer.Option(4, "--learners", "-M", min=1, max=4096, help="Number of learners M (the paper uses 8).")
-FRAGMENTS = typer.Option(None, "--fragments", "-P", min=1, help=f"Fragments P (default {_D.fragments}, or the number of "
-                         "parameter tensors or H if fewer; ignored by --method diloco).")
+FRAGMENTS = typer.Option(
+    None,
+    "--fragments",
+    "-P",
+    min=1,
+    help=f"Fragments P (default {_D.fragments}, or the number of "
+    "parameter tensors or H if fewer; ignored by --method diloco).",
+)
 SYNC_EVERY = typer.Option(_D.sync_every, "--sync-every", "-H", help="Steps H between two syncs of a fragment.")
 OVERLAP = typer.Option(_D.overlap, "--overlap", help="Steps tau a sync overlaps with compute (0 = blocking).")
 QUORUM = typer.Option(_D.quorum, "--quorum", "-K", help="Minimum quorum K (capped at the live learners).")
@@ -26,14 +32,26 @@ GRACE = typer.Option(
 MERGE = typer.Option(None, "--merge", help="Default: rda; mean for --method diloco.")
 OUTER_LR = typer.Option(_D.outer_lr, "--outer-lr", help="Outer Nesterov learning rate.")
 OUTER_MOMENTUM = typer.Option(_D.outer_momentum, "--outer-momentum", help="Outer Nesterov momentum.")
-ARRIVAL = typer.Option(_D.arrival, "--arrival", help="When a global fragment arrives: overwrite (the paper's; the "
-                      "steps since the snapshot are lost) or rebase (keep them: Theta + theta - theta_snapshot).")
-FINAL_MOMENTUM = typer.Option(_D.final_momentum, "--final-momentum/--no-final-momentum",
-                              help="Whether the merges of the final flush take the outer momentum (off: a plain "
-                              "lr * delta step, no end-of-run kick).")
+ARRIVAL = typer.Option(
+    _D.arrival,
+    "--arrival",
+    help="When a global fragment arrives: overwrite (the paper's; the "
+    "steps since the snapshot are lost) or rebase (keep them: Theta + theta - theta_snapshot).",
+)
+FINAL_MOMENTUM = typer.Option(
+    _D.final_momentum,
+    "--final-momentum/--no-final-momentum",
+    help="Whether the merges of the final flush take the outer momentum (off: a plain "
+    "lr * delta step, no end-of-run kick).",
+)
 MAX_OUTER_NORM_RATIO = typer.Option(
-    _D.max_outer_norm_ratio, "--max-outer-norm-ratio", min=0.0, max=1e12,
-    help="Refuse a contribution whose outer gradient's norm exceeds this multiple of its fragment's (0: off).")
+    _D.max_outer_norm_ratio,
+    "--max-outer-norm-ratio",
+    min=0.0,
+    max=1e12,
+    help="Refuse a contribution whose outer gradient's norm exceeds this multiple of its fragment's (0: off).",
+)
+
 
 class Codec(str, enum.Enum):
     """Outer-gradient codecs (docs/runtime.md); values are the wire names."""
@@ -55,12 +73,18 @@ class CodecDown(str, enum.Enum):
 
 
 CODEC = typer.Option(Codec.bf16, help="Outer-gradient codec.")
-NET_LATENCY = typer.Option(0.0, min=0.0, max=1e6, help="Emulated wide-area link: one-way latency per message, "
-                           "milliseconds.")
-NET_BANDWIDTH = typer.Option(0.0, min=0.0, max=1e6, help="Emulated wide-area link: megabytes per second each way "
-                             "for tensors (control messages are exempt); 0: no cap.")
-NET_JITTER = typer.Option(0.0, min=0.0, max=1e6, help="Emulated wide-area link: a uniform 0..J milliseconds added "
-                          "to each message's latency.")
+NET_LATENCY = typer.Option(
+    0.0, min=0.0, max=1e6, help="Emulated wide-area link: one-way latency per message, milliseconds."
+)
+NET_BANDWIDTH = typer.Option(
+    0.0,
+    min=0.0,
+    max=1e6,
+    help="Emulated wide-area link: megabytes per second each way for tensors (control messages are exempt); 0: no cap.",
+)
+NET_JITTER = typer.Option(
+    0.0, min=0.0, max=1e6, help="Emulated wide-area link: a uniform 0..J milliseconds added to each message's latency."
+)
 
 
 def _choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
@@ -86,8 +110,12 @@ def plain(*values: object) -> tuple:
     return tuple(v.value if isinstance(v, enum.Enum) else v for v in values)
 
 
-HEARTBEAT = typer.Option(0.5, min=0.01, max=3600.0,
-                         help="Heartbeat interval h in seconds; the other timeouts derive from it (docs/runtime.md).")
+HEARTBEAT = typer.Option(
+    0.5,
+    min=0.01,
+    max=3600.0,
+    help="Heartbeat interval h in seconds; the other timeouts derive from it (docs/runtime.md).",
+)
 TOKENS_BUDGET = dict(min=1, max=2**53)
 DURATION_BUDGET = dict(min=0.001, max=1e7)
 
@@ -97,19 +125,36 @@ class WandbMode(str, enum.Enum):
     online = "online"
 
 
-TENSORBOARD = typer.Option(None, "--tensorboard", help="Also write the metrics (eval and training loss, goodput) as "
-                           "TensorBoard events in this folder (pip install tensorboard).")
-WANDB = typer.Option(False, "--wandb", help="Also log the metrics to Weights & Biases (pip install wandb), in the run "
-                     "directory's wandb/ folder.")
-WANDB_MODE = typer.Option(WandbMode.offline, "--wandb-mode", help="offline needs no network or account (upload later "
-                          "with `wandb sync`).")
+TENSORBOARD = typer.Option(
+    None,
+    "--tensorboard",
+    help="Also write the metrics (eval and training loss, goodput) as "
+    "TensorBoard events in this folder (pip install tensorboard).",
+)
+WANDB = typer.Option(
+    False,
+    "--wandb",
+    help="Also log the metrics to Weights & Biases (pip install wandb), in the run directory's wandb/ folder.",
+)
+WANDB_MODE = typer.Option(
+    WandbMode.offline, "--wandb-mode", help="offline needs no network or account (upload later with `wandb sync`)."
+)
 WANDB_PROJECT = typer.Option("ddiloco", "--wandb-project", help="wandb project name.")
-DASHBOARD_HOST = typer.Option("127.0.0.1", "--dashboard-host", help="Dashboard address; beyond loopback it needs "
-                              "--token (sent as X-Ddiloco-Token or ?token=).")
+DASHBOARD_HOST = typer.Option(
+    "127.0.0.1",
+    "--dashboard-host",
+    help="Dashboard address; beyond loopback it needs --token (sent as X-Ddiloco-Token or ?token=).",
+)
 DASHBOARD_PORT = typer.Option(0, "--dashboard-port", min=0, max=65535, help="Dashboard port (0: a free one).")
 
-THREADS = typer.Option(0, "--threads", min=0, max=1024, help="torch threads per process (0: automatic: PyTorch's "
-                       "default for one process; `ddiloco run` shares the cores among its processes).")
+THREADS = typer.Option(
+    0,
+    "--threads",
+    min=0,
+    max=1024,
+    help="torch threads per process (0: automatic: PyTorch's "
+    "default for one process; `ddiloco run` shares the cores among its processes).",
+)
 LogLevel = _choices("LogLevel", ("debug", "info", "warning", "error"))
 LOG_LEVEL = typer.Option("info", "--log-level", help="Log records at this level and above go to stderr.")
 
@@ -127,6 +172,12 @@ def shared_threads(threads: int, processes: int) -> int:
     import os
 
     return threads if threads > 0 else max(1, (os.cpu_count() or 1) // max(1, processes))
-DATA = typer.Option(None, "--data", help="Text file or folder (LMs) or torchvision root (vision). Default: the "
-                    "Python standard library's own source (LMs) or scikit-learn's digits (vision); nothing is downloaded.")
+
+
+DATA = typer.Option(
+    None,
+    "--data",
+    help="Text file or folder (LMs) or torchvision root (vision). Default: the "
+    "Python standard library's own source (LMs) or scikit-learn's digits (vision); nothing is downloaded.",
+)
 SEQ_LEN = typer.Option(128, "--seq-len", min=1, max=1 << 20, help="Context length of the language models.")

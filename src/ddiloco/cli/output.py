@@ -82,10 +82,20 @@ def print_table(rows: dict[str, tuple], columns: tuple[str, ...], title: str) ->
 
 
 # Config fields whose flag is not their name with dashes (goodput's knobs are in seconds, its H is -H).
-FIELD_FLAGS = {"overlap_steps": "--overlap", "inner_steps": "--sync-every", "step_s": "--step-time",
-               "reconfig_s": "--reconfigure-seconds", "detect_s": "--detect-seconds", "scaleup_s": "--scaleup-seconds",
-               "restart_s": "--restart-seconds", "checkpoint_s": "--checkpoint-seconds", "rejoin_s": "--rejoin-seconds",
-               "outer_sync_s": "--outer-sync-seconds", "step_cv": "--step-cv", "repair_dist": "--repair-dist"}
+FIELD_FLAGS = {
+    "overlap_steps": "--overlap",
+    "inner_steps": "--sync-every",
+    "step_s": "--step-time",
+    "reconfig_s": "--reconfigure-seconds",
+    "detect_s": "--detect-seconds",
+    "scaleup_s": "--scaleup-seconds",
+    "restart_s": "--restart-seconds",
+    "checkpoint_s": "--checkpoint-seconds",
+    "rejoin_s": "--rejoin-seconds",
+    "outer_sync_s": "--outer-sync-seconds",
+    "step_cv": "--step-cv",
+    "repair_dist": "--repair-dist",
+}
 
 
 def _current_context():  # noqa: ANN202 - a click Context
@@ -112,8 +122,9 @@ def user_error(exc: Exception) -> typer.BadParameter:
     return typer.BadParameter(message)
 
 
-def metric_sinks(tensorboard: Path | None, wandb: bool, wandb_mode: object, wandb_project: str, where: Path,
-                 name: str, config: dict) -> list:
+def metric_sinks(
+    tensorboard: Path | None, wandb: bool, wandb_mode: object, wandb_project: str, where: Path, name: str, config: dict
+) -> list:
     """The sinks the flags ask for (TensorBoard, wandb), or exit code 2 naming the flag."""
     from ..records.sinks import TensorBoardSink, WandbSink
 

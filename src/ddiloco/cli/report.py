@@ -12,10 +12,12 @@ from . import app
 
 @app.command("report")
 def report(
-    run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR...",
-                                          help="Run directories; several are overlaid for comparison."),
-    out: Optional[Path] = typer.Option(None, help="Where to write the PNGs and report.html (default: the first "
-                                       "run directory's report/)."),
+    run_dirs: List[Path] = typer.Argument(
+        ..., metavar="RUN_DIR...", help="Run directories; several are overlaid for comparison."
+    ),
+    out: Optional[Path] = typer.Option(
+        None, help="Where to write the PNGs and report.html (default: the first run directory's report/)."
+    ),
 ) -> None:
     """Plot eval loss against tokens and time, merges, learners up and down, goodput; write report.html."""
     from ..records.rundir import load_run

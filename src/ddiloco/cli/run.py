@@ -16,9 +16,9 @@ from . import app, options
 
 @app.command("run")
 def run(
-    method: options.RuntimeMethod = typer.Option("decoupled", help="decoupled, or diloco (synchronous baseline: "
-                                                 "every learner "
-                               "waits at every outer step)."),
+    method: options.RuntimeMethod = typer.Option(
+        "decoupled", help="decoupled, or diloco (synchronous baseline: every learner waits at every outer step)."
+    ),
     model: options.Model = typer.Option("gpt", help="The model to train."),
     model_size: options.ModelSize = typer.Option("default", help="default (~1M parameters) or tiny."),
     data: Optional[str] = options.DATA,
@@ -36,31 +36,48 @@ def run(
     final_momentum: bool = options.FINAL_MOMENTUM,
     inner_lr: float = typer.Option(3e-3, min=0.0, help="Peak inner AdamW learning rate."),
     batch_size: int = typer.Option(16, min=1, help="Sequences (or images) per learner step."),
-    tokens: Optional[int] = typer.Option(None, **options.TOKENS_BUDGET, help="Stop once the learners trained this many tokens "
-                                         "(default 400000 unless --duration is given)."),
+    tokens: Optional[int] = typer.Option(
+        None,
+        **options.TOKENS_BUDGET,
+        help="Stop once the learners trained this many tokens (default 400000 unless --duration is given).",
+    ),
     duration: Optional[float] = typer.Option(None, **options.DURATION_BUDGET, help="Stop after this many seconds."),
     seed: int = typer.Option(0, help="Seed of the model, the data order and the chaos schedule."),
     sync_shards: int = typer.Option(1, min=1, help="Synchronizer shard processes (fragments spread round-robin)."),
     codec: options.Codec = options.CODEC,
-    codec_down: options.CodecDown = typer.Option(options.CodecDown.bf16, help="Codec of global fragments sent to "
-                                                 "learners (the synchronizer's master copy stays fp32)."),
-    bulk_socket: bool = typer.Option(True, help="Learners push on the synchronizers' plain TCP bulk plane "
-                                     "(ddiloco synchronizer --bulk-socket); --no-bulk-socket: over gRPC."),
+    codec_down: options.CodecDown = typer.Option(
+        options.CodecDown.bf16,
+        help="Codec of global fragments sent to learners (the synchronizer's master copy stays fp32).",
+    ),
+    bulk_socket: bool = typer.Option(
+        True,
+        help="Learners push on the synchronizers' plain TCP bulk plane "
+        "(ddiloco synchronizer --bulk-socket); --no-bulk-socket: over gRPC.",
+    ),
     heartbeat: float = options.HEARTBEAT,
     checkpoint_every: int = typer.Option(1, min=0, help="Synchronizer merges between checkpoints."),
     threads: int = options.THREADS,
-    min_step_seconds: float = typer.Option(0.0, min=0.0, help="Pad every learner step to at least this long: emulates "
-                                           "learners with their own accelerators on a shared CPU."),
+    min_step_seconds: float = typer.Option(
+        0.0,
+        min=0.0,
+        help="Pad every learner step to at least this long: emulates "
+        "learners with their own accelerators on a shared CPU.",
+    ),
     run_dir: Optional[Path] = typer.Option(None, help="Logs, checkpoints, event log (default runs/run-<time>)."),
-    learner_mtbf: Optional[float] = typer.Option(None, min=0.01, help="kill -9 each learner at exponential intervals of this "
-                                                 "mean (seconds)."),
+    learner_mtbf: Optional[float] = typer.Option(
+        None, min=0.01, help="kill -9 each learner at exponential intervals of this mean (seconds)."
+    ),
     learner_down: float = typer.Option(15.0, min=0.0, help="Seconds before a killed learner is restarted."),
-    straggle: Optional[float] = typer.Option(None, min=0.01, help="SIGSTOP a random learner for this many seconds now and then."),
+    straggle: Optional[float] = typer.Option(
+        None, min=0.01, help="SIGSTOP a random learner for this many seconds now and then."
+    ),
     straggle_every: float = typer.Option(30.0, min=0.01, help="Mean seconds between two stragglers."),
-    kill_synchronizer_at: Optional[float] = typer.Option(None, min=0.0, help="kill -9 a synchronizer shard (--kill-shards) "
-                                                         "this many seconds in, then restart it."),
-    kill_shards: str = typer.Option("0", help="Shards --kill-synchronizer-at kills, one after the other: a comma list "
-                                    "or all."),
+    kill_synchronizer_at: Optional[float] = typer.Option(
+        None, min=0.0, help="kill -9 a synchronizer shard (--kill-shards) this many seconds in, then restart it."
+    ),
+    kill_shards: str = typer.Option(
+        "0", help="Shards --kill-synchronizer-at kills, one after the other: a comma list or all."
+    ),
     kill_every: float = typer.Option(5.0, min=0.01, max=1e6, help="Seconds between the kills of two shards."),
     synchronizer_down: float = typer.Option(1.0, min=0.0, help="Seconds before a killed synchronizer is restarted."),
     net_delay: float = typer.Option(0.0, min=0.0, help="Added latency per message, milliseconds."),
@@ -69,45 +86,73 @@ def run(
     net_jitter: float = options.NET_JITTER,
     chaos_trace: Optional[Path] = typer.Option(None, help="Replay learner outages (CSV learner,down_at,up_at)."),
     eval_batches: int = typer.Option(20, min=1, help="Validation batches for the final evaluation."),
-    eval_every: float = typer.Option(20.0, min=0.0, help="Seconds between evaluations of the global model (live view, metrics.jsonl; 0: none)."),
+    eval_every: float = typer.Option(
+        20.0, min=0.0, help="Seconds between evaluations of the global model (live view, metrics.jsonl; 0: none)."
+    ),
     token: Optional[str] = typer.Option(None, help="Shared secret for the processes (or $DDILOCO_TOKEN)."),
     tensorboard: Optional[Path] = options.TENSORBOARD,
     wandb: bool = options.WANDB,
     wandb_mode: options.WandbMode = options.WANDB_MODE,
     wandb_project: str = options.WANDB_PROJECT,
-    dashboard: bool = typer.Option(True, help="Serve a live web dashboard (its address is printed and kept in "
-                                   "the run directory's dashboard.url)."),
+    dashboard: bool = typer.Option(
+        True, help="Serve a live web dashboard (its address is printed and kept in the run directory's dashboard.url)."
+    ),
     dashboard_host: str = options.DASHBOARD_HOST,
     dashboard_port: int = options.DASHBOARD_PORT,
     as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding the summary."),
     quiet: bool = typer.Option(False, help="No live view."),
-    backend: options.Backend = typer.Option("local", help="local: processes on this machine; slurm: one job per "
-                                            "synchronizer shard and per learner (docs/cluster.md)."),
+    backend: options.Backend = typer.Option(
+        "local",
+        help="local: processes on this machine; slurm: one job per "
+        "synchronizer shard and per learner (docs/cluster.md).",
+    ),
     dry_run: bool = typer.Option(False, help="slurm: write the sbatch scripts to RUN_DIR/slurm and stop."),
     detach: bool = typer.Option(False, help="slurm: submit and return (end it with ddiloco slurm-stop RUN_DIR)."),
     partition: Optional[str] = typer.Option(None, help="slurm: partition of every job."),
     account: Optional[str] = typer.Option(None, help="slurm: account of every job."),
     time_limit: Optional[str] = typer.Option(None, "--time", help="slurm: time limit of every job (sbatch --time)."),
     nodes_per_learner: int = typer.Option(1, min=1, max=4096, help="slurm: nodes of each learner job."),
-    procs_per_node: int = typer.Option(1, min=1, max=1024, help="slurm: ranks per node of each learner "
-                                       "(torchrun --nproc-per-node; more than one rank in all uses torchrun)."),
+    procs_per_node: int = typer.Option(
+        1,
+        min=1,
+        max=1024,
+        help="slurm: ranks per node of each learner "
+        "(torchrun --nproc-per-node; more than one rank in all uses torchrun).",
+    ),
     gpus_per_node: int = typer.Option(0, min=0, max=1024, help="slurm: GPUs per node of each learner job."),
     cpus_per_task: Optional[int] = typer.Option(None, min=1, max=4096, help="slurm: CPUs of each job's task."),
-    sync_host: str = typer.Option("auto", help="slurm: the address the synchronizer listens on; auto: its node's "
-                                  "first address (a token is then generated unless given)."),
-    term_grace: float = typer.Option(20.0, min=0.1, max=86400.0, help="slurm: seconds a preempted learner has "
-                                     "to send its work and exit (below Slurm's KillWait)."),
-    max_restarts: int = typer.Option(2, min=0, max=100, help="slurm: restarts inside one job of a synchronizer "
-                                     "shard that died (from its checkpoint) or of a torchrun group, before the job "
-                                     "fails."),
-    peer_recovery: bool = typer.Option(True, help="A learner restarted without its inner optimizer state copies a "
-                                       "live learner's (docs/cluster.md)."),
-    learner_state: options.LearnerState = typer.Option("shared", help="slurm: where a learner keeps its inner "
-                                                       "optimizer state: shared (the run directory: a requeued job "
-                                                       "finds it) or scratch (node-local, gone at every requeue, as "
-                                                       "on a new machine: peer recovery restores it)."),
-    sbatch_arg: Optional[list[str]] = typer.Option(None, help="slurm: one more sbatch option for every job, "
-                                                   "e.g. --sbatch-arg=--qos=preempt (repeatable)."),
+    sync_host: str = typer.Option(
+        "auto",
+        help="slurm: the address the synchronizer listens on; auto: its node's "
+        "first address (a token is then generated unless given).",
+    ),
+    term_grace: float = typer.Option(
+        20.0,
+        min=0.1,
+        max=86400.0,
+        help="slurm: seconds a preempted learner has to send its work and exit (below Slurm's KillWait).",
+    ),
+    max_restarts: int = typer.Option(
+        2,
+        min=0,
+        max=100,
+        help="slurm: restarts inside one job of a synchronizer "
+        "shard that died (from its checkpoint) or of a torchrun group, before the job "
+        "fails.",
+    ),
+    peer_recovery: bool = typer.Option(
+        True, help="A learner restarted without its inner optimizer state copies a live learner's (docs/cluster.md)."
+    ),
+    learner_state: options.LearnerState = typer.Option(
+        "shared",
+        help="slurm: where a learner keeps its inner "
+        "optimizer state: shared (the run directory: a requeued job "
+        "finds it) or scratch (node-local, gone at every requeue, as "
+        "on a new machine: peer recovery restores it).",
+    ),
+    sbatch_arg: Optional[list[str]] = typer.Option(
+        None, help="slurm: one more sbatch option for every job, e.g. --sbatch-arg=--qos=preempt (repeatable)."
+    ),
 ) -> None:
     """Train with real processes and real sockets, inject faults, report goodput, stalls and loss."""
 
@@ -126,10 +171,17 @@ def run(
     try:
         trace = FailureTrace.load(chaos_trace) if chaos_trace is not None else None
         chaos = ChaosSettings(
-            learner_mtbf=learner_mtbf, learner_down=learner_down, straggle=straggle, straggle_every=straggle_every,
-            kill_synchronizer_at=kill_synchronizer_at, synchronizer_down=synchronizer_down,
-            kill_shards=_shards(kill_shards, sync_shards), kill_every=kill_every,
-            net_delay_ms=net_delay, trace=trace, seed=seed,
+            learner_mtbf=learner_mtbf,
+            learner_down=learner_down,
+            straggle=straggle,
+            straggle_every=straggle_every,
+            kill_synchronizer_at=kill_synchronizer_at,
+            synchronizer_down=synchronizer_down,
+            kill_shards=_shards(kill_shards, sync_shards),
+            kill_every=kill_every,
+            net_delay_ms=net_delay,
+            trace=trace,
+            seed=seed,
         )
         if trace is not None and any(o.learner >= learners for o in trace.outages):
             raise ValueError(f"{chaos_trace} names learners beyond 0..{learners - 1}")
@@ -140,14 +192,39 @@ def run(
         fragments = fit_fragments(len(list(task.build_model(seed).parameters())), fragments, sync_every)
         config = RunConfig(
             run_dir=run_dir or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"),
-            method=method, model=model, model_size=model_size, data=data, seq_len=seq_len, learners=learners,
-            fragments=fragments, sync_every=sync_every, overlap=overlap, quorum=quorum, grace=grace, merge=merge,
-            outer_lr=outer_lr, outer_momentum=outer_momentum, arrival=options.plain(arrival)[0], final_momentum=final_momentum,
-            inner_lr=inner_lr, batch_size=batch_size, seed=seed,
-            tokens=tokens if tokens is not None or duration is not None else 400_000, duration=duration,
-            sync_shards=sync_shards, codec=codec, codec_down=codec_down, bulk_socket=bulk_socket,
-            wan=(net_latency, net_bandwidth, net_jitter), heartbeat=heartbeat, checkpoint_every=checkpoint_every,
-            threads=options.shared_threads(threads, learners + sync_shards), min_step_seconds=min_step_seconds, eval_batches=eval_batches, eval_every=eval_every, token=auth.resolve_token(token),
+            method=method,
+            model=model,
+            model_size=model_size,
+            data=data,
+            seq_len=seq_len,
+            learners=learners,
+            fragments=fragments,
+            sync_every=sync_every,
+            overlap=overlap,
+            quorum=quorum,
+            grace=grace,
+            merge=merge,
+            outer_lr=outer_lr,
+            outer_momentum=outer_momentum,
+            arrival=options.plain(arrival)[0],
+            final_momentum=final_momentum,
+            inner_lr=inner_lr,
+            batch_size=batch_size,
+            seed=seed,
+            tokens=tokens if tokens is not None or duration is not None else 400_000,
+            duration=duration,
+            sync_shards=sync_shards,
+            codec=codec,
+            codec_down=codec_down,
+            bulk_socket=bulk_socket,
+            wan=(net_latency, net_bandwidth, net_jitter),
+            heartbeat=heartbeat,
+            checkpoint_every=checkpoint_every,
+            threads=options.shared_threads(threads, learners + sync_shards),
+            min_step_seconds=min_step_seconds,
+            eval_batches=eval_batches,
+            eval_every=eval_every,
+            token=auth.resolve_token(token),
             peer_recovery=peer_recovery,
             chaos=chaos,
         )
@@ -157,11 +234,21 @@ def run(
             raise ValueError(f"--run-dir {config.run_dir}: cannot create it ({exc.strerror})") from None
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
         raise user_error(exc) from None
-    slurm_only = {"--dry-run": dry_run, "--detach": detach, "--partition": partition, "--account": account,
-                  "--time": time_limit, "--nodes-per-learner": nodes_per_learner != 1,
-                  "--procs-per-node": procs_per_node != 1, "--gpus-per-node": gpus_per_node,
-                  "--cpus-per-task": cpus_per_task, "--sync-host": sync_host != "auto", "--sbatch-arg": sbatch_arg,
-                  "--learner-state": options.plain(learner_state)[0] != "shared", "--max-restarts": max_restarts != 2}
+    slurm_only = {
+        "--dry-run": dry_run,
+        "--detach": detach,
+        "--partition": partition,
+        "--account": account,
+        "--time": time_limit,
+        "--nodes-per-learner": nodes_per_learner != 1,
+        "--procs-per-node": procs_per_node != 1,
+        "--gpus-per-node": gpus_per_node,
+        "--cpus-per-task": cpus_per_task,
+        "--sync-host": sync_host != "auto",
+        "--sbatch-arg": sbatch_arg,
+        "--learner-state": options.plain(learner_state)[0] != "shared",
+        "--max-restarts": max_restarts != 2,
+    }
     given = [flag for flag, value in slurm_only.items() if value]
     if options.plain(backend)[0] == "local" and given:
         raise user_error(ValueError(f"{', '.join(given)}: only with --backend slurm"))
@@ -171,13 +258,27 @@ def run(
         from ._slurm import check_local_only, run_on_slurm
 
         try:
-            check_local_only(learner_mtbf=learner_mtbf, straggle=straggle, kill_synchronizer_at=kill_synchronizer_at,
-                             chaos_trace=chaos_trace, net_delay=net_delay or None)
-            opts = SlurmOptions(partition=partition, account=account, time_limit=time_limit,
-                                nodes_per_learner=nodes_per_learner, procs_per_node=procs_per_node,
-                                gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, host=sync_host,
-                                term_grace=term_grace, extra=tuple(sbatch_arg or ()), max_restarts=max_restarts,
-                                learner_state=options.plain(learner_state)[0])
+            check_local_only(
+                learner_mtbf=learner_mtbf,
+                straggle=straggle,
+                kill_synchronizer_at=kill_synchronizer_at,
+                chaos_trace=chaos_trace,
+                net_delay=net_delay or None,
+            )
+            opts = SlurmOptions(
+                partition=partition,
+                account=account,
+                time_limit=time_limit,
+                nodes_per_learner=nodes_per_learner,
+                procs_per_node=procs_per_node,
+                gpus_per_node=gpus_per_node,
+                cpus_per_task=cpus_per_task,
+                host=sync_host,
+                term_grace=term_grace,
+                extra=tuple(sbatch_arg or ()),
+                max_restarts=max_restarts,
+                learner_state=options.plain(learner_state)[0],
+            )
             result = run_on_slurm(dataclasses.replace(config, threads=threads), opts, dry_run, detach)
         except (ValueError, SlurmError) as exc:
             raise user_error(exc) from None
@@ -187,9 +288,16 @@ def run(
 
     from ._local import run_locally
 
-    run_locally(config, task, method=method, quiet=quiet, eval_every=eval_every, as_json=as_json,
-                sinks=(tensorboard, wandb, wandb_mode, wandb_project),
-                dashboard=(dashboard_host, dashboard_port) if dashboard else None)
+    run_locally(
+        config,
+        task,
+        method=method,
+        quiet=quiet,
+        eval_every=eval_every,
+        as_json=as_json,
+        sinks=(tensorboard, wandb, wandb_mode, wandb_project),
+        dashboard=(dashboard_host, dashboard_port) if dashboard else None,
+    )
 
 
 def _shards(spec: str, shards: int) -> tuple[int, ...]:

@@ -59,13 +59,15 @@ def failure_trace(
 @app.command("sim")
 def sim(
     method: options.SimMethod = typer.Option("decoupled", help="Decoupled DiLoCo or one of its baselines."),
-    model: options.Model = typer.Option("gpt", help="gpt (dense transformer LM), gpt-moe (mixture of experts) or "
-                                        "vision."),
+    model: options.Model = typer.Option(
+        "gpt", help="gpt (dense transformer LM), gpt-moe (mixture of experts) or vision."
+    ),
     model_size: options.ModelSize = typer.Option("default", help="default (~1M parameters) or tiny (quick checks)."),
     data: Optional[str] = options.DATA,
     seq_len: int = options.SEQ_LEN,
-    tokenizer: options.Tokenizer = typer.Option("byte", help="byte (256 symbols) or bpe (trained here on the "
-                                                "training text)."),
+    tokenizer: options.Tokenizer = typer.Option(
+        "byte", help="byte (256 symbols) or bpe (trained here on the training text)."
+    ),
     bpe_vocab: int = typer.Option(1024, help="Vocabulary size of the BPE tokenizer."),
     learners: int = options.LEARNERS,
     fragments: Optional[int] = options.FRAGMENTS,
@@ -80,7 +82,9 @@ def sim(
     final_momentum: bool = options.FINAL_MOMENTUM,
     inner_lr: float = typer.Option(3e-3, help="Inner AdamW learning rate (peak; cosine decay over the run)."),
     batch_size: int = typer.Option(16, help="Sequences (or images) per learner step."),
-    tokens: int = typer.Option(400_000, help="Token budget: training stops when the learners have trained on this many."),
+    tokens: int = typer.Option(
+        400_000, help="Token budget: training stops when the learners have trained on this many."
+    ),
     seed: int = typer.Option(0, help="Seed: the run is deterministic from it."),
     step_time: float = typer.Option(1.0, help="Simulated seconds per step of a learner of speed 1."),
     speeds: Optional[str] = typer.Option(None, help="Per-learner slowdown factors, e.g. 1,1,1.2,1.2."),
@@ -88,28 +92,43 @@ def sim(
     jitter: float = typer.Option(0.0, help="Uniform step-time jitter, e.g. 0.1 for +-10 %."),
     straggle_prob: float = typer.Option(0.0, help="Chance that a step straggles."),
     straggle_factor: float = typer.Option(3.0, help="How much slower a straggling step is."),
-    failures: Optional[Path] = typer.Option(None, "--chaos-trace", help="Failure trace CSV (learner,down_at,up_at) to replay."),
-    failures_scale: float = typer.Option(1.0, "--chaos-trace-scale", help="Multiply the trace's times by this (trace seconds to sim seconds)."),
-    fail_mtbf: Optional[float] = typer.Option(None, "--learner-mtbf", help="Random failures: mean simulated seconds between a learner's failures."),
-    fail_downtime: float = typer.Option(15.0, "--learner-down", help="Random failures: mean simulated seconds a failed learner stays down."),
+    failures: Optional[Path] = typer.Option(
+        None, "--chaos-trace", help="Failure trace CSV (learner,down_at,up_at) to replay."
+    ),
+    failures_scale: float = typer.Option(
+        1.0, "--chaos-trace-scale", help="Multiply the trace's times by this (trace seconds to sim seconds)."
+    ),
+    fail_mtbf: Optional[float] = typer.Option(
+        None, "--learner-mtbf", help="Random failures: mean simulated seconds between a learner's failures."
+    ),
+    fail_downtime: float = typer.Option(
+        15.0, "--learner-down", help="Random failures: mean simulated seconds a failed learner stays down."
+    ),
     latency: float = typer.Option(0.01, help="One-way message latency, simulated seconds."),
     bandwidth: float = typer.Option(1e9, help="Link bandwidth, bytes per simulated second."),
-    codec: Optional[options.Codec] = typer.Option(None, "--codec", help="Send outer gradients through this wire "
-                                                  "codec (values and bytes, as the runtime does). Default: exact, "
-                                                  "as the quality benchmarks run."),
+    codec: Optional[options.Codec] = typer.Option(
+        None,
+        "--codec",
+        help="Send outer gradients through this wire "
+        "codec (values and bytes, as the runtime does). Default: exact, "
+        "as the quality benchmarks run.",
+    ),
     reconfigure_seconds: float = typer.Option(5.0, help="elastic-ddp: pause on every membership change."),
     eval_batches: int = typer.Option(20, help="Validation batches for the final evaluation."),
     threads: int = options.THREADS,
     events: Optional[Path] = typer.Option(
-        None, "--event-log", help="Write the run's events (failures, joins, merges with who was admitted, rejections) as JSON lines."
+        None,
+        "--event-log",
+        help="Write the run's events (failures, joins, merges with who was admitted, rejections) as JSON lines.",
     ),
     tensorboard: Optional[Path] = options.TENSORBOARD,
     wandb: bool = options.WANDB,
     wandb_mode: options.WandbMode = options.WANDB_MODE,
     wandb_project: str = options.WANDB_PROJECT,
     run_dir: Optional[Path] = typer.Option(
-        None, help="Keep the whole run here: config.json, summary.json, metrics.jsonl (eval loss, training loss, "
-        "goodput over tokens and time), events.jsonl. `ddiloco report DIR` plots it."
+        None,
+        help="Keep the whole run here: config.json, summary.json, metrics.jsonl (eval loss, training loss, "
+        "goodput over tokens and time), events.jsonl. `ddiloco report DIR` plots it.",
     ),
     as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding the summary."),
     quiet: bool = typer.Option(False, help="No progress bar."),
@@ -128,8 +147,9 @@ def sim(
             from ..api.model import fit_fragments
             from ..train.tasks import make_task
 
-            probe = make_task(model, data, seq_len=seq_len, model_size=model_size, tokenizer=tokenizer,
-                              bpe_vocab_size=bpe_vocab)
+            probe = make_task(
+                model, data, seq_len=seq_len, model_size=model_size, tokenizer=tokenizer, bpe_vocab_size=bpe_vocab
+            )
             fragments = fit_fragments(len(list(probe.build_model(seed).parameters())), None, sync_every)
         algorithm = AlgorithmConfig(
             fragments=fragments,
@@ -157,7 +177,9 @@ def sim(
             learners=learners,
             tokens=tokens,
             seed=seed,
-            algorithm=algorithm if method in ("decoupled", "diloco") else AlgorithmConfig(fragments=1, sync_every=max(2, sync_every)),
+            algorithm=algorithm
+            if method in ("decoupled", "diloco")
+            else AlgorithmConfig(fragments=1, sync_every=max(2, sync_every)),
             inner=InnerConfig(lr=inner_lr, batch_size=batch_size),
             steps=steps,
             link=LinkModel(latency, bandwidth),
@@ -177,12 +199,22 @@ def sim(
             events = events or record.events_path
     except ValueError as exc:
         raise user_error(exc) from None
-    sinks = metric_sinks(tensorboard, wandb, wandb_mode, wandb_project, run_dir or Path.cwd(),
-                         run_dir.name if run_dir else None, jsonable(config))
+    sinks = metric_sinks(
+        tensorboard,
+        wandb,
+        wandb_mode,
+        wandb_project,
+        run_dir or Path.cwd(),
+        run_dir.name if run_dir else None,
+        jsonable(config),
+    )
     metrics = record.metrics(sinks) if record is not None else (MetricsLog(None, sinks) if sinks else None)
     with EventLog(events, append=False) as log, progress_bar(f"{method} x{learners}", disabled=quiet) as update:
-        progress = update if metrics is None else SimRecorder(metrics, task, config.tokens,
-                                                               eval_batches=config.eval_batches, forward=update)
+        progress = (
+            update
+            if metrics is None
+            else SimRecorder(metrics, task, config.tokens, eval_batches=config.eval_batches, forward=update)
+        )
         result = run_sim(config, task=task, progress=progress, observer=log.observe)
     if metrics is not None:
         metrics.close()

@@ -10,7 +10,9 @@ from . import app
 
 
 @app.command("slurm-stop")
-def slurm_stop(run_dir: Path = typer.Argument(..., help="The run directory given to ddiloco run --backend slurm.")) -> None:
+def slurm_stop(
+    run_dir: Path = typer.Argument(..., help="The run directory given to ddiloco run --backend slurm."),
+) -> None:
     """Stop the run the clean way (learners send their work, shards checkpoint), then scancel its jobs."""
     from ..cluster.slurm import SlurmError
     from ._slurm import stop_from_run_dir

@@ -12,8 +12,9 @@ from .output import user_error
 
 @app.command("stop")
 def stop(
-    address: str = typer.Argument(..., metavar="ADDRESS", help="Synchronizer address(es) host:port, comma-separated, "
-                                  "one per shard."),
+    address: str = typer.Argument(
+        ..., metavar="ADDRESS", help="Synchronizer address(es) host:port, comma-separated, one per shard."
+    ),
     token: Optional[str] = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN)."),
     reason: str = typer.Option("stopped from the command line", help="Why, for the synchronizer's log."),
     timeout: float = typer.Option(10.0, min=0.1, max=3600.0, help="Seconds to wait for each shard's answer."),

@@ -39,14 +39,21 @@ def synchronizer(
     data: Optional[str] = options.DATA,
     seq_len: int = options.SEQ_LEN,
     seed: int = typer.Option(0, help="Seed of the initial parameters."),
-    init: Optional[Path] = typer.Option(None, help="Initial parameters instead of --model: a safetensors file "
-                                        "(ddiloco.save_initial(model, path) records the embeddings too) or a Hugging "
-                                        "Face model folder (needs pip install 'ddiloco[hf]')."),
-    plain_names: Optional[str] = typer.Option(None, help="With --init: comma-separated tensors merged by plain "
-                                              "averaging (embeddings); default: those the file records or the "
-                                              "Hugging Face model's embeddings."),
-    method: options.RuntimeMethod = typer.Option("decoupled", help="decoupled, or diloco (synchronous baseline: "
-                                                 "P=1, tau=0, K=M)."),
+    init: Optional[Path] = typer.Option(
+        None,
+        help="Initial parameters instead of --model: a safetensors file "
+        "(ddiloco.save_initial(model, path) records the embeddings too) or a Hugging "
+        "Face model folder (needs pip install 'ddiloco[hf]').",
+    ),
+    plain_names: Optional[str] = typer.Option(
+        None,
+        help="With --init: comma-separated tensors merged by plain "
+        "averaging (embeddings); default: those the file records or the "
+        "Hugging Face model's embeddings.",
+    ),
+    method: options.RuntimeMethod = typer.Option(
+        "decoupled", help="decoupled, or diloco (synchronous baseline: P=1, tau=0, K=M)."
+    ),
     learners: int = options.LEARNERS,
     fragments: Optional[int] = options.FRAGMENTS,
     sync_every: int = options.SYNC_EVERY,
@@ -61,36 +68,63 @@ def synchronizer(
     max_outer_norm_ratio: float = options.MAX_OUTER_NORM_RATIO,
     shard: int = typer.Option(0, min=0, help="This process's shard index."),
     num_shards: int = typer.Option(1, min=1, help="Shards in all: fragment p lives on shard p mod num_shards."),
-    max_learners: Optional[int] = typer.Option(None, min=1, max=2**20, help="Accept learner ids 0..N-1 only "
-                                               "(default: --learners); bounds what the synchronizer keeps."),
+    max_learners: Optional[int] = typer.Option(
+        None,
+        min=1,
+        max=2**20,
+        help="Accept learner ids 0..N-1 only (default: --learners); bounds what the synchronizer keeps.",
+    ),
     checkpoint_dir: Optional[Path] = typer.Option(None, help="Checkpoint folder; resumed from if it holds one."),
-    checkpoint_every: int = typer.Option(1, min=0, help="Merges between checkpoints (1: write-ahead, no version a learner "
-                                         "saw is ever lost; 0: only at the end and on SIGTERM)."),
+    checkpoint_every: int = typer.Option(
+        1,
+        min=0,
+        help="Merges between checkpoints (1: write-ahead, no version a learner "
+        "saw is ever lost; 0: only at the end and on SIGTERM).",
+    ),
     fresh: bool = typer.Option(False, help="Refuse to start if --checkpoint-dir already holds a checkpoint."),
-    keep_versions: int = typer.Option(2, min=1, max=1000, help="Versions of each fragment the checkpoint keeps on disk."),
-    budget_counts: options.BudgetCounts = typer.Option("trained", help="What --tokens counts: every token the "
-                                                       "learners trained, or only those merged into the model."),
-    tokens: Optional[int] = typer.Option(None, **options.TOKENS_BUDGET, help="Stop the run once the learners trained this many tokens."),
-    duration: Optional[float] = typer.Option(None, **options.DURATION_BUDGET, help="Stop the run after this many seconds."),
+    keep_versions: int = typer.Option(
+        2, min=1, max=1000, help="Versions of each fragment the checkpoint keeps on disk."
+    ),
+    budget_counts: options.BudgetCounts = typer.Option(
+        "trained", help="What --tokens counts: every token the learners trained, or only those merged into the model."
+    ),
+    tokens: Optional[int] = typer.Option(
+        None, **options.TOKENS_BUDGET, help="Stop the run once the learners trained this many tokens."
+    ),
+    duration: Optional[float] = typer.Option(
+        None, **options.DURATION_BUDGET, help="Stop the run after this many seconds."
+    ),
     heartbeat: float = options.HEARTBEAT,
-    failure_timeout: Optional[float] = typer.Option(None, min=0.01, help="Declare a silent learner gone after this (6 h)."),
+    failure_timeout: Optional[float] = typer.Option(
+        None, min=0.01, help="Declare a silent learner gone after this (6 h)."
+    ),
     token: Optional[str] = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN); required beyond loopback."),
     insecure_no_auth: bool = typer.Option(False, help="Allow listening beyond loopback without a token."),
     tls_cert: Optional[Path] = typer.Option(None, help="TLS certificate (PEM)."),
     tls_key: Optional[Path] = typer.Option(None, help="TLS private key (PEM)."),
-    codec_down: options.CodecDown = typer.Option(options.CodecDown.bf16, help="Codec of global fragments sent to "
-                                                 "learners (the synchronizer's master copy stays fp32)."),
-    bulk_socket: bool = typer.Option(True, help="Take pushes and fetches on a plain TCP port too (told to learners "
-                                     "when they register; the token and TLS apply): about twice gRPC's speed for "
-                                     "large fragments. Control always stays on gRPC."),
+    codec_down: options.CodecDown = typer.Option(
+        options.CodecDown.bf16,
+        help="Codec of global fragments sent to learners (the synchronizer's master copy stays fp32).",
+    ),
+    bulk_socket: bool = typer.Option(
+        True,
+        help="Take pushes and fetches on a plain TCP port too (told to learners "
+        "when they register; the token and TLS apply): about twice gRPC's speed for "
+        "large fragments. Control always stays on gRPC.",
+    ),
     bulk_port: int = typer.Option(0, min=0, max=65535, help="Port of the bulk socket plane (0: any free one)."),
     chunk_bytes: int = typer.Option(1 << 20, min=1024, max=1 << 26, help="Bytes per wire chunk."),
-    max_message_bytes: int = typer.Option(1 << 30, min=1024, max=1 << 40, help="Largest contribution accepted, in bytes."),
+    max_message_bytes: int = typer.Option(
+        1 << 30, min=1024, max=1 << 40, help="Largest contribution accepted, in bytes."
+    ),
     event_log: Optional[Path] = typer.Option(None, help="Append events (merges, joins, rejections) as JSON lines."),
     summary: Optional[Path] = typer.Option(None, help="Write the final status as JSON here on exit."),
     exit_when_done: bool = typer.Option(True, help="Exit once a stopped run has drained."),
-    dashboard: bool = typer.Option(False, help="Serve the live web dashboard of this shard (its address is "
-                                   "printed; the learners' sessions, versions, merges, goodput, training loss)."),
+    dashboard: bool = typer.Option(
+        False,
+        help="Serve the live web dashboard of this shard (its address is "
+        "printed; the learners' sessions, versions, merges, goodput, training loss).",
+    ),
     dashboard_host: str = options.DASHBOARD_HOST,
     dashboard_port: int = options.DASHBOARD_PORT,
     threads: int = options.THREADS,
@@ -124,32 +158,54 @@ def synchronizer(
             if given is None and recorded is None:
                 logging.getLogger(__name__).warning(
                     "%s records no embeddings: every tensor gets the radial-directional merge (name them with "
-                    "--plain-names, or save the file with ddiloco.save_initial)", init)
+                    "--plain-names, or save the file with ddiloco.save_initial)",
+                    init,
+                )
         else:
             from ..train.tasks import make_task
 
             task = make_task(model, data, seq_len=seq_len, model_size=model_size)
             params = {n: p.detach() for n, p in task.build_model(seed).named_parameters()}
             plain = frozenset(task.embedding_names)
-        algorithm = algorithm_for(method, learners, fragments=fit_fragments(len(params), fragments, sync_every),
-                                  sync_every=sync_every, overlap=overlap, quorum=quorum, grace=grace, merge=merge,
-                                  outer_lr=outer_lr, outer_momentum=outer_momentum, arrival=options.plain(arrival)[0],
-                                  final_momentum=final_momentum, max_outer_norm_ratio=max_outer_norm_ratio)
+        algorithm = algorithm_for(
+            method,
+            learners,
+            fragments=fit_fragments(len(params), fragments, sync_every),
+            sync_every=sync_every,
+            overlap=overlap,
+            quorum=quorum,
+            grace=grace,
+            merge=merge,
+            outer_lr=outer_lr,
+            outer_momentum=outer_momentum,
+            arrival=options.plain(arrival)[0],
+            final_momentum=final_momentum,
+            max_outer_norm_ratio=max_outer_norm_ratio,
+        )
         note = balance_note(params, algorithm.fragments)
         if note:
             logging.getLogger(__name__).warning(note)
         extra = {} if failure_timeout is None else {"failure": failure_timeout}
         settings = ServiceSettings(
-            shard=shard, num_shards=num_shards, max_learners=max_learners or learners, codec_down=codec_down,
-            chunk_bytes=chunk_bytes, max_message_bytes=max_message_bytes, checkpoint_every=checkpoint_every,
-            tokens=tokens, duration=duration, timeouts=Timeouts.derive(heartbeat, **extra),
-            keep_versions=keep_versions, budget_counts=options.plain(budget_counts)[0],
+            shard=shard,
+            num_shards=num_shards,
+            max_learners=max_learners or learners,
+            codec_down=codec_down,
+            chunk_bytes=chunk_bytes,
+            max_message_bytes=max_message_bytes,
+            checkpoint_every=checkpoint_every,
+            tokens=tokens,
+            duration=duration,
+            timeouts=Timeouts.derive(heartbeat, **extra),
+            keep_versions=keep_versions,
+            budget_counts=options.plain(budget_counts)[0],
         )
         service = build_service(params, algorithm, settings, plain, checkpoint_dir, event_log)
         del params
         credentials = auth.server_credentials(tls_cert, tls_key)
-        server = SynchronizerServer(service, host, port, secret, credentials, bulk_socket=bulk_socket,
-                                    bulk_port=bulk_port)
+        server = SynchronizerServer(
+            service, host, port, secret, credentials, bulk_socket=bulk_socket, bulk_port=bulk_port
+        )
         address = server.start()
     except (ValueError, OSError, FileNotFoundError) as exc:
         raise user_error(exc) from None
@@ -160,8 +216,9 @@ def synchronizer(
 
         try:
             auth.require_token_policy(dashboard_host, secret, False)
-            board = Dashboard(ShardState(service.status, method, learners, duration, tokens),
-                              dashboard_host, dashboard_port, secret)
+            board = Dashboard(
+                ShardState(service.status, method, learners, duration, tokens), dashboard_host, dashboard_port, secret
+            )
         except (ValueError, OSError) as exc:
             server.stop()
             raise typer.BadParameter(str(exc), param_hint="--dashboard-host/--dashboard-port") from None
@@ -188,7 +245,21 @@ def synchronizer(
     status = service.status()
     if summary is not None:
         atomic_write(summary, json.dumps(status, indent=1, sort_keys=True).encode())
-    print(json.dumps({k: status[k] for k in ("versions", "merges", "contributions", "rejected_contributions",
-                                            "tokens_reported", "tokens_merged")}), flush=True)
+    print(
+        json.dumps(
+            {
+                k: status[k]
+                for k in (
+                    "versions",
+                    "merges",
+                    "contributions",
+                    "rejected_contributions",
+                    "tokens_reported",
+                    "tokens_merged",
+                )
+            }
+        ),
+        flush=True,
+    )
     # 0 only when the run is over; stopped by a signal before that (checkpoint written): 128 + SIGTERM
     sys.exit(0 if status["finished"] else 128 + signal.SIGTERM)

@@ -56,9 +56,15 @@ class SlurmOptions:
 
 
 def _header(name: str, out: Path, opts: SlurmOptions, nodes: int, requeue: bool, gpus: int) -> list[str]:
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --output={out}/slurm-%j.out",
-             "#SBATCH --open-mode=append", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
-             "#SBATCH --requeue" if requeue else "#SBATCH --no-requeue"]
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={name}",
+        f"#SBATCH --output={out}/slurm-%j.out",
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --requeue" if requeue else "#SBATCH --no-requeue",
+    ]
     if opts.cpus_per_task:
         lines.append(f"#SBATCH --cpus-per-task={opts.cpus_per_task}")
     if gpus:
@@ -97,34 +103,41 @@ def synchronizer_script(config: RunConfig, opts: SlurmOptions, shard: int) -> st
     args[args.index("--host") + 1] = "__HOST__"
     args[args.index("--port") + 1] = "__PORT__"
     command = _command([opts.python, "-m", "ddiloco", *args]).replace("__HOST__", host).replace("__PORT__", '"$PORT"')
-    return "\n".join([
-        *_header(job_name(config, f"sync{shard}"), d, opts, 1, True, 0),
-        *_token_lines(config),
-        'echo "synchronizer job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date +%T)" >&2',
-        f"rm -f {address}",
-        "PORT=0",
-        "STOPPING=0",
-        "trap 'STOPPING=1' TERM INT  # scancel, requeue or preemption: no restart inside this job",
-        f"for attempt in $(seq 0 {opts.max_restarts}); do",
-        f"    srun --ntasks=1 {command} &",
-        "    wait $!",
-        "    rc=$?",
-        '    if [ "$STOPPING" = 1 ]; then wait; exit "$rc"; fi',
-        '    [ "$rc" = 0 ] && exit 0',
-        f'    [ -s {address} ] && PORT="$(sed -n \'s/.*:\\([0-9]*\\)$/\\1/p\' {address})"',
-        '    echo "synchronizer exited with $rc; restart $((attempt + 1)) from its checkpoint on port $PORT" >&2',
-        "done",
-        'exit "$rc"',
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                *_header(job_name(config, f"sync{shard}"), d, opts, 1, True, 0),
+                *_token_lines(config),
+                'echo "synchronizer job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date +%T)" >&2',
+                f"rm -f {address}",
+                "PORT=0",
+                "STOPPING=0",
+                "trap 'STOPPING=1' TERM INT  # scancel, requeue or preemption: no restart inside this job",
+                f"for attempt in $(seq 0 {opts.max_restarts}); do",
+                f"    srun --ntasks=1 {command} &",
+                "    wait $!",
+                "    rc=$?",
+                '    if [ "$STOPPING" = 1 ]; then wait; exit "$rc"; fi',
+                '    [ "$rc" = 0 ] && exit 0',
+                f"    [ -s {address} ] && PORT=\"$(sed -n 's/.*:\\([0-9]*\\)$/\\1/p' {address})\"",
+                '    echo "synchronizer exited with $rc; restart $((attempt + 1)) from its checkpoint on port $PORT" >&2',
+                "done",
+                'exit "$rc"',
+            ]
+        )
+        + "\n"
+    )
 
 
 def learner_script(config: RunConfig, opts: SlurmOptions, m: int) -> str:
     d = config.learner_dir(m).resolve()
     files = [config.sync_dir(s).resolve() / "address" for s in range(config.sync_shards)]
-    wait = [f"for f in {' '.join(shlex.quote(str(f)) for f in files)}; do",
-            f"    for _ in $(seq {opts.address_wait}); do [ -s \"$f\" ] && break; sleep 1; done",
-            '    [ -s "$f" ] || { echo "no synchronizer address in $f" >&2; exit 1; }',
-            "done"]
+    wait = [
+        f"for f in {' '.join(shlex.quote(str(f)) for f in files)}; do",
+        f'    for _ in $(seq {opts.address_wait}); do [ -s "$f" ] && break; sleep 1; done',
+        '    [ -s "$f" ] || { echo "no synchronizer address in $f" >&2; exit 1; }',
+        "done",
+    ]
     # @FILE: the learner reads the address files again whenever a shard stops answering (a shard moved)
     args = [*config.learner_args(m, [f"@{f}" for f in files]), "--term-grace", f"{opts.term_grace:g}"]
     scratch: list[str] = []
@@ -137,23 +150,50 @@ def learner_script(config: RunConfig, opts: SlurmOptions, m: int) -> str:
         run = f"exec srun --ntasks=1 {_command([opts.python, '-m', 'ddiloco', *args])}"
         setup: list[str] = []
     else:
-        setup = ["export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1  # restarts must not read the last round's "
-                 "addresses (pytorch#135712)",
-                 'FIRST="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
-                 'RDZV="$(scontrol show node "$FIRST" -o | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')"',
-                 'PORT=$((29500 + SLURM_JOB_ID % 1000))']
-        torchrun = [opts.python, "-m", "torch.distributed.run", "--nnodes", str(opts.nodes_per_learner),
-                    "--nproc-per-node", str(opts.procs_per_node), "--max-restarts", str(opts.max_restarts),
-                    "--rdzv-backend", "c10d", "--rdzv-id", "__JOB__", "--rdzv-endpoint", "__RDZV__",
-                    "-m", "ddiloco", *args]
-        run = ("exec srun --ntasks-per-node=1 " + _command(torchrun)
-               .replace("__JOB__", '"$SLURM_JOB_ID"').replace("__RDZV__", '"$RDZV:$PORT"'))
-    return "\n".join([
-        *_header(job_name(config, f"learner{m}"), d, opts, opts.nodes_per_learner, True, opts.gpus_per_node),
-        *_token_lines(config),
-        'echo "learner job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date +%T)" >&2',
-        *wait, *scratch, *setup, run,
-    ]) + "\n"
+        setup = [
+            "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1  # restarts must not read the last round's "
+            "addresses (pytorch#135712)",
+            'FIRST="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
+            'RDZV="$(scontrol show node "$FIRST" -o | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')"',
+            "PORT=$((29500 + SLURM_JOB_ID % 1000))",
+        ]
+        torchrun = [
+            opts.python,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            str(opts.nodes_per_learner),
+            "--nproc-per-node",
+            str(opts.procs_per_node),
+            "--max-restarts",
+            str(opts.max_restarts),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-id",
+            "__JOB__",
+            "--rdzv-endpoint",
+            "__RDZV__",
+            "-m",
+            "ddiloco",
+            *args,
+        ]
+        run = "exec srun --ntasks-per-node=1 " + _command(torchrun).replace("__JOB__", '"$SLURM_JOB_ID"').replace(
+            "__RDZV__", '"$RDZV:$PORT"'
+        )
+    return (
+        "\n".join(
+            [
+                *_header(job_name(config, f"learner{m}"), d, opts, opts.nodes_per_learner, True, opts.gpus_per_node),
+                *_token_lines(config),
+                'echo "learner job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date +%T)" >&2',
+                *wait,
+                *scratch,
+                *setup,
+                run,
+            ]
+        )
+        + "\n"
+    )
 
 
 def write_scripts(config: RunConfig, opts: SlurmOptions) -> dict[str, Path]:

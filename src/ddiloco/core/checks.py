@@ -32,8 +32,10 @@ class ContributionChecks:
     def measure(c: Contribution) -> dict[str, float]:
         """The L2 norm of each tensor of a contribution: one pass each, and a NaN or Inf anywhere
         makes its norm non-finite. Pure, so a driver may take it before its lock."""
-        return {name: norm(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else math.nan
-                for name, t in c.outer_gradient.items()}
+        return {
+            name: norm(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else math.nan
+            for name, t in c.outer_gradient.items()
+        }
 
     def _invalid(self, c: Contribution, norms: Mapping[str, float]) -> str | None:
         """Why a contribution must be refused, or None. Nothing is changed by a refused message."""
@@ -73,8 +75,10 @@ class ContributionChecks:
         floor_sq = 1e-2 * self.plan.sizes[c.fragment]  # an RMS of 0.1 per value
         limit = ratio * math.sqrt(max(param_sq, floor_sq))
         if not math.sqrt(grad_sq) <= limit:
-            return (f"outer gradient too large: norm {math.sqrt(grad_sq):.3g} exceeds {ratio:g} x the fragment's "
-                    f"norm ({limit:.3g}; max_outer_norm_ratio)")
+            return (
+                f"outer gradient too large: norm {math.sqrt(grad_sq):.3g} exceeds {ratio:g} x the fragment's "
+                f"norm ({limit:.3g}; max_outer_norm_ratio)"
+            )
         return None
 
     def _param_norm(self, p: int) -> float:

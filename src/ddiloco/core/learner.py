@@ -191,8 +191,9 @@ class LearnerCore:
     def _checked_names(self, update: FragmentUpdate) -> list[str]:
         names = self.plan.names[update.fragment]
         if set(update.tensors) != set(names):
-            raise ValueError(f"update for fragment {update.fragment} carries {sorted(update.tensors)}, "
-                             f"expected {sorted(names)}")
+            raise ValueError(
+                f"update for fragment {update.fragment} carries {sorted(update.tensors)}, expected {sorted(names)}"
+            )
         return names
 
     def _rebase(self, update: FragmentUpdate) -> None:
@@ -203,8 +204,12 @@ class LearnerCore:
         version it missed, its tokens counted once. Where that is not known, the snapshot counts as sent."""
         p, names = update.fragment, self._checked_names(update)
         pending = self.pending[p]
-        missed = (pending is not None and update.merged is not None and update.version == pending + 1
-                  and self.id not in update.merged)
+        missed = (
+            pending is not None
+            and update.merged is not None
+            and update.version == pending + 1
+            and self.id not in update.merged
+        )
         snap = self.at_snapshot[p] if pending is not None and not missed else None
         reference = snap[0] if snap is not None else self.base[p]
         if snap is None:
@@ -232,8 +237,9 @@ class LearnerCore:
                 value = update.tensors[name]
                 self.params[name].copy_(value, non_blocking=True)  # asynchronous from pinned host memory
                 keep = update.owned and value.dtype == torch.float32 and value.device == self.base_device
-                self.base[p][name] = value.detach() if keep else value.detach().to(self.base_device, torch.float32,
-                                                                                     copy=True)
+                self.base[p][name] = (
+                    value.detach() if keep else value.detach().to(self.base_device, torch.float32, copy=True)
+                )
         self.versions[p] = update.version
         self.counters[p].reset()
         self.pending[p] = None
@@ -315,8 +321,13 @@ class LearnerCore:
                 grads = {n: outer_gradient(b, self.params[n].detach().to(b.device)) for n, b in base.items()}
         c = self.counters[p]
         if self.rebase:  # what arrives later is re-based from here
-            self.at_snapshot[p] = ({name: self.params[name].detach().to(self.base_device, torch.float32, copy=True)
-                                    for name in self.plan.names[p]}, dataclasses.replace(c))
+            self.at_snapshot[p] = (
+                {
+                    name: self.params[name].detach().to(self.base_device, torch.float32, copy=True)
+                    for name in self.plan.names[p]
+                },
+                dataclasses.replace(c),
+            )
         self.pending[p] = self.versions[p]
         self.anchors[p] = self.step
         return Contribution(

@@ -84,7 +84,8 @@ def merge_outer_gradients(
             raise ValueError("all contributions must carry the same tensors")
     merged = {}
     for name in names:
-        direction, scale, _ = merge_direction([g[name] for g in outer_gradients], weights,
-                                           rda=mode == "rda" and name not in plain_names)
+        direction, scale, _ = merge_direction(
+            [g[name] for g in outer_gradients], weights, rda=mode == "rda" and name not in plain_names
+        )
         merged[name] = direction.mul_(scale)
     return merged

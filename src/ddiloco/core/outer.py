@@ -25,8 +25,9 @@ class NesterovOuterOptimizer:
         self.buffers: dict[str, torch.Tensor] = {}
 
     @torch.no_grad()
-    def step(self, params: MutableMapping[str, torch.Tensor], delta: Mapping[str, torch.Tensor],
-             use_momentum: bool = True) -> None:
+    def step(
+        self, params: MutableMapping[str, torch.Tensor], delta: Mapping[str, torch.Tensor], use_momentum: bool = True
+    ) -> None:
         """Apply the merged outer gradient `delta` to `params` in place, all or nothing.
         `use_momentum=False`: a plain step lr * delta, momentum neither applied nor updated.
 
@@ -40,14 +41,19 @@ class NesterovOuterOptimizer:
         scaled = {}
         for name, d in delta.items():
             if d.shape != params[name].shape:
-                raise ValueError(f"{name}: outer gradient shape {tuple(d.shape)} != parameter "
-                                 f"{tuple(params[name].shape)}")
+                raise ValueError(
+                    f"{name}: outer gradient shape {tuple(d.shape)} != parameter {tuple(params[name].shape)}"
+                )
             scaled[name] = (d.to(device=params[name].device, dtype=torch.float32), 1.0)
         self.check(params, scaled, use_momentum)
         self.apply(params, scaled, use_momentum)
 
-    def check(self, params: Mapping[str, torch.Tensor], scaled: Mapping[str, tuple[torch.Tensor, float]],
-              use_momentum: bool = True) -> None:
+    def check(
+        self,
+        params: Mapping[str, torch.Tensor],
+        scaled: Mapping[str, tuple[torch.Tensor, float]],
+        use_momentum: bool = True,
+    ) -> None:
         """Raise FloatingPointError if `apply` would make a parameter or buffer non-finite.
 
         Read-only (so it may run outside a lock while nothing writes these tensors): three min/max
@@ -67,8 +73,12 @@ class NesterovOuterOptimizer:
             if not (_finite(value) and _finite(new_b)):
                 raise FloatingPointError(f"{name}: the outer step would make it non-finite")
 
-    def apply(self, params: Mapping[str, torch.Tensor], scaled: Mapping[str, tuple[torch.Tensor, float]],
-              use_momentum: bool = True) -> None:
+    def apply(
+        self,
+        params: Mapping[str, torch.Tensor],
+        scaled: Mapping[str, tuple[torch.Tensor, float]],
+        use_momentum: bool = True,
+    ) -> None:
         """In place, for update s * d per tensor: buf <- mu buf + s d; Theta <- Theta - lr (s d + mu buf).
         Two passes per tensor with momentum, one without; call `check` first."""
         for name, (d, s) in scaled.items():

@@ -85,8 +85,14 @@ class _Sums:
     weight: float = 0.0
     first: float = 0.0  # the first weight, the unit of the RDA sums
 
-    def add(self, values: Mapping[str, torch.Tensor], norms: Mapping[str, float], w: float,
-            rda: Collection[str], pool: AccumulatorPool | None) -> None:
+    def add(
+        self,
+        values: Mapping[str, torch.Tensor],
+        norms: Mapping[str, float],
+        w: float,
+        rda: Collection[str],
+        pool: AccumulatorPool | None,
+    ) -> None:
         self.first = self.first or w
         total = self.weight + w
         for name, v in values.items():

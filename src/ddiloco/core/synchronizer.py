@@ -110,8 +110,9 @@ class SynchronizerCore(ContributionChecks, SyncState):
         self.grace.sync_time.update(seconds)
 
     # --- messages -------------------------------------------------------------------------------
-    def receive(self, message: LearnerMessage, now: float, hold: bool = False,
-                norms: Mapping[str, float] | None = None) -> list[SyncAction]:
+    def receive(
+        self, message: LearnerMessage, now: float, hold: bool = False, norms: Mapping[str, float] | None = None
+    ) -> list[SyncAction]:
         """`hold`: the driver has more messages queued behind this one at this instant. A round whose
         quorum and grace are met then waits for them instead of merging, so that with K = 1 (or no
         grace) every contribution already queued when the quorum is reached is admitted, not refused
@@ -121,8 +122,9 @@ class SynchronizerCore(ContributionChecks, SyncState):
             raise TypeError(f"unexpected message {type(message).__name__}")
         self._holding = hold
         try:
-            actions = (self._decline(message, now) if isinstance(message, Decline)
-                       else self._contribute(message, now, norms))
+            actions = (
+                self._decline(message, now) if isinstance(message, Decline) else self._contribute(message, now, norms)
+            )
         finally:
             self._holding = False
         return actions if hold else actions + self._advance_all(now)
@@ -144,8 +146,9 @@ class SynchronizerCore(ContributionChecks, SyncState):
         if c.fragment in self.merging and c.base_version == current_version:
             # its round is closed and being merged: this work is stale against the coming version,
             # which every live learner receives anyway
-            return self._reject(c.learner, c.fragment, f"stale: version {current_version} of fragment "
-                                f"{c.fragment} is being merged")
+            return self._reject(
+                c.learner, c.fragment, f"stale: version {current_version} of fragment {c.fragment} is being merged"
+            )
         if c.base_version < current_version:
             # Work against an older global value: merging it would apply a stale outer gradient.
             return self._reject(
@@ -158,8 +161,12 @@ class SynchronizerCore(ContributionChecks, SyncState):
         current = self.rounds.get(c.fragment)
         requests: list[SyncAction] = []
         if current is None:
-            current = Round(version=current_version, opened_at=now, expected=set(self.live),
-                            total=RoundSum(self._rda_names(c.fragment), self.sums))
+            current = Round(
+                version=current_version,
+                opened_at=now,
+                expected=set(self.live),
+                total=RoundSum(self._rda_names(c.fragment), self.sums),
+            )
             self.rounds[c.fragment] = current
             others = tuple(sorted(current.expected - {c.learner}))
             if others:
@@ -211,11 +218,21 @@ class SynchronizerCore(ContributionChecks, SyncState):
         return min(self.config.quorum, max(1, len(able)))
 
     def open_rounds(self) -> list[RoundView]:
-        return [RoundView(fragment=p, version=r.version, opened_at=r.opened_at, quorum_at=r.quorum_at,
-                          deadline=r.deadline, need=self._need(r), contributors=tuple(sorted(r.contributions)),
-                          declined=tuple(sorted(r.declined)), waiting_for=tuple(sorted(self._waiting_for(r))),
-                          live=tuple(sorted(self.live)))
-                for p, r in sorted(self.rounds.items())]
+        return [
+            RoundView(
+                fragment=p,
+                version=r.version,
+                opened_at=r.opened_at,
+                quorum_at=r.quorum_at,
+                deadline=r.deadline,
+                need=self._need(r),
+                contributors=tuple(sorted(r.contributions)),
+                declined=tuple(sorted(r.declined)),
+                waiting_for=tuple(sorted(self._waiting_for(r))),
+                live=tuple(sorted(self.live)),
+            )
+            for p, r in sorted(self.rounds.items())
+        ]
 
     def _advance(self, p: int, now: float) -> list[SyncAction]:
         r = self.rounds[p]
@@ -236,11 +253,19 @@ class SynchronizerCore(ContributionChecks, SyncState):
             weights = [1.0] * len(contributions)
         names = self.plan.names[p]
         job = MergeJob(
-            fragment=p, version=r.version, contributions=contributions, weights=tuple(weights),
-            norms=tuple(r.norms[m] for m in learners), total=r.total,
+            fragment=p,
+            version=r.version,
+            contributions=contributions,
+            weights=tuple(weights),
+            norms=tuple(r.norms[m] for m in learners),
+            total=r.total,
             use_momentum=self.config.final_momentum or not self.final_flush,
-            params={n: self.params[n] for n in names}, outer=self.outer[p],
-            opened_at=r.opened_at, quorum_at=r.quorum_at, deadline=r.deadline, expected=len(r.expected),
+            params={n: self.params[n] for n in names},
+            outer=self.outer[p],
+            opened_at=r.opened_at,
+            quorum_at=r.quorum_at,
+            deadline=r.deadline,
+            expected=len(r.expected),
         )
         self.merging[p] = job
         if self.defer_merges:
@@ -263,8 +288,10 @@ class SynchronizerCore(ContributionChecks, SyncState):
         job.total.release()
         self.versions[p] += 1
         self.merged_into[p] = tuple(c.learner for c in job.contributions)
-        admitted = tuple(AdmittedWork(c.learner, c.step, c.steps, c.tokens, c.seconds, w)
-                         for c, w in zip(job.contributions, job.weights))
+        admitted = tuple(
+            AdmittedWork(c.learner, c.step, c.steps, c.tokens, c.seconds, w)
+            for c, w in zip(job.contributions, job.weights)
+        )
         record = Merged(
             fragment=p,
             version=self.versions[p],

@@ -18,6 +18,13 @@ from .result import METHODS, MethodResult
 from .runner import RunReport, Summary, run, simulate_seed
 
 __all__ = [
-    "GoodputConfig", "METHODS", "MethodResult", "RunReport", "SliceOutages", "Summary",
-    "run", "sample_outages", "simulate_seed",
+    "GoodputConfig",
+    "METHODS",
+    "MethodResult",
+    "RunReport",
+    "SliceOutages",
+    "Summary",
+    "run",
+    "sample_outages",
+    "simulate_seed",
 ]

@@ -79,8 +79,7 @@ class GoodputConfig:
 
         for name in ("mtbi_years", "repair_mean_hours", "step_s", "checkpoint_s", "days"):
             positive(name)
-        for name in ("detect_s", "reconfig_s", "scaleup_s", "restart_s", "rejoin_s", "step_cv",
-                     "outer_sync_s"):
+        for name in ("detect_s", "reconfig_s", "scaleup_s", "restart_s", "rejoin_s", "step_cv", "outer_sync_s"):
             non_negative(name)
         if self.slice_chips < 1:
             out.append(f"slice_chips must be >= 1, got {self.slice_chips}")
@@ -93,8 +92,10 @@ class GoodputConfig:
         if self.overlap_steps < 0:
             out.append(f"overlap_steps (tau) must be >= 0, got {self.overlap_steps}")
         elif self.overlap_steps >= self.inner_steps >= 1:
-            out.append(f"overlap_steps (tau = {self.overlap_steps}) must be below inner_steps (H = {self.inner_steps}): "
-                       "a sync cannot overlap more steps than lie between two syncs")
+            out.append(
+                f"overlap_steps (tau = {self.overlap_steps}) must be below inner_steps (H = {self.inner_steps}): "
+                "a sync cannot overlap more steps than lie between two syncs"
+            )
         if self.quorum < 1:
             out.append(f"quorum (K) must be >= 1, got {self.quorum}")
         return out

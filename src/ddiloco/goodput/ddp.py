@@ -40,7 +40,10 @@ def simulate_ddp(
     events = Events(t, np.zeros(n, np.int64), np.full(n, window), np.ones(n, bool), np.zeros(n, np.int64))
     seg = running_segments(events, np.array([chips]), np.zeros(1), horizon, config.checkpoint_s)
     return MethodResult(
-        method="ddp", learners=1, chips=chips, seed=seed,
+        method="ddp",
+        learners=1,
+        chips=chips,
+        seed=seed,
         goodput=float(seg.useful_chip_seconds().sum() / (spare_pool(chips, config) * horizon)),
         uptime=float(seg.running_seconds().sum() / horizon),
     )

@@ -52,16 +52,17 @@ def quorum_uptime(seg: Segments, quorum: int) -> float:
     return float(np.diff(t)[count >= quorum].sum() / seg.horizon)
 
 
-def simulate_decoupled(
-    outages: SliceOutages, learners: int, config: GoodputConfig, seed: int = 0
-) -> MethodResult:
+def simulate_decoupled(outages: SliceOutages, learners: int, config: GoodputConfig, seed: int = 0) -> MethodResult:
     if config.quorum > learners:
         raise ValueError(f"quorum K={config.quorum} cannot exceed the number of learners M={learners}")
     groups = learner_of_slice(outages.num_slices, learners)
     seg = elastic_segments(outages, groups, config, extra_failure_pause=config.rejoin_s)
     useful = seg.useful_chip_seconds().sum() - quorum_blocked_work(seg, config.quorum, config.slack_s)
     return MethodResult(
-        method="decoupled", learners=learners, chips=outages.chips, seed=seed,
+        method="decoupled",
+        learners=learners,
+        chips=outages.chips,
+        seed=seed,
         goodput=float(useful / (outages.chips * outages.horizon)),
         uptime=quorum_uptime(seg, config.quorum),
     )

@@ -27,9 +27,7 @@ from .result import MethodResult
 from .timeline import Segments
 
 
-def outer_step_work(
-    rng: np.random.Generator, rounds: int, learners: int, config: GoodputConfig
-) -> np.ndarray:
+def outer_step_work(rng: np.random.Generator, rounds: int, learners: int, config: GoodputConfig) -> np.ndarray:
     """Seconds of computation each learner needs for H inner steps, for `rounds` outer steps."""
     h = config.inner_steps
     z = rng.standard_normal((rounds, learners))
@@ -87,8 +85,12 @@ def training_time(seg: Segments, starts: np.ndarray, done: np.ndarray) -> float:
     # Interval list B: the running intervals.
     b_e = seg.end
     okb = b_e > seg.start
-    t = np.r_[a_g[ok] * span + a_s[ok], a_g[ok] * span + a_e[ok],
-              seg.group[okb] * span + seg.start[okb], seg.group[okb] * span + b_e[okb]]
+    t = np.r_[
+        a_g[ok] * span + a_s[ok],
+        a_g[ok] * span + a_e[ok],
+        seg.group[okb] * span + seg.start[okb],
+        seg.group[okb] * span + b_e[okb],
+    ]
     d = np.r_[np.ones(ok.sum()), -np.ones(ok.sum()), np.ones(okb.sum()), -np.ones(okb.sum())]
     order = np.lexsort((d, t))
     t, d = t[order], d[order]
@@ -118,7 +120,10 @@ def simulate_diloco(
     seg = elastic_segments(outages, groups, config, extra_failure_pause=config.rejoin_s)
     useful, starts, done = run_outer_steps(seg, config, rng)
     return MethodResult(
-        method="diloco", learners=learners, chips=outages.chips, seed=seed,
+        method="diloco",
+        learners=learners,
+        chips=outages.chips,
+        seed=seed,
         goodput=useful / (outages.chips * outages.horizon),
         uptime=training_time(seg, starts, done) / outages.horizon,
     )

@@ -33,15 +33,14 @@ def slice_events(
     # Failures move onto the group's running clock; each repair keeps its length (it starts later).
     starts = (outages.down_at >= 0) & (outages.down_at < h)
     shift = np.zeros(outages.down_at.size)
-    shift[starts] = failure_clock_shift(outages.down_at[starts], groups[starts],
-                                        np.full(int(starts.sum()), float(failure_window)))
+    shift[starts] = failure_clock_shift(
+        outages.down_at[starts], groups[starts], np.full(int(starts.sum()), float(failure_window))
+    )
     down_at, up_at = outages.down_at + shift, outages.up_at + shift
     f = (down_at >= 0) & (down_at < h)
     r = (up_at >= 0) & (up_at < h) & (down_at < up_at)
-    fails = Events(down_at[f], groups[f], np.full(f.sum(), float(failure_window)),
-                   np.ones(f.sum(), bool), chips[f])
-    backs = Events(up_at[r], groups[r], np.full(r.sum(), float(return_window)),
-                   np.zeros(r.sum(), bool), -chips[r])
+    fails = Events(down_at[f], groups[f], np.full(f.sum(), float(failure_window)), np.ones(f.sum(), bool), chips[f])
+    backs = Events(up_at[r], groups[r], np.full(r.sum(), float(return_window)), np.zeros(r.sum(), bool), -chips[r])
     down0 = (outages.down_at < 0) & (outages.up_at > 0)
     initial_down = np.bincount(groups[down0], chips[down0], minlength=num_groups)
     return Events.concat(fails, backs), initial_down
@@ -55,7 +54,8 @@ def elastic_segments(
 ) -> Segments:
     """Running intervals of each group of slices, each group elastic over its own slices."""
     events, initial_down = slice_events(
-        outages, slice_group,
+        outages,
+        slice_group,
         failure_window=config.detect_s + config.reconfig_s + extra_failure_pause,
         return_window=config.scaleup_s,
     )
@@ -69,7 +69,10 @@ def simulate_elastic_ddp(outages: SliceOutages, config: GoodputConfig, seed: int
     seg = elastic_segments(outages, np.zeros(outages.num_slices, dtype=np.int64), config)
     allocated = outages.chips * outages.horizon
     return MethodResult(
-        method="elastic-ddp", learners=1, chips=outages.chips, seed=seed,
+        method="elastic-ddp",
+        learners=1,
+        chips=outages.chips,
+        seed=seed,
         goodput=float(seg.useful_chip_seconds().sum() / allocated),
         uptime=float(seg.running_seconds().sum() / outages.horizon),
     )

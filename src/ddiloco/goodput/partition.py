@@ -14,7 +14,5 @@ def learner_of_slice(num_slices: int, learners: int) -> np.ndarray:
     if learners < 1:
         raise ValueError(f"learners must be >= 1, got {learners}")
     if num_slices < learners:
-        raise ValueError(
-            f"{learners} learners need at least {learners} slices, the cluster has {num_slices}"
-        )
+        raise ValueError(f"{learners} learners need at least {learners} slices, the cluster has {num_slices}")
     return (np.arange(num_slices, dtype=np.int64) * learners) // num_slices

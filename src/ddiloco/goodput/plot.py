@@ -33,9 +33,16 @@ def plot_goodput(rows: Sequence[Summary], path: str | Path, title: str = "") -> 
     for name, rs in lines.items():
         rs = sorted(rs, key=lambda r: r.chips)
         style = "--" if rs[0].method == "diloco" else "-"
-        ax.errorbar([r.chips for r in rs], [100 * r.goodput for r in rs],
-                    yerr=[100 * r.goodput_ci for r in rs], fmt=style, marker="o", ms=4,
-                    capsize=3, label=name)
+        ax.errorbar(
+            [r.chips for r in rs],
+            [100 * r.goodput for r in rs],
+            yerr=[100 * r.goodput_ci for r in rs],
+            fmt=style,
+            marker="o",
+            ms=4,
+            capsize=3,
+            label=name,
+        )
     ax.set_xscale("log")
     ticks = sorted({r.chips for r in rows})
     ax.set_xticks(ticks, [chip_label(n) for n in ticks])

@@ -67,9 +67,13 @@ class Summary:
 
     def as_json(self) -> dict[str, object]:
         return {
-            "method": self.method, "learners": self.learners, "chips": self.chips,
-            "goodput": round(self.goodput, 6), "goodput_ci": round(self.goodput_ci, 6),
-            "uptime": round(self.uptime, 6), "uptime_ci": round(self.uptime_ci, 6),
+            "method": self.method,
+            "learners": self.learners,
+            "chips": self.chips,
+            "goodput": round(self.goodput, 6),
+            "goodput_ci": round(self.goodput_ci, 6),
+            "uptime": round(self.uptime, 6),
+            "uptime_ci": round(self.uptime_ci, 6),
             "seeds": self.seeds,
         }
 

@@ -32,8 +32,9 @@ class Events:
 
     @classmethod
     def concat(cls, *parts: "Events") -> "Events":
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in
-                     ("time", "group", "window", "failure", "delta")))
+        return cls(
+            *(np.concatenate([getattr(p, f) for p in parts]) for f in ("time", "group", "window", "failure", "delta"))
+        )
 
     @classmethod
     def empty(cls) -> "Events":
@@ -77,8 +78,16 @@ class Segments:
 
     def of_group(self, g: int) -> "Segments":
         m = self.group == g
-        return Segments(self.group[m], self.start[m], self.end[m], self.live[m], self.lost[m],
-                        self.ended_by_failure[m], self.num_groups, self.horizon)
+        return Segments(
+            self.group[m],
+            self.start[m],
+            self.end[m],
+            self.live[m],
+            self.lost[m],
+            self.ended_by_failure[m],
+            self.num_groups,
+            self.horizon,
+        )
 
 
 def lost_tail(length: np.ndarray, granularity: float) -> np.ndarray:
@@ -130,8 +139,16 @@ def running_segments(
     if n == 0:
         g = np.arange(num_groups)[group_chips > initial_down]
         z = np.zeros(g.size)
-        return Segments(g, z, np.full(g.size, horizon), group_chips[g] - initial_down[g], z.copy(),
-                        np.zeros(g.size, bool), num_groups, horizon)
+        return Segments(
+            g,
+            z,
+            np.full(g.size, horizon),
+            group_chips[g] - initial_down[g],
+            z.copy(),
+            np.zeros(g.size, bool),
+            num_groups,
+            horizon,
+        )
 
     span = 2.0 * horizon + float(events.window.max()) + 1.0
     key = events.group * span + events.time
@@ -180,8 +197,9 @@ def running_segments(
     g_all, start, end, live, by_failure = (x[keep] for x in (g_all, start, end, live, by_failure))
     lost = np.where(by_failure, lost_tail(end - start, granularity), 0.0)
     order = np.lexsort((start, g_all))
-    return Segments(g_all[order], start[order], end[order], live[order], lost[order],
-                    by_failure[order], num_groups, horizon)
+    return Segments(
+        g_all[order], start[order], end[order], live[order], lost[order], by_failure[order], num_groups, horizon
+    )
 
 
 def count_running(segments: Segments) -> tuple[np.ndarray, np.ndarray]:

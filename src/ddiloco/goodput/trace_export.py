@@ -38,15 +38,12 @@ def pauses(seg: Segments) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return gg[keep], ss[keep], ee[keep]
 
 
-def learner_trace(
-    outages: SliceOutages, learners: int, config: GoodputConfig, scale: float = 1.0
-) -> FailureTrace:
+def learner_trace(outages: SliceOutages, learners: int, config: GoodputConfig, scale: float = 1.0) -> FailureTrace:
     """Down/up times of M Decoupled DiLoCo learners, in trace seconds (simulated seconds / scale)."""
     if not scale > 0:
         raise ValueError(f"trace scale must be > 0, got {scale}")
-    seg = elastic_segments(outages, learner_of_slice(outages.num_slices, learners), config,
-                           extra_failure_pause=config.rejoin_s)
-    g, s, e = pauses(seg)
-    return FailureTrace.of(
-        Outage(float(a) / scale, int(m), float(b) / scale) for m, a, b in zip(g, s, e)
+    seg = elastic_segments(
+        outages, learner_of_slice(outages.num_slices, learners), config, extra_failure_pause=config.rejoin_s
     )
+    g, s, e = pauses(seg)
+    return FailureTrace.of(Outage(float(a) / scale, int(m), float(b) / scale) for m, a, b in zip(g, s, e))

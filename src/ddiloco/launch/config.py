@@ -73,24 +73,73 @@ class RunConfig:
         return self.run_dir / f"learner-{m}"
 
     def _model_args(self) -> list[str]:
-        args = ["--model", self.model, "--model-size", self.model_size, "--seq-len", str(self.seq_len),
-                "--seed", str(self.seed), "--learners", str(self.learners)]
+        args = [
+            "--model",
+            self.model,
+            "--model-size",
+            self.model_size,
+            "--seq-len",
+            str(self.seq_len),
+            "--seed",
+            str(self.seed),
+            "--learners",
+            str(self.learners),
+        ]
         if self.data is not None:
             args += ["--data", self.data]
         return args
 
     def synchronizer_args(self, shard: int, port: int) -> list[str]:
         d = self.sync_dir(shard)
-        args = ["synchronizer", "--host", "127.0.0.1", "--port", str(port), "--address-file", str(d / "address"),
-                *self._model_args(), "--method", self.method, "--fragments", str(self.fragments),
-                "--sync-every", str(self.sync_every), "--overlap", str(self.overlap), "--quorum", str(self.quorum),
-                "--grace", str(self.grace), "--outer-lr", str(self.outer_lr),
-                "--outer-momentum", str(self.outer_momentum), "--arrival", self.arrival,
-                "--final-momentum" if self.final_momentum else "--no-final-momentum", "--shard", str(shard),
-                "--num-shards", str(self.sync_shards), "--max-learners", str(self.learners),
-                "--checkpoint-dir", str(d), "--checkpoint-every", str(self.checkpoint_every), "--threads", str(self.threads),
-                "--heartbeat", str(self.heartbeat), "--event-log", str(d / "events.jsonl"),
-                "--summary", str(d / "summary.json"), "--codec-down", self.codec_down]
+        args = [
+            "synchronizer",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--address-file",
+            str(d / "address"),
+            *self._model_args(),
+            "--method",
+            self.method,
+            "--fragments",
+            str(self.fragments),
+            "--sync-every",
+            str(self.sync_every),
+            "--overlap",
+            str(self.overlap),
+            "--quorum",
+            str(self.quorum),
+            "--grace",
+            str(self.grace),
+            "--outer-lr",
+            str(self.outer_lr),
+            "--outer-momentum",
+            str(self.outer_momentum),
+            "--arrival",
+            self.arrival,
+            "--final-momentum" if self.final_momentum else "--no-final-momentum",
+            "--shard",
+            str(shard),
+            "--num-shards",
+            str(self.sync_shards),
+            "--max-learners",
+            str(self.learners),
+            "--checkpoint-dir",
+            str(d),
+            "--checkpoint-every",
+            str(self.checkpoint_every),
+            "--threads",
+            str(self.threads),
+            "--heartbeat",
+            str(self.heartbeat),
+            "--event-log",
+            str(d / "events.jsonl"),
+            "--summary",
+            str(d / "summary.json"),
+            "--codec-down",
+            self.codec_down,
+        ]
         if self.merge:
             args += ["--merge", self.merge]
         if not self.bulk_socket:
@@ -102,10 +151,26 @@ class RunConfig:
         return args
 
     def learner_args(self, m: int, addresses: list[str]) -> list[str]:
-        args = ["learner", "--connect", ",".join(addresses), "--id", str(m), *self._model_args(),
-                "--batch-size", str(self.batch_size), "--inner-lr", str(self.inner_lr), "--codec", self.codec,
-                "--state-dir", str(self.learner_dir(m)), "--threads", str(self.threads),
-                "--save-state-every", str(self.sync_every)]
+        args = [
+            "learner",
+            "--connect",
+            ",".join(addresses),
+            "--id",
+            str(m),
+            *self._model_args(),
+            "--batch-size",
+            str(self.batch_size),
+            "--inner-lr",
+            str(self.inner_lr),
+            "--codec",
+            self.codec,
+            "--state-dir",
+            str(self.learner_dir(m)),
+            "--threads",
+            str(self.threads),
+            "--save-state-every",
+            str(self.sync_every),
+        ]
         if self.min_step_seconds > 0:
             args += ["--min-step-seconds", str(self.min_step_seconds)]
         if not self.peer_recovery:
@@ -119,9 +184,14 @@ class RunConfig:
 
     def as_dict(self) -> dict:
         return {
-            "method": self.method, "model": self.model, "learners": self.learners, "seed": self.seed,
-            "fragments": 1 if self.method == "diloco" else self.fragments, "sync_every": self.sync_every,
+            "method": self.method,
+            "model": self.model,
+            "learners": self.learners,
+            "seed": self.seed,
+            "fragments": 1 if self.method == "diloco" else self.fragments,
+            "sync_every": self.sync_every,
             "overlap": 0 if self.method == "diloco" else self.overlap,
-            "quorum": self.learners if self.method == "diloco" else self.quorum, "grace": self.grace,
+            "quorum": self.learners if self.method == "diloco" else self.quorum,
+            "grace": self.grace,
             "merge": self.merge or ("mean" if self.method == "diloco" else "rda"),
         }

@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 
 
 class Dashboard:
-    def __init__(self, state: Callable[[], dict], host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None) -> None:
+    def __init__(
+        self, state: Callable[[], dict], host: str = "127.0.0.1", port: int = 0, token: str | None = None
+    ) -> None:
         self.state, self.token = state, token
         dashboard = self
 

@@ -32,16 +32,34 @@ def render(sup: Supervisor, eval_loss: float | None) -> Group:
         + ("  [stopping]" if st["stopping"] else "")
     )
     table = Table(show_header=True, header_style="bold", box=None)
-    for col in ("learner", "state", "pid", "restarts", "step", "tokens trained", "merged tokens", "train loss",
-                "last merge"):
+    for col in (
+        "learner",
+        "state",
+        "pid",
+        "restarts",
+        "step",
+        "tokens trained",
+        "merged tokens",
+        "train loss",
+        "last merge",
+    ):
         table.add_column(col, justify="right" if col not in ("state",) else "left")
     for row in st["learners"]:
         loss = row.get("loss")
         table.add_row(
-            str(row["id"]), row["state"], str(row["pid"] or "-"), str(row["restarts"]),
-            str(row["step"] if row["step"] is not None else "-"), str(row["tokens_trained"] or "-"),
-            f"{row['tokens_merged']:.0f}", "-" if loss is None else f"{loss:.3f}", _ago(row["last_merge_wall"]),
+            str(row["id"]),
+            row["state"],
+            str(row["pid"] or "-"),
+            str(row["restarts"]),
+            str(row["step"] if row["step"] is not None else "-"),
+            str(row["tokens_trained"] or "-"),
+            f"{row['tokens_merged']:.0f}",
+            "-" if loss is None else f"{loss:.3f}",
+            _ago(row["last_merge_wall"]),
         )
-    shards = Text("  ".join(f"shard {s['index']}: {s['state']} pid {s['pid'] or '-'} restarts {s['restarts']}"
-                            for s in st["shards"]))
+    shards = Text(
+        "  ".join(
+            f"shard {s['index']}: {s['state']} pid {s['pid'] or '-'} restarts {s['restarts']}" for s in st["shards"]
+        )
+    )
     return Group(head, table, shards)

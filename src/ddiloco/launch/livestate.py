@@ -38,6 +38,8 @@ def snapshot(sup: "Supervisor", eval_loss: float | None) -> dict:
         "learner_restarts": sup.learner_restarts,
         "stopping": sup.stopping,
         "learners": sup.learner_rows(),
-        "shards": [{"index": s.index, "state": s.state, "pid": s.child.pid if s.child else None,
-                    "restarts": s.restarts} for s in sup.shards],
+        "shards": [
+            {"index": s.index, "state": s.state, "pid": s.child.pid if s.child else None, "restarts": s.restarts}
+            for s in sup.shards
+        ],
     }

@@ -21,8 +21,16 @@ if TYPE_CHECKING:  # the supervisor is handed in; nothing of it is imported at r
 class RunMetrics:
     """A thread that records every `every` seconds until the supervisor stops; `latest` feeds the live view."""
 
-    def __init__(self, sup: "Supervisor", task: Task, metrics: MetricsLog, every: float, seed: int,
-                 token: str | None, eval_batches: int = 4) -> None:
+    def __init__(
+        self,
+        sup: "Supervisor",
+        task: Task,
+        metrics: MetricsLog,
+        every: float,
+        seed: int,
+        token: str | None,
+        eval_batches: int = 4,
+    ) -> None:
         self.sup, self.task, self.metrics, self.every = sup, task, metrics, every
         self.seed, self.token, self.eval_batches = seed, token, eval_batches
         self.latest: dict = {"loss": None}
@@ -41,16 +49,25 @@ class RunMetrics:
         t = time.time() - self.sup.start_wall
         statuses = [s.status for s in self.sup.shards if s.status]
         tokens = max((st.get("tokens_reported", 0) for st in statuses), default=0)
-        losses = [info["loss"] for st in statuses[:1] for info in st.get("learners", {}).values()
-                  if isinstance(info.get("loss"), (int, float))]
+        losses = [
+            info["loss"]
+            for st in statuses[:1]
+            for info in st.get("learners", {}).values()
+            if isinstance(info.get("loss"), (int, float))
+        ]
         if losses:
             self._write("train", t, tokens, train_loss=sum(losses) / len(losses))
         if statuses:
             useful = sum(st.get("useful_seconds", 0.0) for st in statuses)
             elapsed = max(1e-9, time.time() - min(st.get("started_wall", time.time()) for st in statuses))
             merged = sum(st.get("tokens_merged", 0.0) for st in statuses)
-            self.metrics.write("progress", t, tokens, goodput=min(1.0, useful / (self.sup.config.learners * elapsed)),
-                               tokens_merged=merged)
+            self.metrics.write(
+                "progress",
+                t,
+                tokens,
+                goodput=min(1.0, useful / (self.sup.config.learners * elapsed)),
+                tokens_merged=merged,
+            )
         params = fetch_params([s.address for s in self.sup.shards if s.address], self.token)
         if params is not None:
             try:

@@ -97,16 +97,18 @@ class ProcessTable:
         self.children: list[Child] = []
         self.env = env
 
-    def start(self, name: str, command: Sequence[str], log_path: Path | None = None,
-              stdout_path: Path | None = None) -> Child:
+    def start(
+        self, name: str, command: Sequence[str], log_path: Path | None = None, stdout_path: Path | None = None
+    ) -> Child:
         """Start `command`; stderr goes to log_path, stdout to stdout_path (default: the same log)."""
         err = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
         out = open(stdout_path, "ab") if stdout_path is not None else err
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         try:
-            popen = subprocess.Popen(list(command), stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
-                                     start_new_session=True)
+            popen = subprocess.Popen(
+                list(command), stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            )
         finally:
             for f in {id(err): err, id(out): out}.values():
                 if hasattr(f, "close"):

@@ -18,8 +18,15 @@ from .livestate import goodput_so_far
 
 
 class ShardState:
-    def __init__(self, status: Callable[[], dict], method: str, learners: int, duration: float | None = None,
-                 token_budget: int | None = None, sample_every: float = 1.0) -> None:
+    def __init__(
+        self,
+        status: Callable[[], dict],
+        method: str,
+        learners: int,
+        duration: float | None = None,
+        token_budget: int | None = None,
+        sample_every: float = 1.0,
+    ) -> None:
         self.status, self.method, self.learners = status, method, learners
         self.duration, self.token_budget, self.sample_every = duration, token_budget, sample_every
         self.history: deque[dict] = deque(maxlen=5000)
@@ -55,17 +62,31 @@ class ShardState:
         for m in sorted({int(k) for k in sessions} | {int(k) for k in books}):
             info, book = sessions.get(str(m), {}), books.get(str(m), {})
             state = "gone" if m not in live else ("running" if info.get("step") else "joining")
-            rows.append({
-                "id": m, "state": state, "pid": None, "restarts": None, "step": info.get("step"),
-                "tokens": info.get("tokens"), "tokens_trained": book.get("tokens_trained", 0),
-                "tokens_merged": book.get("tokens_merged", 0.0), "loss": info.get("loss"),
-                "last_merge_wall": info.get("last_merge_wall"),
-            })
+            rows.append(
+                {
+                    "id": m,
+                    "state": state,
+                    "pid": None,
+                    "restarts": None,
+                    "step": info.get("step"),
+                    "tokens": info.get("tokens"),
+                    "tokens_trained": book.get("tokens_trained", 0),
+                    "tokens_merged": book.get("tokens_merged", 0.0),
+                    "loss": info.get("loss"),
+                    "last_merge_wall": info.get("last_merge_wall"),
+                }
+            )
         return rows
 
     def _sample(self, st: dict, rows: list[dict], now: float) -> None:
         losses = [r["loss"] for r in rows if r["state"] == "running" and isinstance(r["loss"], (int, float))]
         if losses and now - self._last_sample >= self.sample_every:
             self._last_sample = now
-            self.history.append({"kind": "train", "t": now - float(st.get("started_wall") or now),
-                                 "tokens": int(st.get("tokens_reported", 0)), "train_loss": sum(losses) / len(losses)})
+            self.history.append(
+                {
+                    "kind": "train",
+                    "t": now - float(st.get("started_wall") or now),
+                    "tokens": int(st.get("tokens_reported", 0)),
+                    "train_loss": sum(losses) / len(losses),
+                }
+            )

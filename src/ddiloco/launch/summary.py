@@ -84,7 +84,9 @@ def summarize(
         "outer_steps": len(merges),
         "contributions": contributions,
         "rejected_contributions": sum(
-            1 for e in events if e.get("kind") == "rejected" or (e.get("kind") == "refused" and e.get("method") == "Push")
+            1
+            for e in events
+            if e.get("kind") == "rejected" or (e.get("kind") == "refused" and e.get("method") == "Push")
         ),
         "double_merged_steps": sum(int(s.get("double_merged_steps", 0)) for s in statuses),
         "stall_seconds_max": stall,
@@ -108,7 +110,14 @@ def bandwidth(statuses: list[dict], steps: int, learners: int) -> dict:
     def ratio(ours: float) -> float | None:
         return ring / ours if ours > 0 and ring > 0 else None
 
-    return {"params": params, "inner_steps": steps, "bytes_up_per_step": up, "bytes_down_per_step": down,
-            "allreduce_bf16_bytes_per_step": ring, "allreduce_workers": learners,
-            "bandwidth_ratio_up": ratio(up), "bandwidth_ratio_down": ratio(down),
-            "bandwidth_ratio_both_ways": ratio((up + down) / 2)}  # the ring's both ways are 2 * ring
+    return {
+        "params": params,
+        "inner_steps": steps,
+        "bytes_up_per_step": up,
+        "bytes_down_per_step": down,
+        "allreduce_bf16_bytes_per_step": ring,
+        "allreduce_workers": learners,
+        "bandwidth_ratio_up": ratio(up),
+        "bandwidth_ratio_down": ratio(down),
+        "bandwidth_ratio_both_ways": ratio((up + down) / 2),
+    }  # the ring's both ways are 2 * ring

@@ -36,6 +36,7 @@ STATUS_EVERY = 0.5
 MAX_CRASHES = 3  # a learner that crashes this many times in a row, each within CRASH_WINDOW of starting,
 CRASH_WINDOW = 60.0  # ends the run with an error instead of being restarted forever
 
+
 @dataclass
 class LearnerSlot:
     id: int
@@ -106,8 +107,10 @@ class Supervisor:
         deadline = time.monotonic() + timeout
         while not path.is_file():
             if shard.child is not None and not shard.child.alive():
-                raise RuntimeError(f"synchronizer shard {shard.index} exited with code {shard.child.poll()}; "
-                                   f"see {self.config.sync_dir(shard.index) / 'stderr.log'}")
+                raise RuntimeError(
+                    f"synchronizer shard {shard.index} exited with code {shard.child.poll()}; "
+                    f"see {self.config.sync_dir(shard.index) / 'stderr.log'}"
+                )
             if time.monotonic() > deadline or self.interrupted.is_set():
                 raise RuntimeError(f"synchronizer shard {shard.index} did not start within {timeout:g} s")
             time.sleep(0.05)
@@ -180,13 +183,16 @@ class Supervisor:
                     slot.state = "done"  # whatever the code: it was stopped (or stopped before it joined)
                 elif code == 2:
                     slot.state = "failed"
-                    self.error = (f"learner {slot.id} failed (exit code 2); see "
-                                  f"{self.config.learner_dir(slot.id) / 'stderr.log'}")
+                    self.error = (
+                        f"learner {slot.id} failed (exit code 2); see {self.config.learner_dir(slot.id) / 'stderr.log'}"
+                    )
                 elif self._crash_loop(slot, code, now):
                     slot.state = "failed"
-                    self.error = (f"learner {slot.id} keeps crashing: exit code {code}, {slot.crashes} times in a "
-                                  f"row within {CRASH_WINDOW:g} s of starting; see "
-                                  f"{self.config.learner_dir(slot.id) / 'stderr.log'}")
+                    self.error = (
+                        f"learner {slot.id} keeps crashing: exit code {code}, {slot.crashes} times in a "
+                        f"row within {CRASH_WINDOW:g} s of starting; see "
+                        f"{self.config.learner_dir(slot.id) / 'stderr.log'}"
+                    )
                 else:
                     slot.state = "down"
                     slot.restart_at = None if slot.held_until_trace else now + self.config.chaos.learner_down
@@ -331,13 +337,20 @@ class Supervisor:
                 state = "starting"  # the process is up but has not registered yet
             elif state == "running" and not info.get("step"):
                 state = "joining"  # registered, loading the global model, no step yet
-            rows.append({
-                "id": slot.id, "state": state, "pid": slot.child.pid if slot.child else None,
-                "restarts": slot.restarts, "step": info.get("step"), "tokens": info.get("tokens"),
-                "tokens_trained": max((b.get("tokens_trained", 0) for b in books), default=0),  # all incarnations
-                "tokens_merged": sum(b.get("tokens_merged", 0.0) for b in books),
-                "loss": info.get("loss"), "last_merge_wall": info.get("last_merge_wall"),
-            })
+            rows.append(
+                {
+                    "id": slot.id,
+                    "state": state,
+                    "pid": slot.child.pid if slot.child else None,
+                    "restarts": slot.restarts,
+                    "step": info.get("step"),
+                    "tokens": info.get("tokens"),
+                    "tokens_trained": max((b.get("tokens_trained", 0) for b in books), default=0),  # all incarnations
+                    "tokens_merged": sum(b.get("tokens_merged", 0.0) for b in books),
+                    "loss": info.get("loss"),
+                    "last_merge_wall": info.get("last_merge_wall"),
+                }
+            )
         return rows
 
     def shard_dirs(self) -> list[Path]:

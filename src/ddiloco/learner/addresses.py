@@ -56,8 +56,10 @@ def resolve(spec: str) -> str:
         return spec
     address = read_file(Path(spec[1:]))
     if address is None:
-        raise ValueError(f"no synchronizer address in {spec[1:]} (missing, empty or not host:port): is the "
-                         "synchronizer started with --address-file there?")
+        raise ValueError(
+            f"no synchronizer address in {spec[1:]} (missing, empty or not host:port): is the "
+            "synchronizer started with --address-file there?"
+        )
     return address
 
 

@@ -106,16 +106,27 @@ class LearnerClient(LeaderSide):
         self.world = self.fanout.world if self.fanout else 1
         self.inbound: queue.Queue = queue.Queue()
         self.ctx = LinkContext(
-            learner=self.learner, incarnation=self.incarnation, signature=signature(self.params), token=token,
-            codec=codec, inbound=self.inbound, progress=lambda: reporting.progress(self), credentials=credentials,
-            net_delay=net_delay, wan=WanLink(wan), pin_memory=any(t.is_cuda for t in self.params.values()))
+            learner=self.learner,
+            incarnation=self.incarnation,
+            signature=signature(self.params),
+            token=token,
+            codec=codec,
+            inbound=self.inbound,
+            progress=lambda: reporting.progress(self),
+            credentials=credentials,
+            net_delay=net_delay,
+            wan=WanLink(wan),
+            pin_memory=any(t.is_cuda for t in self.params.values()),
+        )
         self.base_device = str(torch.device(base_device))
         self.links: list[ShardLink] = []
         self.core: LearnerCore | None = None
         self.names: list[list[str]] = []
         self.owner: dict[int, int] = {}
         self.config: AlgorithmConfig | None = None
-        self.journal = Journal(f"{journal_dir}/journal-{self.incarnation}.json") if journal_dir and self.is_leader else None
+        self.journal = (
+            Journal(f"{journal_dir}/journal-{self.incarnation}.json") if journal_dir and self.is_leader else None
+        )
         self._force: dict[int, int] = {}
         self._blocking = False
         self._span_start: list[float] = []
@@ -137,8 +148,12 @@ class LearnerClient(LeaderSide):
         """Register with every shard, take the global parameters; returns the data position to resume at."""
         position = self._start_leader() if self.is_leader else 0
         if self.fanout is not None:
-            shared = {"names": self.names, "blocking": self._blocking, "position": position,
-                      "recovered": self.recovered}
+            shared = {
+                "names": self.names,
+                "blocking": self._blocking,
+                "position": position,
+                "recovered": self.recovered,
+            }
             shared = json.loads(self.fanout.share_bytes(json.dumps(shared).encode() if self.is_leader else None))
             self.recovered = shared["recovered"]
             self.names, self._blocking, position = shared["names"], bool(shared["blocking"]), int(shared["position"])
@@ -183,13 +198,15 @@ class LearnerClient(LeaderSide):
         if any(r.get("stopping") for r in replies):
             self.ctx.stop_requested.set()
         position = max(int(r["resume_position"]) for r in replies)
-        log.info("learner %d joined at versions %s, resuming at data position %d", self.learner,
-                 self.core.versions, position)
+        log.info(
+            "learner %d joined at versions %s, resuming at data position %d", self.learner, self.core.versions, position
+        )
         return position
 
     # --- the step boundary ----------------------------------------------------------------------
-    def step(self, tokens: int, seconds: float | None = None, position: int | None = None,
-             loss: float | None = None) -> list[int]:
+    def step(
+        self, tokens: int, seconds: float | None = None, position: int | None = None, loss: float | None = None
+    ) -> list[int]:
         """Call after each optimizer step. `tokens`: tokens in this rank's batch; `seconds`: the step's
         compute time (default: time since the previous boundary); `position`: the data stream position
         after this batch (default: one more than before); `loss`: the step's training loss, if you want
@@ -207,7 +224,8 @@ class LearnerClient(LeaderSide):
         applied, due = self._leader_begin(tokens_here, seconds) if self.is_leader else ([], [])
         if self.fanout is not None:
             applied, due, self._stop, self._progress, donate = self.fanout.share_step(
-                applied, due, self._stop, self._progress, len(self.names), bool(self._donate_to))
+                applied, due, self._stop, self._progress, len(self.names), bool(self._donate_to)
+            )
             self.fanout.push(self._names_of(applied))
             self.fanout.pull(self._names_of(due))
             if donate:  # collective: every rank gathers its shards of the inner state, rank 0 uploads
@@ -216,7 +234,8 @@ class LearnerClient(LeaderSide):
         waited = self._leader_end(due) if self.is_leader else []
         if self.fanout is not None and self._blocking:
             waited, _, self._stop, self._progress, _ = self.fanout.share_step(
-                waited, [], self._stop, self._progress, len(self.names))
+                waited, [], self._stop, self._progress, len(self.names)
+            )
             self.fanout.push(self._names_of(waited))
         if self.journal is not None:
             reporting.write_journal(self)

@@ -52,10 +52,14 @@ class RankFanout:
             if mesh.ndim != 1 or mesh.size() != self.world:
                 raise NotImplementedError(
                     f"parameter {name!r} is sharded over a {mesh.ndim}-D mesh of {mesh.size()} ranks; a learner "
-                    f"supports one 1-D mesh over all of its {self.world} ranks (HSDP is not supported yet)")
+                    f"supports one 1-D mesh over all of its {self.world} ranks (HSDP is not supported yet)"
+                )
         # rank 0's full fp32 host copy of the sharded parameters: what the algorithm reads and writes
-        self.mirror = {n: torch.zeros(self.params[n].shape, dtype=torch.float32)
-                       for n in sorted(self.sharded)} if self.is_leader else {}
+        self.mirror = (
+            {n: torch.zeros(self.params[n].shape, dtype=torch.float32) for n in sorted(self.sharded)}
+            if self.is_leader
+            else {}
+        )
 
     @property
     def is_leader(self) -> bool:
@@ -102,8 +106,11 @@ class RankFanout:
         its own shard (for optimizer state such as AdamW's moments)."""
         p = self.params[name]
         mesh = p.device_mesh
-        full = full.to(mesh.device_type, torch.float32) if self.is_leader else torch.empty(
-            p.shape, dtype=torch.float32, device=mesh.device_type)
+        full = (
+            full.to(mesh.device_type, torch.float32)
+            if self.is_leader
+            else torch.empty(p.shape, dtype=torch.float32, device=mesh.device_type)
+        )
         return distribute_tensor(full, mesh, p.placements, src_data_rank=0)
 
     def broadcast(self, t: torch.Tensor) -> torch.Tensor:
@@ -121,8 +128,15 @@ class RankFanout:
                     if self.is_leader:
                         self.mirror[name].copy_(full)
 
-    def share_step(self, applied: Sequence[int], due: Sequence[int], stop: bool, progress: float,
-                   num_fragments: int, donate: bool = False) -> tuple[list[int], list[int], bool, float, bool]:
+    def share_step(
+        self,
+        applied: Sequence[int],
+        due: Sequence[int],
+        stop: bool,
+        progress: float,
+        num_fragments: int,
+        donate: bool = False,
+    ) -> tuple[list[int], list[int], bool, float, bool]:
         """Rank 0's view of this boundary on every rank: applied and due fragments, stop, progress, and
         whether to gather the inner state for a donation."""
         n = num_fragments
@@ -138,5 +152,10 @@ class RankFanout:
             flags.copy_(torch.tensor(values, dtype=torch.float64))
         dist.broadcast(flags, self.src, group=self.group)
         v = flags.cpu().tolist()
-        return ([p for p in range(n) if v[p] > 0.5], [p for p in range(n) if v[n + p] > 0.5],
-                v[2 * n] > 0.5, v[2 * n + 1], v[2 * n + 2] > 0.5)
+        return (
+            [p for p in range(n) if v[p] > 0.5],
+            [p for p in range(n) if v[n + p] > 0.5],
+            v[2 * n] > 0.5,
+            v[2 * n + 1],
+            v[2 * n + 2] > 0.5,
+        )

@@ -23,7 +23,9 @@ class HeldValues:
         self.enabled = enabled
         self._held.clear()
 
-    def take(self, fragment: int, version: int, base: object, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def take(
+        self, fragment: int, version: int, base: object, tensors: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         """The fragment's value at `version` (float32) from a whole value (`base` None) or a difference."""
         if base is None:
             if self.enabled:
@@ -32,7 +34,9 @@ class HeldValues:
         held = self._held.get(fragment)
         if not self.enabled or not isinstance(base, int) or held is None or held[0] != base:
             have = None if held is None else held[0]
-            raise WireError(f"a difference for fragment {fragment} from version {base!r}, but this learner holds {have}")
+            raise WireError(
+                f"a difference for fragment {fragment} from version {base!r}, but this learner holds {have}"
+            )
         try:
             value = apply_delta(held[1], tensors)
         except ValueError as exc:

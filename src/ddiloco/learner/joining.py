@@ -28,8 +28,11 @@ from .staging import SnapshotStager
 log = logging.getLogger(__name__)
 
 
-def check_replies(addresses: Sequence[str], replies: Sequence[dict], params: Mapping[str, torch.Tensor],
-                  ) -> tuple[FragmentPlan, AlgorithmConfig, dict[int, int]]:
+def check_replies(
+    addresses: Sequence[str],
+    replies: Sequence[dict],
+    params: Mapping[str, torch.Tensor],
+) -> tuple[FragmentPlan, AlgorithmConfig, dict[int, int]]:
     """The plan and algorithm every shard agrees on, and which shard owns each fragment."""
     first = replies[0]
     for address, reply in zip(addresses[1:], replies[1:]):
@@ -45,24 +48,33 @@ def check_replies(addresses: Sequence[str], replies: Sequence[dict], params: Map
     return plan, config, owner
 
 
-def register_fresh(links: Sequence[ShardLink], ctx: LinkContext, params: Mapping[str, torch.Tensor],
-                   fanout: RankFanout | None, deadline: float) -> list[dict]:
+def register_fresh(
+    links: Sequence[ShardLink],
+    ctx: LinkContext,
+    params: Mapping[str, torch.Tensor],
+    fanout: RankFanout | None,
+    deadline: float,
+) -> list[dict]:
     """Register with every shard, offering the digests of our values, so that a fragment that we built
     exactly as the synchronizer did is not downloaded (not under FSDP: its ranks hold shards)."""
     ctx.initial = InitialValues(params) if not (fanout and fanout.sharded) else None
     return [link.register(fresh=True, deadline=deadline) for link in links]
 
 
-def await_global(inbound: queue.Queue, num_fragments: int, deadline: float,
-                 ) -> tuple[list[FragmentUpdate], list[FragmentRequest]]:
+def await_global(
+    inbound: queue.Queue,
+    num_fragments: int,
+    deadline: float,
+) -> tuple[list[FragmentUpdate], list[FragmentRequest]]:
     """The newest global value of every fragment (and requests that came meanwhile), by `deadline`."""
     updates: dict[int, FragmentUpdate] = {}
     requests: list[FragmentRequest] = []
     while len(updates) < num_fragments:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise ConnectionError(f"timed out waiting for the global parameters ({len(updates)} of "
-                                  f"{num_fragments} fragments arrived)")
+            raise ConnectionError(
+                f"timed out waiting for the global parameters ({len(updates)} of {num_fragments} fragments arrived)"
+            )
         try:
             event = inbound.get(timeout=min(remaining, 1.0))
         except queue.Empty:
@@ -78,18 +90,27 @@ def await_global(inbound: queue.Queue, num_fragments: int, deadline: float,
     return list(updates.values()), requests
 
 
-def make_core(learner: int, held: Mapping[str, torch.Tensor], plan: FragmentPlan, config: AlgorithmConfig,
-              sharded: bool, base_device: str = "cpu") -> LearnerCore:
+def make_core(
+    learner: int,
+    held: Mapping[str, torch.Tensor],
+    plan: FragmentPlan,
+    config: AlgorithmConfig,
+    sharded: bool,
+    base_device: str = "cpu",
+) -> LearnerCore:
     """The algorithm's learner side, as the run's config says (`sharded`: an FSDP learner). With the
     base copy on the host (the default) snapshots go through reused host buffers (`staging`)."""
     rebase = config.arrival == "rebase"
     if rebase and sharded:
-        raise SynchronizerError("arrival 'rebase' is not supported with FSDP-sharded learners yet (rank 0's copy of "
-                                "a fragment is current only when it is snapshotted): run with 'overwrite'")
+        raise SynchronizerError(
+            "arrival 'rebase' is not supported with FSDP-sharded learners yet (rank 0's copy of "
+            "a fragment is current only when it is snapshotted): run with 'overwrite'"
+        )
     schedule = Schedule(config.fragments, config.sync_every, config.overlap)
     stage = SnapshotStager(held).stage if torch.device(base_device).type == "cpu" else None
-    return LearnerCore(learner, held, plan, schedule, ema=config.ema, rebase=rebase, base_device=base_device,
-                       stage=stage)
+    return LearnerCore(
+        learner, held, plan, schedule, ema=config.ema, rebase=rebase, base_device=base_device, stage=stage
+    )
 
 
 def resync(core: LearnerCore, shard: int, versions: Mapping[int, int], force: dict[int, int]) -> None:
@@ -98,8 +119,13 @@ def resync(core: LearnerCore, shard: int, versions: Mapping[int, int], force: di
     for p, v in versions.items():
         held = core.versions[p]
         if v < held:
-            log.warning("synchronizer shard %d holds fragment %d at version %d, older than our %d: taking its value",
-                        shard, p, v, held)
+            log.warning(
+                "synchronizer shard %d holds fragment %d at version %d, older than our %d: taking its value",
+                shard,
+                p,
+                v,
+                held,
+            )
             force[p] = v
         elif v == held:
             core.retry(p, v)

@@ -102,12 +102,24 @@ class LeaderSide:
     def _send(self, messages: list, gathered: list[int]) -> None:
         """`gathered`: fragments whose sharded parameters were just pulled; only those may be snapshotted."""
         for m in messages:
-            if isinstance(m, Contribution) and self.fanout is not None and self.fanout.sharded \
-                    and m.fragment not in gathered:
+            if (
+                isinstance(m, Contribution)
+                and self.fanout is not None
+                and self.fanout.sharded
+                and m.fragment not in gathered
+            ):
                 raise RuntimeError(f"fragment {m.fragment} was snapshotted without gathering its shards first")
             link = self.links[self.owner[m.fragment]]
             if isinstance(m, Contribution):
-                link.push(m, {"position": self.position, "tokens_total": self.tokens, "final": self.core.stopped,
-                              "span_start": self._span_start[m.fragment], "snapshot_wall": time.time()})
+                link.push(
+                    m,
+                    {
+                        "position": self.position,
+                        "tokens_total": self.tokens,
+                        "final": self.core.stopped,
+                        "span_start": self._span_start[m.fragment],
+                        "snapshot_wall": time.time(),
+                    },
+                )
             elif isinstance(m, Decline):
                 link.decline(m)

@@ -121,8 +121,12 @@ class ShardLink(Outbound):
 
     def _open(self, address: str) -> tuple[rpc.Stubs, rpc.Stubs]:
         backoff = (self.timeouts.backoff_min, self.timeouts.backoff_max)
-        return tuple(rpc.Stubs(rpc.open_channel(address, kind, self.ctx.max_frame, self.ctx.credentials, backoff),
-                               self.ctx.token) for kind in ("control", "bulk"))
+        return tuple(
+            rpc.Stubs(
+                rpc.open_channel(address, kind, self.ctx.max_frame, self.ctx.credentials, backoff), self.ctx.token
+            )
+            for kind in ("control", "bulk")
+        )
 
     def _follow_address(self) -> None:
         """Move to the address the shard's file names now, if it moved (calls on the old channels end)."""
@@ -163,8 +167,13 @@ class ShardLink(Outbound):
 
     def register(self, fresh: bool, deadline: float | None = None) -> dict:
         """Register (retrying with backoff until `deadline`); SynchronizerError on a permanent refusal."""
-        head = {"kind": "register", "learner": self.ctx.learner, "incarnation": self.ctx.incarnation,
-                "signature": self.ctx.signature, "fresh": fresh}
+        head = {
+            "kind": "register",
+            "learner": self.ctx.learner,
+            "incarnation": self.ctx.incarnation,
+            "signature": self.ctx.signature,
+            "fresh": fresh,
+        }
         if fresh and self.ctx.initial is not None:
             head["holds"] = self.ctx.initial.digests
         delay = self.timeouts.backoff_min
@@ -174,18 +183,27 @@ class ShardLink(Outbound):
                 break
             except grpc.RpcError as exc:
                 if exc.code() in PERMANENT:
-                    raise SynchronizerError(f"synchronizer {self.address} refused registration: {exc.details()}") from None
+                    raise SynchronizerError(
+                        f"synchronizer {self.address} refused registration: {exc.details()}"
+                    ) from None
                 now = time.monotonic()
                 if now - self._last_register_log > 5.0:
                     self._last_register_log = now
                     left = "" if deadline is None else f" for {max(0.0, deadline - now):.0f} s more"
-                    log.warning("synchronizer %s does not answer yet (%s: %s); retrying%s", self.address,
-                                exc.code().name, exc.details(), left)
+                    log.warning(
+                        "synchronizer %s does not answer yet (%s: %s); retrying%s",
+                        self.address,
+                        exc.code().name,
+                        exc.details(),
+                        left,
+                    )
                 self._follow_address()
                 given_up = self.ctx.closing.is_set() or (fresh and self.ctx.stop_requested.is_set())
                 if given_up or (deadline is not None and now + delay > deadline):
-                    raise ConnectionError(f"no answer from synchronizer {self.address} ({exc.code().name}: "
-                                          f"{exc.details()}); is it running, and is the address right?") from None
+                    raise ConnectionError(
+                        f"no answer from synchronizer {self.address} ({exc.code().name}: "
+                        f"{exc.details()}); is it running, and is the address right?"
+                    ) from None
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(2 * delay, self.timeouts.backoff_max)
         self.info = reply
@@ -214,6 +232,7 @@ class ShardLink(Outbound):
                 target()
             except Exception:  # a link thread must never die silently
                 log.exception("link %s thread crashed", self.address)
+
         return run
 
     def _subscriber(self) -> None:
@@ -266,12 +285,14 @@ class ShardLink(Outbound):
             values = kept(self.ctx.initial, expected) if head.get("held") is True else msg.tensors(expected)
             tensors = self.held.take(p, version, head.get("delta_from"), values)
             tensors = staging.pin(tensors, self.ctx.pin_memory)  # decoded here, not at the boundary
-            update = FragmentUpdate(p, version, tensors, (self.ctx.learner,),
-                                    merged_learners(head.get("admitted")), owned=True)
+            update = FragmentUpdate(
+                p, version, tensors, (self.ctx.learner,), merged_learners(head.get("admitted")), owned=True
+            )
             self.ctx.inbound.put(("update", self.index, update, bool(head.get("force")), head.get("merged") or {}))
         elif kind == "merged":  # our final work went into this version; a leaving learner takes no values
-            self.ctx.inbound.put(("merged", self.index, int(head["fragment"]), int(head["version"]),
-                                  head.get("merged") or {}))
+            self.ctx.inbound.put(
+                ("merged", self.index, int(head["fragment"]), int(head["version"]), head.get("merged") or {})
+            )
         elif kind == "request":
             request = FragmentRequest(int(head["fragment"]), int(head["version"]), (self.ctx.learner,))
             self.ctx.inbound.put(("request", self.index, request))

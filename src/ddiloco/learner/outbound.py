@@ -20,8 +20,13 @@ from ..wire import framing
 from . import staging
 
 log = logging.getLogger("ddiloco.learner.link")  # the link's own logger, as before this module split off
-PERMANENT = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
-             grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
+PERMANENT = (
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNIMPLEMENTED,
+)
 
 
 class Outbound:
@@ -47,20 +52,40 @@ class Outbound:
                 self.stats.lost_in_transit += 1  # the resync after registering retries it
                 staging.release(c.outer_gradient)
                 continue
-            head = {"kind": "contribution", "session": sid, "fragment": c.fragment, "base_version": c.base_version,
-                    "steps": c.steps, "tokens": c.tokens, "seconds": c.seconds, "step_time": c.step_time,
-                    "step": c.step, **extra}
+            head = {
+                "kind": "contribution",
+                "session": sid,
+                "fragment": c.fragment,
+                "base_version": c.base_version,
+                "steps": c.steps,
+                "tokens": c.tokens,
+                "seconds": c.seconds,
+                "step_time": c.step_time,
+                "step": c.step,
+                **extra,
+            }
             nbytes = framing.payload_nbytes(c.outer_gradient, self.ctx.codec)
             self.ctx.delay()
             try:
-                reply, sent = self.uplink.push(self.bulk, head, c.outer_gradient, self.ctx.codec, self.chunk_bytes,
-                                               self.timeouts.bulk(nbytes) + self.ctx.wan.transfer_seconds(nbytes))
+                reply, sent = self.uplink.push(
+                    self.bulk,
+                    head,
+                    c.outer_gradient,
+                    self.ctx.codec,
+                    self.chunk_bytes,
+                    self.timeouts.bulk(nbytes) + self.ctx.wan.transfer_seconds(nbytes),
+                )
             except grpc.RpcError as exc:
                 if self.ctx.closing.is_set():
                     return
                 self.stats.lost_in_transit += 1
-                log.info("push of fragment %d to %s failed (%s): %s", c.fragment, self.address, exc.code().name,
-                         exc.details())
+                log.info(
+                    "push of fragment %d to %s failed (%s): %s",
+                    c.fragment,
+                    self.address,
+                    exc.code().name,
+                    exc.details(),
+                )
                 if exc.code() in PERMANENT:
                     self.stats.rejected += 1
                     self.stats.last_rejection = exc.details() or exc.code().name
@@ -78,8 +103,14 @@ class Outbound:
             self.stats.rejected += 1
             self.stats.last_rejection = reply.get("reason", "")
             action = reply.get("action", "reset")
-            log.log(logging.INFO if action == "none" else logging.WARNING, "synchronizer %s rejected fragment %d: %s (%s)",
-                    self.address, c.fragment, reply.get("reason"), action)
+            log.log(
+                logging.INFO if action == "none" else logging.WARNING,
+                "synchronizer %s rejected fragment %d: %s (%s)",
+                self.address,
+                c.fragment,
+                reply.get("reason"),
+                action,
+            )
             self.ctx.inbound.put(("rejected", self.index, c.fragment, c.base_version, reply.get("reason"), action))
             if action == "reregister":
                 self.invalidate(sid)
@@ -94,8 +125,12 @@ class Outbound:
             sid = self._session
             if decline is not None:
                 if sid is not None:
-                    head = {"session": sid, "fragment": decline.fragment, "version": decline.version,
-                            "reason": decline.reason}
+                    head = {
+                        "session": sid,
+                        "fragment": decline.fragment,
+                        "version": decline.version,
+                        "reason": decline.reason,
+                    }
                     self._call("Decline", head, sid)
                 continue
             next_beat = time.monotonic() + self.timeouts.heartbeat

@@ -32,8 +32,10 @@ log = logging.getLogger(__name__)
 ATTEMPTS = 3
 
 
-def snapshot(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor],
-             ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, float]]]:
+def snapshot(
+    optimizer: torch.optim.Optimizer,
+    params: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, float]]]:
     """The optimizer's per-parameter state by parameter name: tensors shaped like the parameter (the
     moments) as full fp32 host copies, one-element tensors and numbers (the step) as scalars.
     Collective when the state is sharded (FSDP2): every rank calls it, in the same order of
@@ -56,8 +58,12 @@ def snapshot(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor
     return tensors, scalars
 
 
-def load(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor],
-         scalars: Mapping[str, Mapping[str, float]]) -> int:
+def load(
+    optimizer: torch.optim.Optimizer,
+    params: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor],
+    scalars: Mapping[str, Mapping[str, float]],
+) -> int:
     """Install a donated state into `optimizer` (its hyperparameters stay its own); returns the step."""
     on_device = any(g.get("fused") or g.get("capturable") for g in optimizer.param_groups)
     for full, value in tensors.items():
@@ -79,8 +85,13 @@ def upload(link, ticket: str, tensors: dict[str, torch.Tensor], scalars: dict) -
     sid = link.session
     if sid is None:
         return
-    head = {"kind": "inner_state", "session": sid, "ticket": ticket, "scalars": scalars,
-            "checksum": state_checksum(tensors, scalars)}
+    head = {
+        "kind": "inner_state",
+        "session": sid,
+        "ticket": ticket,
+        "scalars": scalars,
+        "checksum": state_checksum(tensors, scalars),
+    }
     frames = framing.tensor_frames(head, tensors, "fp32", link.chunk_bytes)
     nbytes = sum(len(f) for f in frames)
 
@@ -92,24 +103,39 @@ def upload(link, ticket: str, tensors: dict[str, torch.Tensor], scalars: dict) -
 
     try:
         link.ctx.wan.delay()
-        link.bulk.donate(paced(), timeout=link.timeouts.bulk(nbytes) + len(frames) * link.ctx.net_delay
-                         + link.ctx.wan.transfer_seconds(nbytes), metadata=link.bulk.metadata)
-        log.info("donated the inner state (%d tensors, %.1f MB, checksum %s) for ticket %s", len(tensors),
-                 nbytes / 1e6, head["checksum"], ticket)
+        link.bulk.donate(
+            paced(),
+            timeout=link.timeouts.bulk(nbytes)
+            + len(frames) * link.ctx.net_delay
+            + link.ctx.wan.transfer_seconds(nbytes),
+            metadata=link.bulk.metadata,
+        )
+        log.info(
+            "donated the inner state (%d tensors, %.1f MB, checksum %s) for ticket %s",
+            len(tensors),
+            nbytes / 1e6,
+            head["checksum"],
+            ticket,
+        )
     except grpc.RpcError as exc:
         log.warning("donation for ticket %s failed (%s: %s)", ticket, exc.code().name, exc.details())
 
 
-def start_upload(link, ticket: str, tensors: dict[str, torch.Tensor], scalars: dict,  # noqa: ANN001
-                 ) -> threading.Thread:
+def start_upload(
+    link,
+    ticket: str,
+    tensors: dict[str, torch.Tensor],
+    scalars: dict,  # noqa: ANN001
+) -> threading.Thread:
     """Upload a `snapshot` in a background thread, so training goes on at once."""
     t = threading.Thread(target=upload, args=(link, ticket, tensors, scalars), name="ddiloco-donate", daemon=True)
     t.start()
     return t
 
 
-def donate_gathered(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor], links: list,
-                    tickets: list[tuple[int, str]]) -> None:
+def donate_gathered(
+    optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor], links: list, tickets: list[tuple[int, str]]
+) -> None:
     """A sharded learner's donation at a step boundary: every rank gathers (collective), rank 0
     (the one holding `tickets`: (link index, ticket)) uploads."""
     state = snapshot(optimizer, params)
@@ -158,18 +184,32 @@ def recover(link, params: Mapping[str, torch.Tensor], learner: int) -> Recovered
             if got is not None:
                 tensors, scalars, checksum = got
                 step = int(max((v.get("step", 0.0) for v in scalars.values()), default=0.0))
-                log.info("learner %d took its inner state from learner %d (step %d, checksum %s)", learner, donor,
-                         step, checksum)
+                log.info(
+                    "learner %d took its inner state from learner %d (step %d, checksum %s)",
+                    learner,
+                    donor,
+                    step,
+                    checksum,
+                )
                 return Recovered(donor, step, checksum, attempt, tensors, scalars)
         else:
-            log.warning("learner %d: inner state from learner %d did not arrive (%s)%s", learner, donor,
-                        polled.get("reason") or state, "; asking another" if attempt < ATTEMPTS else "")
+            log.warning(
+                "learner %d: inner state from learner %d did not arrive (%s)%s",
+                learner,
+                donor,
+                polled.get("reason") or state,
+                "; asking another" if attempt < ATTEMPTS else "",
+            )
     log.warning("learner %d starts its inner optimizer cold: %d donations failed", learner, ATTEMPTS)
     return None
 
 
-def share_state(fanout, optimizer: torch.optim.Optimizer | None,  # noqa: ANN001
-                params: Mapping[str, torch.Tensor], given: Recovered | None) -> None:
+def share_state(
+    fanout,
+    optimizer: torch.optim.Optimizer | None,  # noqa: ANN001
+    params: Mapping[str, torch.Tensor],
+    given: Recovered | None,
+) -> None:
     """Rank 0's recovered state (`given`) onto every rank of a multi-rank learner, which each load
     it: replicated parameters get the whole tensor (broadcast), sharded ones (FSDP2) their own shard
     (`distribute_tensor`). The layout travels as JSON first. Collective: every rank calls it."""
@@ -200,18 +240,28 @@ def _control(link, head: dict) -> dict | None:  # noqa: ANN001
         return None
 
 
-def _download(link, sid: str, ticket: str, params: Mapping[str, torch.Tensor],  # noqa: ANN001
-              ) -> tuple[dict, dict, str] | None:
+def _download(
+    link,
+    sid: str,
+    ticket: str,
+    params: Mapping[str, torch.Tensor],  # noqa: ANN001
+) -> tuple[dict, dict, str] | None:
     try:
-        frames = link.bulk.recover(framing.message({"session": sid, "ticket": ticket}),
-                                   timeout=link.timeouts.bulk(4 * sum(p.numel() * 4 for p in params.values())),
-                                   metadata=link.bulk.metadata)
+        frames = link.bulk.recover(
+            framing.message({"session": sid, "ticket": ticket}),
+            timeout=link.timeouts.bulk(4 * sum(p.numel() * 4 for p in params.values())),
+            metadata=link.bulk.metadata,
+        )
         msg = next(reassembly.read_stream(frames, 1 << 40))
-        expected = {s.name: tuple(params[s.name.rpartition("/")[0]].shape) for s in msg.specs()
-                    if s.name.rpartition("/")[0] in params}
+        expected = {
+            s.name: tuple(params[s.name.rpartition("/")[0]].shape)
+            for s in msg.specs()
+            if s.name.rpartition("/")[0] in params
+        }
         tensors = msg.tensors(expected)
-        scalars = {n: {k: float(v) for k, v in vals.items()} for n, vals in msg.head.get("scalars", {}).items()
-                   if n in params}
+        scalars = {
+            n: {k: float(v) for k, v in vals.items()} for n, vals in msg.head.get("scalars", {}).items() if n in params
+        }
     except (grpc.RpcError, framing.WireError, StopIteration, ValueError, KeyError, TypeError) as exc:
         log.warning("download of the donated inner state failed: %s", exc)
         return None

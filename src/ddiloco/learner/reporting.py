@@ -14,36 +14,79 @@ log = logging.getLogger("ddiloco.learner.client")
 
 def progress(c: LearnerClient) -> dict:
     """Sent with every heartbeat (the synchronizer's status and dashboard show it)."""
-    return {"step": c.steps, "tokens": c.tokens, "position": c.position, "state": c.state,
-            "step_time": c.core.step_time.get() if c.core else 0.0, "loss": c.loss}
+    return {
+        "step": c.steps,
+        "tokens": c.tokens,
+        "position": c.position,
+        "state": c.state,
+        "step_time": c.core.step_time.get() if c.core else 0.0,
+        "loss": c.loss,
+    }
 
 
 def write_journal(c: LearnerClient) -> None:
-    c.journal.write({
-        "learner": c.learner, "incarnation": c.incarnation, "steps": c.steps, "tokens": c.tokens,
-        "seconds": c.compute_seconds, "start_position": c.start_position, "position": c.position,
-        "started": c.started_wall, "updated": time.time(), "state": c.state,
-        "versions": list(c.core.versions) if c.core is not None else [],
-        "bytes_pushed": sum(link.stats.bytes_pushed for link in c.links),
-        "bytes_received": sum(link.stats.bytes_received for link in c.links),
-    })
+    c.journal.write(
+        {
+            "learner": c.learner,
+            "incarnation": c.incarnation,
+            "steps": c.steps,
+            "tokens": c.tokens,
+            "seconds": c.compute_seconds,
+            "start_position": c.start_position,
+            "position": c.position,
+            "started": c.started_wall,
+            "updated": time.time(),
+            "state": c.state,
+            "versions": list(c.core.versions) if c.core is not None else [],
+            "bytes_pushed": sum(link.stats.bytes_pushed for link in c.links),
+            "bytes_received": sum(link.stats.bytes_received for link in c.links),
+        }
+    )
 
 
 def stats(c: LearnerClient) -> dict:
     links = [link.stats for link in c.links]
-    totals = {k: sum(getattr(s, k) for s in links)
-              for k in ("pushed", "accepted", "rejected", "lost_in_transit", "registrations", "bytes_pushed",
-                        "bytes_received")}
-    return {"learner": c.learner, "incarnation": c.incarnation, "steps": c.steps, "tokens": c.tokens,
-            "compute_seconds": c.compute_seconds, "start_position": c.start_position,
-            "position": c.position, "counted_position": c.counted_position,
-            "versions": list(c.core.versions) if c.core else [], **totals,
-            "rejections": list(c.rejected[-5:]), "recovered": c.recovered, "donations": len(c.donations)}
+    totals = {
+        k: sum(getattr(s, k) for s in links)
+        for k in (
+            "pushed",
+            "accepted",
+            "rejected",
+            "lost_in_transit",
+            "registrations",
+            "bytes_pushed",
+            "bytes_received",
+        )
+    }
+    return {
+        "learner": c.learner,
+        "incarnation": c.incarnation,
+        "steps": c.steps,
+        "tokens": c.tokens,
+        "compute_seconds": c.compute_seconds,
+        "start_position": c.start_position,
+        "position": c.position,
+        "counted_position": c.counted_position,
+        "versions": list(c.core.versions) if c.core else [],
+        **totals,
+        "rejections": list(c.rejected[-5:]),
+        "recovered": c.recovered,
+        "donations": len(c.donations),
+    }
 
 
 def log_line(c: LearnerClient) -> None:
     s = stats(c)
     loss = f"loss {c.loss:.4f}, " if c.loss is not None else ""
-    log.info("learner %d: step %d, %d tokens, %sfragment versions %s, %d contributions accepted, %d rejected, "
-             "run %.0f%% done", c.learner, s["steps"], s["tokens"], loss, s["versions"], s["accepted"],
-             s["rejected"], 100 * c.progress)
+    log.info(
+        "learner %d: step %d, %d tokens, %sfragment versions %s, %d contributions accepted, %d rejected, "
+        "run %.0f%% done",
+        c.learner,
+        s["steps"],
+        s["tokens"],
+        loss,
+        s["versions"],
+        s["accepted"],
+        s["rejected"],
+        100 * c.progress,
+    )

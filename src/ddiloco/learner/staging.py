@@ -21,8 +21,14 @@ import torch
 class StagedGradient(Mapping[str, torch.Tensor]):
     """The outer gradients of one snapshot, computed on first access (waits for the copy)."""
 
-    def __init__(self, stager: "SnapshotStager", fragment: int, base: Mapping[str, torch.Tensor],
-                 buffers: dict[str, torch.Tensor], ready: "torch.cuda.Event | None") -> None:
+    def __init__(
+        self,
+        stager: "SnapshotStager",
+        fragment: int,
+        base: Mapping[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        ready: "torch.cuda.Event | None",
+    ) -> None:
         self._stager = stager
         self._fragment = fragment
         self._base = dict(base)  # the references of the snapshot's time: an arrival replaces, never mutates, them

@@ -110,7 +110,9 @@ def train(settings: LearnerSettings) -> dict:
     task = make_task(settings.model, settings.data, seq_len=settings.seq_len, model_size=settings.model_size)
     model = task.build_model(settings.seed).to(device)
     if world > 1:
-        trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        trained = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
     else:
         trained = model
     node = f" (Slurm node {os.environ['SLURMD_NODENAME']})" if os.environ.get("SLURMD_NODENAME") else ""
@@ -118,9 +120,16 @@ def train(settings: LearnerSettings) -> dict:
     optimizer = make_inner_optimizer(model, settings.inner)
     state_dir = Path(settings.state_dir) if settings.state_dir else None
     client = LearnerClient(
-        model, settings.addresses, settings.learner, token=settings.token, codec=settings.codec,
-        credentials=settings.credentials, net_delay=settings.net_delay, wan=settings.wan,
-        journal_dir=str(state_dir) if state_dir else None, start_timeout=settings.start_timeout,
+        model,
+        settings.addresses,
+        settings.learner,
+        token=settings.token,
+        codec=settings.codec,
+        credentials=settings.credentials,
+        net_delay=settings.net_delay,
+        wan=settings.wan,
+        journal_dir=str(state_dir) if state_dir else None,
+        start_timeout=settings.start_timeout,
         optimizer=optimizer if settings.peer_recovery else None,  # empty at start: a live peer's state
     )
     stop = {"signal": False, "at": 0.0}
@@ -130,15 +139,21 @@ def train(settings: LearnerSettings) -> dict:
             raise KeyboardInterrupt
         stop["signal"], stop["at"] = True, time.monotonic()
         client.ctx.stop_requested.set()
-        log.warning("learner %d got signal %d: sending the work it holds, exiting within %.0f s",
-                    settings.learner, signum, settings.term_grace)
+        log.warning(
+            "learner %d got signal %d: sending the work it holds, exiting within %.0f s",
+            settings.learner,
+            signum,
+            settings.term_grace,
+        )
         watchdog = threading.Timer(settings.term_grace, _exit_now, (settings.learner, 128 + signum))
         watchdog.daemon = True
         watchdog.start()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     saver = None
-    inner_dir = Path(settings.inner_state_dir) if settings.inner_state_dir else state_dir / "inner" if state_dir else None
+    inner_dir = (
+        Path(settings.inner_state_dir) if settings.inner_state_dir else state_dir / "inner" if state_dir else None
+    )
     own_steps = (load_optimizer(inner_dir, optimizer) if inner_dir else None) or 0
     try:
         try:
@@ -151,11 +166,18 @@ def train(settings: LearnerSettings) -> dict:
         inner_steps = own_steps or (client.recovered or {}).get("step", 0)
         if rank == 0 and inner_dir is not None:
             saver = BackgroundSaver(inner_dir)
-        stream = task.stream(settings.learner * world + rank, settings.learners * world,
-                             settings.inner.batch_size, settings.seed)
+        stream = task.stream(
+            settings.learner * world + rank, settings.learners * world, settings.inner.batch_size, settings.seed
+        )
         stream.seek(position)
-        log.info("learner %d rank %d/%d starts at data position %d (inner step %d)", settings.learner, rank, world,
-                 position, inner_steps)
+        log.info(
+            "learner %d rank %d/%d starts at data position %d (inner step %d)",
+            settings.learner,
+            rank,
+            world,
+            position,
+            inner_steps,
+        )
         steps = 0
         while not client.stopping and (settings.max_steps is None or steps < settings.max_steps):
             started = time.perf_counter()
@@ -177,8 +199,13 @@ def train(settings: LearnerSettings) -> dict:
         digest = params_digest(model)  # every rank holds the same values here (see `fanout`)
         left = settings.term_grace - (time.monotonic() - stop["at"]) - 1.0 if stop["signal"] else None
         inner = state_checksum(*snapshot(optimizer, dict(model.named_parameters())))[:16]
-        return {**client.finish(timeout=None if left is None else max(0.0, left)), "rank": rank, "world": world,
-                "params_sha": digest, "inner_sha": inner}
+        return {
+            **client.finish(timeout=None if left is None else max(0.0, left)),
+            "rank": rank,
+            "world": world,
+            "params_sha": digest,
+            "inner_sha": inner,
+        }
     finally:
         if saver is not None:
             saver.close()

@@ -30,25 +30,31 @@ class Uplink:
         if not isinstance(port, int) or not 1 <= port <= 65535:
             return
         if self.credentials is not None and auth.ssl_part(self.credentials) is None:
-            log.info("the synchronizer offers a bulk socket, but TLS was given as bare gRPC credentials "
-                     "(use auth.channel_credentials(ca) for both planes); pushing over gRPC")
+            log.info(
+                "the synchronizer offers a bulk socket, but TLS was given as bare gRPC credentials "
+                "(use auth.channel_credentials(ca) for both planes); pushing over gRPC"
+            )
             return
         host = address.rpartition(":")[0]
         self.socket = sockets.BulkSocketClient(host, port, self.token, self.max_frame, auth.ssl_part(self.credentials))
 
-    def push(self, bulk: rpc.Stubs, head: dict, tensors: Mapping[str, torch.Tensor], codec: str, chunk: int,
-             timeout: float) -> tuple[dict, int]:
+    def push(
+        self, bulk: rpc.Stubs, head: dict, tensors: Mapping[str, torch.Tensor], codec: str, chunk: int, timeout: float
+    ) -> tuple[dict, int]:
         """Send one contribution; (the synchronizer's reply, frame bytes sent). Raises grpc.RpcError."""
         client = self.socket
         if client is not None:
             try:
                 return client.push(framing.iter_frame_parts(head, tensors, codec, chunk), timeout, self.wan.sent)
             except sockets.ConnectFailed as exc:
-                log.warning("cannot reach the synchronizer's bulk socket %s:%d (%s); pushing over gRPC from now on",
-                            client.host, client.port, exc.details())
+                log.warning(
+                    "cannot reach the synchronizer's bulk socket %s:%d (%s); pushing over gRPC from now on",
+                    client.host,
+                    client.port,
+                    exc.details(),
+                )
                 self.socket = None
         # made frame by frame as gRPC sends them; then the snapshot's buffers serve the next one
         frames = framing.Counted(framing.iter_tensor_frames(head, tensors, codec, chunk))
         reply = bulk.push(self.wan.paced_up(frames), timeout=timeout, metadata=bulk.metadata)
         return framing.read_message(reply), frames.nbytes
-

@@ -37,8 +37,13 @@ class WanSettings:
 class TokenBucket:
     """`rate` bytes per second with bursts of up to `burst` bytes; `take` sleeps until the bytes fit."""
 
-    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        rate: float,
+        burst: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if not rate > 0 or not burst > 0:
             raise ValueError("a token bucket needs rate > 0 and burst > 0")
         self.rate, self.burst = rate, burst
@@ -65,8 +70,13 @@ class WanLink:
 
     BURST_SECONDS = 0.05  # the bucket holds 50 ms of bandwidth; a larger frame waits for its whole size
 
-    def __init__(self, settings: WanSettings | None = None, seed: int | None = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        settings: WanSettings | None = None,
+        seed: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.settings = settings or WanSettings()
         self._rng = random.Random(seed)
         self._sleep = sleep

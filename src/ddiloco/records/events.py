@@ -22,7 +22,7 @@ from typing import Callable, Iterator, TextIO
 KINDS: dict[str, str] = {
     # the algorithm (both drivers)
     "merge": "an outer step: fragment, version (new), learners (admitted), expected, quorum_seconds, "
-             "grace_seconds; the runtime adds admitted (the work of each, with tokens and data positions)",
+    "grace_seconds; the runtime adds admitted (the work of each, with tokens and data positions)",
     "join": "a learner (re)joined: learner, versions it starts from",
     "rejected": "a contribution refused by the synchronizer: learner, fragment, reason",
     "down": "a learner stopped (failure or kill): learner",
@@ -32,8 +32,8 @@ KINDS: dict[str, str] = {
     "restored": "a shard restored its checkpoint: seq, versions",
     "checkpoint": "a checkpoint is durable: seq, versions, write_seconds (its fragment files and manifest)",
     "sent": "a merged fragment was queued for every live learner: fragment, version, round_seconds (from "
-            "its round closing: merge, outer step, encoding and the write-ahead checkpoint), merged_seconds "
-            "(the same without the checkpoint)",
+    "its round closing: merge, outer step, encoding and the write-ahead checkpoint), merged_seconds "
+    "(the same without the checkpoint)",
     "leave": "a learner left or was declared gone: learner, incarnation, reason",
     "replaced": "a learner id registered again and its old session was closed: learner, incarnation, previous",
     "no_quorum": "a round waited a failure timeout without a quorum: fragment, version, reason",

@@ -62,8 +62,12 @@ def versions() -> dict[str, str]:
 
     from .. import __version__
 
-    return {"ddiloco": __version__, "torch": torch.__version__, "python": sys.version.split()[0],
-            "platform": platform.platform()}
+    return {
+        "ddiloco": __version__,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+    }
 
 
 class MetricsLog:
@@ -80,8 +84,12 @@ class MetricsLog:
     def write(self, kind: str, t: float, tokens: float, **values: float | int | None) -> None:
         if kind not in METRIC_KINDS:
             raise ValueError(f"unknown metric kind {kind!r}; one of {METRIC_KINDS}")
-        record = {"t": round(float(t), 6), "tokens": tokens, "kind": kind,
-                  **{k: v for k, v in values.items() if v is not None}}
+        record = {
+            "t": round(float(t), 6),
+            "tokens": tokens,
+            "kind": kind,
+            **{k: v for k, v in values.items() if v is not None},
+        }
         numbers = {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         with self._lock:
             if self._file is not None:
@@ -112,10 +120,18 @@ class RunDir:
         return self.path / EVENTS
 
     def write_config(self, command: str, settings: dict, clock_origin: float) -> None:
-        atomic_write_json(self.path / CONFIG, {
-            "command": command, "argv": sys.argv, "settings": jsonable(settings), "versions": versions(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "clock_origin": clock_origin,
-        }, durable=False)
+        atomic_write_json(
+            self.path / CONFIG,
+            {
+                "command": command,
+                "argv": sys.argv,
+                "settings": jsonable(settings),
+                "versions": versions(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "clock_origin": clock_origin,
+            },
+            durable=False,
+        )
 
     def write_summary(self, summary: dict) -> None:
         atomic_write_json(self.path / SUMMARY, summary, durable=False)

@@ -25,8 +25,10 @@ class TensorBoardSink:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard "
-                             "(or pip install 'ddiloco[tensorboard]')") from None
+            raise ValueError(
+                "--tensorboard needs the tensorboard package: pip install tensorboard "
+                "(or pip install 'ddiloco[tensorboard]')"
+            ) from None
         self._writer = SummaryWriter(log_dir=str(directory))
 
     def write(self, kind: str, tokens: float, values: dict[str, float]) -> None:
@@ -47,14 +49,22 @@ class WandbSink:
     arriving at the same token count are all kept.
     """
 
-    def __init__(self, directory: Path, mode: str = "offline", project: str = "ddiloco", name: str | None = None,
-                 config: dict | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        mode: str = "offline",
+        project: str = "ddiloco",
+        name: str | None = None,
+        config: dict | None = None,
+    ) -> None:
         if mode not in WANDB_MODES:
             raise ValueError(f"--wandb-mode must be one of {WANDB_MODES}, got {mode!r}")
         try:
             import wandb
         except ImportError:
-            raise ValueError("--wandb needs the wandb package: pip install wandb (or pip install 'ddiloco[wandb]')") from None
+            raise ValueError(
+                "--wandb needs the wandb package: pip install wandb (or pip install 'ddiloco[wandb]')"
+            ) from None
         os.environ.setdefault("WANDB_SILENT", "true")
         os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
         try:
@@ -62,8 +72,9 @@ class WandbSink:
         except OSError as exc:
             raise ValueError(f"--wandb directory {directory}: cannot create it ({exc.strerror})") from None
         try:
-            self._run = wandb.init(mode=mode, dir=str(directory), project=project, name=name, config=config or {},
-                                   reinit="create_new")
+            self._run = wandb.init(
+                mode=mode, dir=str(directory), project=project, name=name, config=config or {}, reinit="create_new"
+            )
         except Exception as exc:  # noqa: BLE001 - wandb raises its own kinds; the user gets one clear line
             raise ValueError(f"--wandb: wandb could not start a run ({str(exc)[:300]})") from None
         self._run.define_metric("tokens")

@@ -9,9 +9,22 @@ from typing import Sequence
 
 from ..records.rundir import RunRecord
 
-KEYS = ("method", "learners", "tokens", "eval_loss", "eval_accuracy", "goodput", "uptime", "utilization",
-        "outer_steps", "rejected_contributions", "longest_gap_seconds", "stall_seconds_max", "sim_seconds",
-        "wall_seconds")
+KEYS = (
+    "method",
+    "learners",
+    "tokens",
+    "eval_loss",
+    "eval_accuracy",
+    "goodput",
+    "uptime",
+    "utilization",
+    "outer_steps",
+    "rejected_contributions",
+    "longest_gap_seconds",
+    "stall_seconds_max",
+    "sim_seconds",
+    "wall_seconds",
+)
 
 
 def _cell(value: object) -> str:
@@ -32,8 +45,11 @@ def write_page(records: Sequence[RunRecord], figures: Sequence[Path], path: Path
         f'{base64.b64encode(p.read_bytes()).decode()}"><figcaption>{html.escape(p.stem)}</figcaption></figure>'
         for p in figures
     )
-    sources = "".join(f"<li><code>{html.escape(str(r.path))}</code>: "
-                      f"<code>{html.escape(' '.join(r.config.get('argv', [])[1:]))}</code></li>" for r in records)
+    sources = "".join(
+        f"<li><code>{html.escape(str(r.path))}</code>: "
+        f"<code>{html.escape(' '.join(r.config.get('argv', [])[1:]))}</code></li>"
+        for r in records
+    )
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>ddiloco report</title>
 <style>

@@ -66,9 +66,14 @@ def timelines(record: RunRecord, path: Path) -> Path:
     intervals = learner_intervals(record)
     points = merges(record)
     fragments = max((p.fragment for p in points), default=0) + 1
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 2 + 0.25 * (len(intervals) + fragments)), sharex=True,
-                                      layout="constrained",
-                                      gridspec_kw={"height_ratios": [max(1, len(intervals)), max(1, fragments)]})
+    fig, (top, bottom) = plt.subplots(
+        2,
+        1,
+        figsize=(8, 2 + 0.25 * (len(intervals) + fragments)),
+        sharex=True,
+        layout="constrained",
+        gridspec_kw={"height_ratios": [max(1, len(intervals)), max(1, fragments)]},
+    )
     for m, spans in sorted(intervals.items()):
         top.broken_barh([(a, b - a) for a, b in spans], (m - 0.4, 0.8), color="tab:green")
     top.set_yticks(sorted(intervals))
@@ -76,8 +81,15 @@ def timelines(record: RunRecord, path: Path) -> Path:
     top.set_title(f"{record.label}: learners up (green) and merges")
     top.set_xlim(0, max(run_end(record), 1e-9))
     if points:
-        sc = bottom.scatter([p.t for p in points], [p.fragment for p in points], c=[p.admitted for p in points],
-                            cmap="viridis", s=12, vmin=0, vmax=max(max(p.admitted for p in points), 1))
+        sc = bottom.scatter(
+            [p.t for p in points],
+            [p.fragment for p in points],
+            c=[p.admitted for p in points],
+            cmap="viridis",
+            s=12,
+            vmin=0,
+            vmax=max(max(p.admitted for p in points), 1),
+        )
         fig.colorbar(sc, ax=[top, bottom], label="learners admitted", pad=0.01)  # both keep one width
     bottom.set_yticks(range(fragments) if fragments <= 12 else range(0, fragments, max(1, fragments // 8)))
     bottom.set_ylabel("fragment")
@@ -97,9 +109,11 @@ def _save(fig, path: Path) -> Path:  # noqa: ANN001 - a matplotlib Figure
 
 def write_figures(records: Sequence[RunRecord], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    paths = [loss_curves(records, "tokens", out / "loss_vs_tokens.png"),
-             loss_curves(records, "t", out / "loss_vs_time.png"),
-             goodput_curves(records, out / "goodput.png")]
+    paths = [
+        loss_curves(records, "tokens", out / "loss_vs_tokens.png"),
+        loss_curves(records, "t", out / "loss_vs_time.png"),
+        goodput_curves(records, out / "goodput.png"),
+    ]
     for i, r in enumerate(records):
         paths.append(timelines(r, out / f"timeline_{i}_{r.path.name}.png"))
     return paths

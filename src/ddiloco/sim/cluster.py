@@ -71,9 +71,7 @@ class DecoupledCluster:
         params = dict(template.named_parameters())
         self.plan = plan_for_model(params, self.algorithm.fragments)
         self.schedule = Schedule(self.algorithm.fragments, self.algorithm.sync_every, self.algorithm.overlap)
-        self.sync = SynchronizerCore(
-            self.algorithm, self.plan, params, plain_names=task.embedding_names
-        )
+        self.sync = SynchronizerCore(self.algorithm, self.plan, params, plain_names=task.embedding_names)
         self.eval_model = template
         self.learners = []
         for m in range(config.learners):
@@ -157,8 +155,14 @@ class DecoupledCluster:
         learner.state = "joining"
         learner.joining = {}
         learner.inner_steps = 0
-        learner.core = LearnerCore(m, dict(learner.model.named_parameters()), self.plan, self.schedule,
-                                   ema=self.algorithm.ema, rebase=self.algorithm.arrival == "rebase")
+        learner.core = LearnerCore(
+            m,
+            dict(learner.model.named_parameters()),
+            self.plan,
+            self.schedule,
+            ema=self.algorithm.ema,
+            rebase=self.algorithm.arrival == "rebase",
+        )
         if now > 0:
             learner.optimizer = self._rejoin_optimizer(learner)
         self._dispatch(self.sync.join(m, now), now)
@@ -195,7 +199,9 @@ class DecoupledCluster:
         if incarnation != learner.incarnation or learner.state != "stepping":
             return
         batch = learner.stream.next()
-        set_lr(learner.optimizer, lr_at(self.config.inner, learner.inner_steps, self.tokens_trained / self.config.tokens))
+        set_lr(
+            learner.optimizer, lr_at(self.config.inner, learner.inner_steps, self.tokens_trained / self.config.tokens)
+        )
         loss = self.task.loss(learner.model, batch)
         inner_step(learner.model, learner.optimizer, loss, self.config.inner.grad_clip)
         learner.inner_steps += 1
@@ -205,8 +211,10 @@ class DecoupledCluster:
         assert index == learner.core.step
         self._send(learner, messages, now, after_step=True)
         if self.progress is not None:
-            self.progress(min(1.0, self.tokens_trained / self.config.tokens),
-                          {"loss": float(loss.detach()), "time": now, "tokens": self.tokens_trained})
+            self.progress(
+                min(1.0, self.tokens_trained / self.config.tokens),
+                {"loss": float(loss.detach()), "time": now, "tokens": self.tokens_trained},
+            )
         if self.tokens_trained >= self.config.tokens:
             self._drain(now)
         elif learner.core.must_wait():
@@ -278,7 +286,9 @@ class DecoupledCluster:
             return c, self.plan.sizes[c.fragment] * self.config.wire_bytes_per_param
         shapes = {n: tuple(t.shape) for n, t in c.outer_gradient.items()}
         received = {n: self.codec.decode(self.codec.encode(t), shapes[n]) for n, t in c.outer_gradient.items()}
-        return dataclasses.replace(c, outer_gradient=received), float(sum(self.codec.nbytes(s) for s in shapes.values()))
+        return dataclasses.replace(c, outer_gradient=received), float(
+            sum(self.codec.nbytes(s) for s in shapes.values())
+        )
 
     # --- synchronizer ---------------------------------------------------------------------------
     def _on_at_sync(self, now: float, m: int, incarnation: int, message: Contribution | Decline) -> None:
@@ -330,8 +340,9 @@ class DecoupledCluster:
                 for m in action.learners:
                     self._to_learner(m, now + link.latency, action)
             elif isinstance(action, Rejected):
-                self.observe("rejected", now, {"learner": action.learner, "fragment": action.fragment,
-                                               "reason": action.reason})
+                self.observe(
+                    "rejected", now, {"learner": action.learner, "fragment": action.fragment, "reason": action.reason}
+                )
                 self.rejected += 1
                 if len(self.rejections) < 50:
                     self.rejections.append(f"t={now:.2f} learner {action.learner}: {action.reason}")
@@ -345,14 +356,18 @@ class DecoupledCluster:
         self.queue.push(when, ("at_learner", m, learner.incarnation, message))
 
     def _account(self, merged: Merged, now: float) -> None:
-        self.observe("merge", now, {
-            "fragment": merged.fragment,
-            "version": merged.version,
-            "learners": [w.learner for w in merged.admitted],
-            "expected": merged.expected,
-            "quorum_seconds": merged.quorum_time,
-            "grace_seconds": merged.grace,
-        })
+        self.observe(
+            "merge",
+            now,
+            {
+                "fragment": merged.fragment,
+                "version": merged.version,
+                "learners": [w.learner for w in merged.admitted],
+                "expected": merged.expected,
+                "quorum_seconds": merged.quorum_time,
+                "grace_seconds": merged.grace,
+            },
+        )
         self.merges += 1
         self.contributions += len(merged.admitted)
         if merged.contribution_norm > 0:

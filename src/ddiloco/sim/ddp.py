@@ -29,7 +29,9 @@ class _Availability:
     """Per-learner outage lookup over a failure trace."""
 
     def __init__(self, trace: FailureTrace, num_learners: int) -> None:
-        self.outages = {m: sorted((o.down_at, o.up_at) for o in trace.outages if o.learner == m) for m in range(num_learners)}
+        self.outages = {
+            m: sorted((o.down_at, o.up_at) for o in trace.outages if o.learner == m) for m in range(num_learners)
+        }
 
     def is_up(self, m: int, t: float) -> bool:
         return not any(down <= t < up for down, up in self.outages[m])
@@ -61,7 +63,9 @@ class DataParallel:
         self.elastic = config.method == "elastic-ddp"
         self.model = task.build_model(config.seed)
         self.optimizer = make_inner_optimizer(self.model, config.inner)
-        self.streams = [task.stream(m, config.learners, config.inner.batch_size, config.seed) for m in range(config.learners)]
+        self.streams = [
+            task.stream(m, config.learners, config.inner.batch_size, config.seed) for m in range(config.learners)
+        ]
         self.samplers = [config.steps.sampler(m, config.seed) for m in range(config.learners)]
         self.avail = _Availability(config.failures, config.learners)
         self.ledger = WorkLedger(config.learners)
@@ -87,8 +91,10 @@ class DataParallel:
         while tokens < cfg.tokens:
             live = frozenset(m for m in everyone if self.avail.is_up(m, t))
             if not live or (not self.elastic and len(live) < cfg.learners):
-                resume = max(self.avail.back_at(m, t) for m in everyone) if not self.elastic else min(
-                    self.avail.back_at(m, t) for m in everyone
+                resume = (
+                    max(self.avail.back_at(m, t) for m in everyone)
+                    if not self.elastic
+                    else min(self.avail.back_at(m, t) for m in everyone)
                 )
                 if resume == float("inf"):
                     break  # never enough learners again

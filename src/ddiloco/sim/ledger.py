@@ -51,8 +51,10 @@ class WorkLedger:
         span = range(last_step - steps, last_step)
         over = [i + 1 for i in span if run.share[i] + share > 1.0 + 1e-9]
         if over:  # the same work merged twice: a driver defect that a silent cap would hide
-            raise ValueError(f"learner {learner}/{incarnation}: steps {over[:5]} would reach the model for more "
-                             f"than all of it (double-merged work)")
+            raise ValueError(
+                f"learner {learner}/{incarnation}: steps {over[:5]} would reach the model for more "
+                f"than all of it (double-merged work)"
+            )
         for i in span:
             run.share[i] = min(1.0, run.share[i] + share)  # only float rounding is cut
 
@@ -75,4 +77,3 @@ class WorkLedger:
             "tokens_trained": int(tokens_trained),
             "tokens_merged": tokens_merged,
         }
-

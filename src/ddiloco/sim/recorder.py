@@ -18,8 +18,15 @@ Progress = Callable[[float, dict], None]
 
 
 class SimRecorder:
-    def __init__(self, metrics: MetricsLog, task: Task, total_tokens: int, points: int = 20,
-                 eval_batches: int = 20, forward: Progress | None = None) -> None:
+    def __init__(
+        self,
+        metrics: MetricsLog,
+        task: Task,
+        total_tokens: int,
+        points: int = 20,
+        eval_batches: int = 20,
+        forward: Progress | None = None,
+    ) -> None:
         self.metrics, self.task, self.total = metrics, task, max(1, total_tokens)
         self.points, self.eval_batches, self.forward = max(1, points), eval_batches, forward
         self.driver = None  # set once the driver exists: it evaluates driver.global_model()
@@ -54,5 +61,11 @@ class SimRecorder:
         self.metrics.write("eval", t, tokens, **values)
         summary = self.driver.ledger.summary(t) if t > 0 else None
         if summary is not None:
-            self.metrics.write("progress", t, tokens, goodput=summary["goodput"], uptime=summary["uptime"],
-                               tokens_merged=summary["tokens_merged"])
+            self.metrics.write(
+                "progress",
+                t,
+                tokens,
+                goodput=summary["goodput"],
+                uptime=summary["uptime"],
+                tokens_merged=summary["tokens_merged"],
+            )

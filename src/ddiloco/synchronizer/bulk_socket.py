@@ -54,8 +54,9 @@ class SocketContext:
 
 
 class BulkSocketServer:
-    def __init__(self, handlers: Handlers, host: str, token: str | None,
-                 tls: ssl.SSLContext | None = None, port: int = 0) -> None:
+    def __init__(
+        self, handlers: Handlers, host: str, token: str | None, tls: ssl.SSLContext | None = None, port: int = 0
+    ) -> None:
         self.handlers, self.service = handlers, handlers.service
         self.token, self.tls = token, tls
         self.max_frame = self.service.settings.chunk_bytes + rpc.FRAME_MARGIN
@@ -122,11 +123,16 @@ class BulkSocketServer:
             if self.token is not None and not auth.token_matches(self.token, _text(hello.get("token"))):
                 reason = "missing auth token" if hello.get("token") is None else "wrong auth token"
                 self.service.refuse_rpc(method, reason)
-                self._answer(conn, {"error": "UNAUTHENTICATED", "details": "wrong or missing auth token"}, self.max_frame)
+                self._answer(
+                    conn, {"error": "UNAUTHENTICATED", "details": "wrong or missing auth token"}, self.max_frame
+                )
                 return
             if not self.service.bulk_slots.acquire(blocking=False):
-                self._answer(conn, {"error": "RESOURCE_EXHAUSTED", "details": "too many bulk transfers at once; retry later"},
-                             self.max_frame)
+                self._answer(
+                    conn,
+                    {"error": "RESOURCE_EXHAUSTED", "details": "too many bulk transfers at once; retry later"},
+                    self.max_frame,
+                )
                 return
             slot = True
             self.served[method] += 1
@@ -153,7 +159,9 @@ class BulkSocketServer:
                 if method == "Push":
                     reply = self._push(conn, context)
                     if reply is not None:
-                        wire_sockets.send_frame(conn, [reply], wire_sockets.Deadline(self.service.settings.timeouts.rpc))
+                        wire_sockets.send_frame(
+                            conn, [reply], wire_sockets.Deadline(self.service.settings.timeouts.rpc)
+                        )
                 elif method == "Fetch":
                     self._fetch(conn, context)
                 else:
@@ -167,8 +175,7 @@ class BulkSocketServer:
                 self.service.refuse_rpc(method, f"bad {method} request: {str(exc)[:200]}")
                 raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad {method} request: {str(exc)[:200]}") from None
         except Abort as abort:
-            self._answer(conn, {"error": abort.code.name, "details": abort.details},
-                         self.message_drain)
+            self._answer(conn, {"error": abort.code.name, "details": abort.details}, self.message_drain)
 
     def _answer(self, conn: socket.socket, head: dict, drain: int) -> None:
         """Send a reply while the peer may still be sending, then take and drop up to `drain` bytes

@@ -58,10 +58,17 @@ def read_manifest(path: Path) -> dict:
     if not isinstance(frags, dict):
         raise CheckpointError(f"{path}: the manifest lacks its 'fragments' table")
     for p, entry in frags.items():
-        ok = (p.isdigit() and isinstance(entry, dict) and isinstance(entry.get("version"), int)
-              and not isinstance(entry.get("version"), bool) and 0 <= entry["version"] < 2**53
-              and isinstance(entry.get("file"), str) and entry["file"].endswith(".safetensors")
-              and "/" not in entry["file"] and not entry["file"].startswith("."))
+        ok = (
+            p.isdigit()
+            and isinstance(entry, dict)
+            and isinstance(entry.get("version"), int)
+            and not isinstance(entry.get("version"), bool)
+            and 0 <= entry["version"] < 2**53
+            and isinstance(entry.get("file"), str)
+            and entry["file"].endswith(".safetensors")
+            and "/" not in entry["file"]
+            and not entry["file"].startswith(".")
+        )
         if not ok:
             raise CheckpointError(f"{path}: bad entry for fragment {p[:20]!r}: {json.dumps(entry)[:120]}")
     for key in ("grace", "rejections", "ledger", "identity"):
@@ -159,8 +166,10 @@ class CheckpointStore:
             name = snap.files[p]
             tensors = {n: t.contiguous() for n, t in values.items()}
             metadata = {"fragment": str(p), "version": str(snap.versions[p])}
-            atomic_save(self.frag_dir / name,
-                        lambda tmp, tensors=tensors, metadata=metadata: save_file(tensors, str(tmp), metadata))
+            atomic_save(
+                self.frag_dir / name,
+                lambda tmp, tensors=tensors, metadata=metadata: save_file(tensors, str(tmp), metadata),
+            )
             self._on_disk.add(name)
         atomic_write_json(self.manifest_path, snap.manifest)
         self._collect_garbage(snap.versions)
@@ -206,22 +215,26 @@ class CheckpointStore:
         for p in core.owned:
             entry = frags[str(p)]
             tensors = load_tensors(self.frag_dir / entry["file"])
-            outer[p] = {n[len(OUTER_PREFIX):]: t for n, t in tensors.items() if n.startswith(OUTER_PREFIX)}
+            outer[p] = {n[len(OUTER_PREFIX) :]: t for n, t in tensors.items() if n.startswith(OUTER_PREFIX)}
             for n in core.plan.names[p]:
                 if n not in tensors:
                     raise CheckpointError(f"{self.frag_dir / entry['file']} lacks tensor {n!r}")
                 if tuple(tensors[n].shape) != tuple(core.params[n].shape):
-                    raise CheckpointError(f"{self.frag_dir / entry['file']}: tensor {n!r} has shape "
-                                          f"{tuple(tensors[n].shape)}, the model has {tuple(core.params[n].shape)}")
+                    raise CheckpointError(
+                        f"{self.frag_dir / entry['file']}: tensor {n!r} has shape "
+                        f"{tuple(tensors[n].shape)}, the model has {tuple(core.params[n].shape)}"
+                    )
                 params[n] = tensors[n]
             versions[p] = int(entry["version"])
-        core.load_state_dict({
-            "params": params,
-            "versions": versions,
-            "outer": outer,
-            "grace": manifest.get("grace", {}),
-            "rejections": manifest.get("rejections", {}),
-        })
+        core.load_state_dict(
+            {
+                "params": params,
+                "versions": versions,
+                "outer": outer,
+                "grace": manifest.get("grace", {}),
+                "rejections": manifest.get("rejections", {}),
+            }
+        )
         self.seq = int(manifest.get("seq", 0))
         return manifest
 

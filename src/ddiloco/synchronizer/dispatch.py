@@ -30,9 +30,17 @@ SHARE_SECONDS = 10.0  # how long a join's encoded update is kept for the next le
 class ActionDispatcher:
     """Not thread-safe: called under the service's lock (`cond`), which it notifies."""
 
-    def __init__(self, core: SynchronizerCore, settings: ServiceSettings, ledger: MergeLedger,
-                 sessions: SessionTable, events: EventLog, commit: CommitLog | None,
-                 cond: threading.Condition, submit_merge: Callable[[MergeJob], None]) -> None:
+    def __init__(
+        self,
+        core: SynchronizerCore,
+        settings: ServiceSettings,
+        ledger: MergeLedger,
+        sessions: SessionTable,
+        events: EventLog,
+        commit: CommitLog | None,
+        cond: threading.Condition,
+        submit_merge: Callable[[MergeJob], None],
+    ) -> None:
         self.core = core
         self.settings = settings
         self.ledger = ledger
@@ -47,8 +55,11 @@ class ActionDispatcher:
         # fragment -> (version, when, frames): a join's or a reply's update, encoded once and shared by every
         # learner that asks for the same version soon after (a restart's rejoin wave), then dropped
         self._encoded: dict[int, tuple[int, float, list[bytes] | Encoded]] = {}
-        self.initial = {p: value_digests({n: core.params[n] for n in core.plan.names[p]})
-                        for p in core.owned if core.versions[p] == 0}  # what a fresh learner may hold already
+        self.initial = {
+            p: value_digests({n: core.params[n] for n in core.plan.names[p]})
+            for p in core.owned
+            if core.versions[p] == 0
+        }  # what a fresh learner may hold already
         down = settings.codec_down
         self.downlink = DeltaDownlink(down, settings.chunk_bytes) if down in DELTA_CODECS else None
 
@@ -80,14 +91,17 @@ class ActionDispatcher:
             else:
                 (leaving if s.finishing and str(s.learner) in merged else others).append(s)
         if leaving:  # told that their final work went in, without the values a leaving learner would not use
-            notice = framing.message({"kind": "merged", "fragment": a.fragment, "version": a.version,
-                                      "merged": merged})
+            notice = framing.message({"kind": "merged", "fragment": a.fragment, "version": a.version, "merged": merged})
             for s in leaving:
                 self._deliver(a.fragment, a.version, lambda s=s: s.outbox.put_control(notice))
         for s in built:
             s.holds.discard(a.fragment)
-            self.send_update(s, a.fragment, 0, [framing.message(
-                {"kind": "update", "fragment": a.fragment, "version": 0, "merged": {}, "held": True})])
+            self.send_update(
+                s,
+                a.fragment,
+                0,
+                [framing.message({"kind": "update", "fragment": a.fragment, "version": 0, "merged": {}, "held": True})],
+            )
         if others or self.downlink is not None:  # encoded only if someone needs it (or the shadow starts)
             frames = self._frames(a, merged)
             for s in others:
@@ -95,9 +109,17 @@ class ActionDispatcher:
         due = self._due.pop((a.fragment, a.version), None)
         if due is not None:  # after the sends: the round's time until its update is queued
             merged = time.perf_counter() - due
-            self._deliver(a.fragment, a.version, lambda: self.events.write(
-                "sent", fragment=a.fragment, version=a.version, merged_seconds=merged,
-                round_seconds=time.perf_counter() - due))
+            self._deliver(
+                a.fragment,
+                a.version,
+                lambda: self.events.write(
+                    "sent",
+                    fragment=a.fragment,
+                    version=a.version,
+                    merged_seconds=merged,
+                    round_seconds=time.perf_counter() - due,
+                ),
+            )
 
     def _frames(self, a: FragmentUpdate, merged: dict[str, int | None]) -> list[bytes] | Encoded:
         """The update's frames. One that follows no merge (a join, a reply to stale work) is the
@@ -117,8 +139,11 @@ class ActionDispatcher:
 
     def held_by(self, holds: Mapping[str, str]) -> set[int]:
         """The fragments still at version 0 whose every tensor a learner offered with our digest."""
-        return {p for p, digests in self.initial.items()
-                if self.core.versions[p] == 0 and all(holds.get(n) == d for n, d in digests.items())}
+        return {
+            p
+            for p, digests in self.initial.items()
+            if self.core.versions[p] == 0 and all(holds.get(n) == d for n, d in digests.items())
+        }
 
     def forget_encoded(self, older_than: float = SHARE_SECONDS) -> None:
         """Drop shared encodings older than `older_than` seconds (the timer calls this): once every
@@ -134,9 +159,16 @@ class ActionDispatcher:
         if self.commit is not None and self._merges_since_checkpoint >= self.settings.checkpoint_every:
             self._merges_since_checkpoint = 0
             self.commit.request()
-        self.events.write("merge", fragment=a.fragment, version=a.version,
-                          learners=[r["learner"] for r in records], expected=a.expected,
-                          quorum_seconds=a.quorum_time, grace_seconds=a.grace, admitted=records)
+        self.events.write(
+            "merge",
+            fragment=a.fragment,
+            version=a.version,
+            learners=[r["learner"] for r in records],
+            expected=a.expected,
+            quorum_seconds=a.quorum_time,
+            grace_seconds=a.grace,
+            admitted=records,
+        )
 
     def _encode(self, head: dict, fragment: int, version: int, tensors) -> list[bytes] | Encoded:
         if self.downlink is not None:
@@ -157,4 +189,6 @@ class ActionDispatcher:
         """Send the learner the fragment's current global value, to overwrite its own (a "reset")."""
         update = self.core.current_update(fragment, (s.learner,))
         head = {"kind": "update", "fragment": fragment, "version": update.version, "force": True}
-        self.send_update(s, fragment, update.version + 0.5, self._encode(head, fragment, update.version, update.tensors))
+        self.send_update(
+            s, fragment, update.version + 0.5, self._encode(head, fragment, update.version, update.tensors)
+        )

@@ -44,8 +44,11 @@ class DonationRpc:
         self.limit = 4 * model_bytes + (1 << 20)
 
     def table(self) -> dict[str, Callable]:
-        return {"Donor": self.h._guarded("Donor", self.donor), "Donate": self.h._guarded("Donate", self.donate),
-                "Recover": self.recover}
+        return {
+            "Donor": self.h._guarded("Donor", self.donor),
+            "Donate": self.h._guarded("Donate", self.donate),
+            "Recover": self.recover,
+        }
 
     def donor(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         head = self.h._head(request, context, "Donor")
@@ -55,8 +58,11 @@ class DonationRpc:
         op = head.get("op")
         if op == "ask":
             reply = self.desk.ask(session.learner, session.id, self.service.donor_candidates())
-            log.info("learner %d asks for inner state: %s", session.learner,
-                     f"donor learner {reply['donor']}" if reply["ok"] else reply["reason"])
+            log.info(
+                "learner %d asks for inner state: %s",
+                session.learner,
+                f"donor learner {reply['donor']}" if reply["ok"] else reply["reason"],
+            )
             return framing.message(reply)
         if op == "poll":
             return framing.message(self.desk.poll(head.get("ticket"), session.id))

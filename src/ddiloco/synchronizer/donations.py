@@ -61,8 +61,10 @@ class DonationDesk:
             self._expire()
             for t in [t for t in self.tickets.values() if t.joiner == joiner]:
                 self._fail(t, "superseded by a new request")
-            donors = sorted((c for c in candidates if c[0] != joiner and c[2] > 0 and c[1] not in self.bad_donors),
-                            key=lambda c: -c[2])
+            donors = sorted(
+                (c for c in candidates if c[0] != joiner and c[2] > 0 and c[1] not in self.bad_donors),
+                key=lambda c: -c[2],
+            )
             busy = {t.donor_session for t in self.tickets.values() if t.state in ("asked", "uploading")}
             donors = [c for c in donors if c[1] not in busy] or donors
             if not donors:
@@ -114,8 +116,13 @@ class DonationDesk:
             if param not in self.shapes or not isinstance(values, dict) or len(values) > MAX_KEYS_PER_PARAM:
                 raise ValueError(f"scalars for {str(param)[:80]!r}: not a parameter of the model")
             for key, v in values.items():
-                if not KEY.match(str(key)) or isinstance(v, bool) or not isinstance(v, (int, float)) \
-                        or not -MAX_SCALAR <= v <= MAX_SCALAR or v != v:
+                if (
+                    not KEY.match(str(key))
+                    or isinstance(v, bool)
+                    or not isinstance(v, (int, float))
+                    or not -MAX_SCALAR <= v <= MAX_SCALAR
+                    or v != v
+                ):
                     raise ValueError(f"scalar {param}/{str(key)[:32]} must be a finite number, got {str(v)[:40]}")
             out[param] = {str(k): float(v) for k, v in values.items()}
         return out
@@ -166,9 +173,11 @@ class DonationDesk:
 
     def summary(self) -> dict:
         with self.lock:
-            return {"donated": self.donated, "failed": self.failed,
-                    "open": {t.id: {"joiner": t.joiner, "donor": t.donor, "state": t.state}
-                             for t in self.tickets.values()}}
+            return {
+                "donated": self.donated,
+                "failed": self.failed,
+                "open": {t.id: {"joiner": t.joiner, "donor": t.donor, "state": t.state} for t in self.tickets.values()},
+            }
 
     def _ticket(self, ticket_id: object) -> Ticket | None:
         """The ticket of an id as a client sent it (any JSON value); the caller holds the lock."""

@@ -24,8 +24,15 @@ class Encoded:
     """One version's update: as a difference from version `base` (None: there is none), and whole,
     encoded only if some learner needs it (most hold `base`), by the thread that streams it."""
 
-    def __init__(self, head: Mapping, version: int, shadow: Mapping[str, torch.Tensor], chunk_bytes: int,
-                 base: int | None = None, delta: list[bytes] | None = None) -> None:
+    def __init__(
+        self,
+        head: Mapping,
+        version: int,
+        shadow: Mapping[str, torch.Tensor],
+        chunk_bytes: int,
+        base: int | None = None,
+        delta: list[bytes] | None = None,
+    ) -> None:
         self.version, self.base, self.delta = version, base, delta
         self.delta_nbytes = sum(map(len, delta)) if delta is not None else 0
         self.full_nbytes = sum(2 * t.numel() for t in shadow.values())  # bf16, before its headers
@@ -67,7 +74,7 @@ class DeltaDownlink:
             codec = quant.get(self.codec)  # what each learner will decode, blob by blob (no joined copy)
             shadow = apply_delta(old, {s.name: codec.decode(b, s.shape) for s, b in zip(specs, blobs)})
         self._shadow[fragment] = (version, shadow)
-        delta = framing.frames(dict(head, delta_from=base, tensors=[s.to_json() for s in specs]), blobs,
-                               self.chunk_bytes)
+        delta = framing.frames(
+            dict(head, delta_from=base, tensors=[s.to_json() for s in specs]), blobs, self.chunk_bytes
+        )
         return Encoded(head, version, shadow, self.chunk_bytes, base, delta)
-

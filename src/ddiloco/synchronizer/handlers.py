@@ -109,9 +109,13 @@ class Handlers:
             self._abort(context, "Register", "INVALID_ARGUMENT", f"bad register request: {exc}")
         expected = self.service.identity["signature"]
         if signature != expected:
-            self._abort(context, "Register", "FAILED_PRECONDITION",
-                        f"model mismatch: the learner's parameters (signature {signature}) differ from the "
-                        f"synchronizer's ({expected}); use the same model, size, sequence length and vocabulary")
+            self._abort(
+                context,
+                "Register",
+                "FAILED_PRECONDITION",
+                f"model mismatch: the learner's parameters (signature {signature}) differ from the "
+                f"synchronizer's ({expected}); use the same model, size, sequence length and vocabulary",
+            )
         try:
             reply = self.service.register(learner, incarnation, fresh, holds)
         except Refused as exc:
@@ -163,8 +167,9 @@ class Handlers:
         """Where a push's one message lands: size-limited, into the reused push buffers."""
         return reassembly.Reassembler(self.service.settings.max_message_bytes, max_open=1, pool=self.push_buffers)
 
-    def _push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext, key: int,
-              stream: Stream) -> bytes:
+    def _push(
+        self, request_iterator: Iterator[bytes], context: grpc.ServicerContext, key: int, stream: Stream
+    ) -> bytes:
         service = self.service
         reassembler = self.push_reassembler()
         msg = None
@@ -209,19 +214,37 @@ class Handlers:
         except intake.BadField as exc:
             return framing.message(service.reject(session, None, f"malformed contribution header: {exc}"))
         if session is None:
-            return framing.message(service.reject(None, fragment, "unknown session: the synchronizer restarted or "
-                                               "declared this learner gone; register again"))
+            return framing.message(
+                service.reject(
+                    None,
+                    fragment,
+                    "unknown session: the synchronizer restarted or declared this learner gone; register again",
+                )
+            )
         if fragment not in service.core.versions:
-            return framing.message(service.reject(None, fragment, f"fragment {fragment} is not owned by shard "
-                                               f"{service.settings.shard} (owns {service.core.owned})", session.learner))
+            return framing.message(
+                service.reject(
+                    None,
+                    fragment,
+                    f"fragment {fragment} is not owned by shard {service.settings.shard} (owns {service.core.owned})",
+                    session.learner,
+                )
+            )
         expected = {n: service.shapes[n] for n in service.core.plan.names[fragment]}
         try:
             grads = msg.tensors(expected, wire_dtype=True)  # bf16 stays in its received bytes until summed
         except (framing.WireError, ValueError) as exc:
             return framing.message(service.reject(session, fragment, f"fragment {fragment}: {exc}"))
         contribution = Contribution(
-            learner=session.learner, fragment=fragment, base_version=base_version, outer_gradient=grads,
-            steps=steps, tokens=tokens, seconds=seconds, step_time=step_time, step=step,
+            learner=session.learner,
+            fragment=fragment,
+            base_version=base_version,
+            outer_gradient=grads,
+            steps=steps,
+            tokens=tokens,
+            seconds=seconds,
+            step_time=step_time,
+            step=step,
         )
         work = PendingWork(
             position=position,
@@ -240,8 +263,13 @@ class Handlers:
         session = self.service.session(head.get("session"))
         if session is None:
             fragment = head.get("fragment") if isinstance(head.get("fragment"), int) else None
-            return framing.message(self.service.reject(None, fragment, "unknown session: the synchronizer restarted "
-                                                       "or declared this learner gone; register again"))
+            return framing.message(
+                self.service.reject(
+                    None,
+                    fragment,
+                    "unknown session: the synchronizer restarted or declared this learner gone; register again",
+                )
+            )
         refused = self.streams.claim(key, session.id)
         if refused is not None:
             self._abort(context, "Push", "RESOURCE_EXHAUSTED", f"{refused}; retry later")

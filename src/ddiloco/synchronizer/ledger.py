@@ -114,8 +114,14 @@ class MergeLedger:
             self.contributions += 1
             self.tokens_merged += w.tokens * share
             self.useful_seconds += w.seconds * share
-            record = {"learner": w.learner, "steps": w.steps, "tokens": w.tokens, "seconds": w.seconds,
-                      "weight": w.weight, "share": share}
+            record = {
+                "learner": w.learner,
+                "steps": w.steps,
+                "tokens": w.tokens,
+                "seconds": w.seconds,
+                "weight": w.weight,
+                "share": share,
+            }
             if info is not None:
                 start = info.position - w.steps
                 upto = book.merged_upto.get(str(p), 0)
@@ -123,8 +129,12 @@ class MergeLedger:
                     self.double_merged_steps += min(w.steps, upto - start)
                 book.merged_upto[str(p)] = max(upto, info.position)
                 book.merged_position = max(book.merged_position, info.position)
-                record.update(position=info.position, span_start=info.span_start, snapshot_wall=info.snapshot_wall,
-                              incarnation=info.incarnation)
+                record.update(
+                    position=info.position,
+                    span_start=info.span_start,
+                    snapshot_wall=info.snapshot_wall,
+                    incarnation=info.incarnation,
+                )
             records.append(record)
         return records
 
@@ -163,8 +173,16 @@ class MergeLedger:
         try:
             books = {int(m): LearnerBook(**b) for m, b in state.get("books", {}).items()}
             for m, b in books.items():
-                _check(f"books.{m}", m, b.merged_position, b.contributions, b.rejected,
-                       *b.tokens_reported.values(), *b.merged_upto.values(), floats=(b.tokens_merged, b.useful_seconds))
+                _check(
+                    f"books.{m}",
+                    m,
+                    b.merged_position,
+                    b.contributions,
+                    b.rejected,
+                    *b.tokens_reported.values(),
+                    *b.merged_upto.values(),
+                    floats=(b.tokens_merged, b.useful_seconds),
+                )
             counts = {k: int(state.get(k, 0)) for k in ("merges", "contributions", "rejected", "double_merged_steps")}
             reals = {k: float(state.get(k, 0.0)) for k in ("tokens_merged", "useful_seconds", "stall_max")}
             _check("ledger", *counts.values(), floats=reals.values())

@@ -54,9 +54,11 @@ class Membership:
         if learner < 0:
             raise Refused("INVALID_ARGUMENT", f"unknown learner id {learner}: learner ids are >= 0")
         if learner >= max_learners:
-            raise Refused("INVALID_ARGUMENT",
-                          f"unknown learner id {learner}: this synchronizer accepts ids 0..{max_learners - 1} "
-                          f"(start it with a larger --max-learners to admit more)")
+            raise Refused(
+                "INVALID_ARGUMENT",
+                f"unknown learner id {learner}: this synchronizer accepts ids 0..{max_learners - 1} "
+                f"(start it with a larger --max-learners to admit more)",
+            )
         with self.cond:
             if self.closed:
                 raise Refused("UNAVAILABLE", "the synchronizer is shutting down")
@@ -65,8 +67,12 @@ class Membership:
             if old is not None:
                 # Trust model (docs/runtime.md): whoever holds the token may register any learner id;
                 # the newest registration wins. A takeover is never silent.
-                log.warning("learner %d registered again (incarnation %s, was %s): its old session is closed",
-                            learner, incarnation, old.incarnation)
+                log.warning(
+                    "learner %d registered again (incarnation %s, was %s): its old session is closed",
+                    learner,
+                    incarnation,
+                    old.incarnation,
+                )
                 self.events.write("replaced", learner=learner, incarnation=incarnation, previous=old.incarnation)
                 self.sessions.close(old)
                 if old.incarnation != incarnation and learner in self.core.live:
@@ -82,10 +88,22 @@ class Membership:
             self.dispatch(self.core.join(learner, now), now)
             if self.stopping:
                 session.outbox.put_control(framing.message({"kind": "stop", "reason": self.stop_reason}))
-            self.events.write("join", learner=learner, incarnation=incarnation, fresh=fresh, resume_position=resume,
-                              versions=self.core.versions, kept=kept)
-            log.info("learner %d registered (incarnation %s, %s), resumes at data position %d",
-                     learner, incarnation, "fresh" if fresh else "reconnect", resume)
+            self.events.write(
+                "join",
+                learner=learner,
+                incarnation=incarnation,
+                fresh=fresh,
+                resume_position=resume,
+                versions=self.core.versions,
+                kept=kept,
+            )
+            log.info(
+                "learner %d registered (incarnation %s, %s), resumes at data position %d",
+                learner,
+                incarnation,
+                "fresh" if fresh else "reconnect",
+                resume,
+            )
             return {
                 "session": session.id,
                 "shard": self.settings.shard,
@@ -122,11 +140,15 @@ class Membership:
         count is booked now if the lock is free, else by the next tick (`book_tokens`)."""
         s = self.sessions.get(session_id)  # one dict read
         if s is None:
-            return {"ok": False, "reason": "unknown session: the synchronizer restarted or declared this "
-                    "learner gone; register again", "action": "reregister"}
+            return {
+                "ok": False,
+                "reason": "unknown session: the synchronizer restarted or declared this learner gone; register again",
+                "action": "reregister",
+            }
         s.last_seen = time.monotonic()
-        s.progress = {k: progress[k] for k in ("step", "tokens", "position", "step_time", "state", "loss")
-                      if k in progress}
+        s.progress = {
+            k: progress[k] for k in ("step", "tokens", "position", "step_time", "state", "loss") if k in progress
+        }
         if isinstance(progress.get("tokens"), int):
             s.unbooked_tokens = progress["tokens"]
             if self.lock.acquire(blocking=False):
@@ -149,8 +171,11 @@ class Membership:
     def donor_candidates(self) -> list[tuple[int, str, float]]:
         """(learner, session, steps) of every live learner that is training: who could donate inner state."""
         with self.lock:
-            return [(s.learner, s.id, float(s.progress.get("step", 0) or 0)) for s in self.sessions
-                    if s.progress.get("state") == "training"]
+            return [
+                (s.learner, s.id, float(s.progress.get("step", 0) or 0))
+                for s in self.sessions
+                if s.progress.get("state") == "training"
+            ]
 
     def leave(self, session_id: object, tokens: int | None) -> dict:
         with self.cond:

@@ -78,7 +78,7 @@ class Outbox:
             held, self._streamed[fragment] = self._streamed.get(fragment), version
         if not isinstance(item, list):  # outside the lock: a whole value may have to be encoded first
             frames: list[bytes] = []
-            for e in (item if isinstance(item, tuple) else (item,)):
+            for e in item if isinstance(item, tuple) else (item,):
                 frames += e.delta if e.delta is not None and held == e.base else e.full()
                 held = e.version
             item = frames

@@ -36,8 +36,15 @@ def build_service(
     holds a checkpoint. Only the owned fragments are kept; the rest of `params` can be dropped."""
     plan = plan_for_model(params, algorithm.fragments)
     owned = owned_fragments(settings.shard, settings.num_shards, plan.num_fragments)
-    core = SynchronizerCore(algorithm, plan, params, owned=owned, plain_names=plain_names & set(params),
-                            defer_merges=True, share_updates=True)
+    core = SynchronizerCore(
+        algorithm,
+        plan,
+        params,
+        owned=owned,
+        plain_names=plain_names & set(params),
+        defer_merges=True,
+        share_updates=True,
+    )
     plan_json = plan_to_json(plan, params)
     identity = {
         "signature": signature(params),
@@ -72,8 +79,10 @@ class SynchronizerServer:
         self.credentials = auth.grpc_part(credentials)
         self.bulk_tls = auth.ssl_part(credentials)
         if bulk_socket and credentials is not None and self.bulk_tls is None:
-            log.warning("TLS was given as bare gRPC credentials, which the bulk socket plane cannot use: serving "
-                        "bulk on gRPC only (give auth.server_credentials(cert, key) for both planes)")
+            log.warning(
+                "TLS was given as bare gRPC credentials, which the bulk socket plane cannot use: serving "
+                "bulk on gRPC only (give auth.server_credentials(cert, key) for both planes)"
+            )
             bulk_socket = False
         self.bulk_socket, self.bulk_port = bulk_socket, bulk_port
         self.bulk: BulkSocketServer | None = None
@@ -110,8 +119,12 @@ class SynchronizerServer:
             self.handlers.bulk_port = self.bulk.start()
         self.service.start()
         self.server.start()
-        log.info("synchronizer shard %d/%d listening on %s", self.service.settings.shard,
-                 self.service.settings.num_shards, self.address)
+        log.info(
+            "synchronizer shard %d/%d listening on %s",
+            self.service.settings.shard,
+            self.service.settings.num_shards,
+            self.address,
+        )
         return self.address
 
     def stop(self, grace: float = 1.0) -> None:

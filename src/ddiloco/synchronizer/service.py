@@ -69,8 +69,11 @@ class SynchronizerService(Membership):
         self.ledger = MergeLedger(core.plan, time.time())
         self.sessions = SessionTable()
         t = settings.timeouts
-        self.donations = DonationDesk(self.shapes, t.drain + t.bulk(16 * sum(math.prod(v) for v in self.shapes.values())),
-                                      lambda sid: self.session(sid) is not None)
+        self.donations = DonationDesk(
+            self.shapes,
+            t.drain + t.bulk(16 * sum(math.prod(v) for v in self.shapes.values())),
+            lambda sid: self.session(sid) is not None,
+        )
         self.budget = RunBudget(settings.tokens, settings.duration, self.ledger.started_wall)
         self.stopping = False
         self.stop_reason = ""
@@ -93,20 +96,35 @@ class SynchronizerService(Membership):
             # the manifest exists from the start; nothing serves yet, so the live tensors are written
             store.save(core, identity, self.ledger.state_dict(), copy=False)
         self.commit = (
-            CommitLog(store, self.cond, self._snapshot, dict(core.versions), hold=settings.checkpoint_every == 1,
-                      on_written=self._written)
-            if store is not None and settings.checkpoint_every > 0 else None
+            CommitLog(
+                store,
+                self.cond,
+                self._snapshot,
+                dict(core.versions),
+                hold=settings.checkpoint_every == 1,
+                on_written=self._written,
+            )
+            if store is not None and settings.checkpoint_every > 0
+            else None
         )
         self.merger = MergeWorkers(self._finish_merge, min(len(core.owned), os.cpu_count() or 1))
-        self.dispatcher = ActionDispatcher(core, settings, self.ledger, self.sessions, self.events, self.commit,
-                                           self.cond, self.merger.submit)
-        self._timer = Timer(self.cond, self._tick, core.next_deadline, self.now, lambda: self.closed,
-                            period=settings.timeouts.heartbeat / 2)
+        self.dispatcher = ActionDispatcher(
+            core, settings, self.ledger, self.sessions, self.events, self.commit, self.cond, self.merger.submit
+        )
+        self._timer = Timer(
+            self.cond,
+            self._tick,
+            core.next_deadline,
+            self.now,
+            lambda: self.closed,
+            period=settings.timeouts.heartbeat / 2,
+        )
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
-        self.events.write("started", shard=self.settings.shard, num_shards=self.settings.num_shards,
-                          versions=self.core.versions)
+        self.events.write(
+            "started", shard=self.settings.shard, num_shards=self.settings.num_shards, versions=self.core.versions
+        )
         self._timer.start()
 
     def now(self) -> float:
@@ -139,8 +157,9 @@ class SynchronizerService(Membership):
 
     def _snapshot(self) -> Snapshot:
         # Under write-ahead the fragments cannot change while they are written: no copies (see `commit`).
-        return self.store.snapshot(self.core, self.identity, self.ledger.state_dict(),
-                                   copy=self.settings.checkpoint_every != 1)
+        return self.store.snapshot(
+            self.core, self.identity, self.ledger.state_dict(), copy=self.settings.checkpoint_every != 1
+        )
 
     def _written(self, snap: Snapshot) -> None:
         self.events.write("checkpoint", seq=snap.seq, versions=snap.versions, write_seconds=snap.write_seconds)
@@ -192,8 +211,15 @@ class SynchronizerService(Membership):
                 self.dispatch(self.core.poll(now), now)
             return reply
 
-    def _contribute(self, s: Session, c: Contribution, work: PendingWork, tokens_total: int | None,
-                    hold: bool, norms: dict[str, float]) -> dict:
+    def _contribute(
+        self,
+        s: Session,
+        c: Contribution,
+        work: PendingWork,
+        tokens_total: int | None,
+        hold: bool,
+        norms: dict[str, float],
+    ) -> dict:
         with self.cond:
             if self.sessions.get(s.id) is not s:
                 return self.reject(None, c.fragment, "unknown session: register again", c.learner)
@@ -228,8 +254,12 @@ class SynchronizerService(Membership):
             text = f"learner {who} fragment {fragment}: {reason}"
             self.recent_rejections.append(text)
             # Stale work is an expected, normal outcome of the algorithm; everything else is a warning.
-            log.log(logging.INFO if action == "none" else logging.WARNING, "rejected contribution from %s (action: %s)",
-                    text, action)
+            log.log(
+                logging.INFO if action == "none" else logging.WARNING,
+                "rejected contribution from %s (action: %s)",
+                text,
+                action,
+            )
             self.events.write("rejected", learner=who, fragment=fragment, reason=reason, action=action)
             if action == "reset" and s is not None and fragment in self.core.versions:
                 self.dispatcher.send_current(s, fragment)

@@ -75,8 +75,13 @@ def status(service: ServiceView) -> dict:
             for m, s in service.sessions.by_learner.items()
         },
         "books": {
-            str(m): {"tokens_trained": b.tokens_trained, "tokens_merged": b.tokens_merged,
-                     "merged_position": b.merged_position, "contributions": b.contributions, "rejected": b.rejected}
+            str(m): {
+                "tokens_trained": b.tokens_trained,
+                "tokens_merged": b.tokens_merged,
+                "merged_position": b.merged_position,
+                "contributions": b.contributions,
+                "rejected": b.rejected,
+            }
             for m, b in ledger.books.items()
         },
         "open_rounds": len(core.open_rounds()),

@@ -85,7 +85,9 @@ class StreamGuard:
             stream = self._streams.get(key)
             if stream is None:
                 return "stream closed"
-            same = [s for k, s in self._streams.items() if k != key and s.session == session and s.method == stream.method]
+            same = [
+                s for k, s in self._streams.items() if k != key and s.session == session and s.method == stream.method
+            ]
             if stream.method == "Push" and len(same) >= MAX_PUSHES_PER_SESSION:
                 return f"{len(same)} pushes of this session are in flight (at most {MAX_PUSHES_PER_SESSION})"
             stream.session = session

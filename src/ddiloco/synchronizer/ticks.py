@@ -45,6 +45,9 @@ def tick(service: Any) -> None:
         drained = not service.sessions and not service.core.open_rounds() and not service.core.merging
         if drained or time.monotonic() - service.stop_mono > service.settings.timeouts.drain:
             if not drained:
-                log.warning("drain timeout: %d learners still registered, %d rounds open",
-                            len(service.sessions), len(service.core.open_rounds()))
+                log.warning(
+                    "drain timeout: %d learners still registered, %d rounds open",
+                    len(service.sessions),
+                    len(service.core.open_rounds()),
+                )
             service.finished.set()

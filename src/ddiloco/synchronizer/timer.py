@@ -11,9 +11,15 @@ log = logging.getLogger(__name__)
 
 
 class Timer:
-    def __init__(self, cond: threading.Condition, tick: Callable[[], None],
-                 next_deadline: Callable[[], float | None], now: Callable[[], float],
-                 closed: Callable[[], bool], period: float) -> None:
+    def __init__(
+        self,
+        cond: threading.Condition,
+        tick: Callable[[], None],
+        next_deadline: Callable[[], float | None],
+        now: Callable[[], float],
+        closed: Callable[[], bool],
+        period: float,
+    ) -> None:
         self._cond, self._tick, self._next_deadline, self._now, self._closed = cond, tick, next_deadline, now, closed
         self._period = period
         self._thread = threading.Thread(target=self._loop, name="ddiloco-sync-timer", daemon=True)

@@ -12,11 +12,13 @@ PRECISIONS = ("fp32", "bf16")
 
 
 def resolve_device(spec: str = "auto", local_rank: int | None = None) -> torch.device:
-    """"auto": cuda:LOCAL_RANK when CUDA is present, else the CPU. An explicit CUDA device that is not
+    """ "auto": cuda:LOCAL_RANK when CUDA is present, else the CPU. An explicit CUDA device that is not
     there is an error, not a silent fall-back."""
     rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
     if spec == "auto":
-        return torch.device("cuda", rank % torch.cuda.device_count()) if torch.cuda.is_available() else torch.device("cpu")
+        return (
+            torch.device("cuda", rank % torch.cuda.device_count()) if torch.cuda.is_available() else torch.device("cpu")
+        )
     try:
         device = torch.device(spec)
     except RuntimeError as exc:

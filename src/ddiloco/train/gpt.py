@@ -80,9 +80,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(c, dim=-1)
         shape = (b, t, self.n_heads, c // self.n_heads)
         q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(b, t, c)))
 
 
@@ -143,9 +141,7 @@ class GPT(nn.Module):
             if name.endswith("proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=resid_std)
 
-    def forward(
-        self, idx: torch.Tensor, return_aux: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, idx: torch.Tensor, return_aux: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _, t = idx.shape
         if t > self.config.seq_len:
             raise ValueError(f"sequence length {t} exceeds the model's seq_len {self.config.seq_len}")

@@ -226,9 +226,7 @@ class VisionTask(Task):
         }
 
 
-def gpt_config(
-    model: str, model_size: str = "default", *, vocab_size: int = 256, seq_len: int = 128
-) -> GPTConfig:
+def gpt_config(model: str, model_size: str = "default", *, vocab_size: int = 256, seq_len: int = 128) -> GPTConfig:
     """The GPTConfig `make_task` uses for "gpt"/"gpt-moe" at a given size."""
     if model_size not in LM_PRESETS:
         raise ValueError(f"unknown model_size {model_size!r}; choose one of {', '.join(MODEL_SIZES)}")

@@ -120,7 +120,7 @@ TOKENIZERS = ("byte", "bpe")
 
 
 def make_tokenizer(kind: str, train_text: str = "", vocab_size: int = 1024) -> ByteTokenizer | BPETokenizer:
-    """"byte" or "bpe" (trained on `train_text` with `vocab_size` entries)."""
+    """ "byte" or "bpe" (trained on `train_text` with `vocab_size` entries)."""
     if kind == "byte":
         return ByteTokenizer()
     if kind == "bpe":

@@ -48,16 +48,12 @@ def load_digits_data(val_fraction: float = 0.2, seed: int = 0) -> ImageData:
     digits = load_digits()
     x = (digits.images.astype(np.float32) / 16.0)[:, None, :, :]
     y = digits.target.astype(np.int64)
-    x_tr, x_va, y_tr, y_va = train_test_split(
-        x, y, test_size=val_fraction, random_state=seed, stratify=y, shuffle=True
-    )
-    return ImageData(
-        np.ascontiguousarray(x_tr), y_tr, np.ascontiguousarray(x_va), y_va, num_classes=10, name="digits"
-    )
+    x_tr, x_va, y_tr, y_va = train_test_split(x, y, test_size=val_fraction, random_state=seed, stratify=y, shuffle=True)
+    return ImageData(np.ascontiguousarray(x_tr), y_tr, np.ascontiguousarray(x_va), y_va, num_classes=10, name="digits")
 
 
 def _parse_torchvision_spec(spec: str) -> tuple[str | None, Path]:
-    """"mnist:/data", "cifar10:/data" or a bare folder (data set guessed from what is in it)."""
+    """ "mnist:/data", "cifar10:/data" or a bare folder (data set guessed from what is in it)."""
     head, sep, tail = spec.partition(":")
     if sep and head.lower() in TORCHVISION_DATASETS:
         return head.lower(), Path(tail).expanduser()

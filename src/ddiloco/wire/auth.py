@@ -110,8 +110,10 @@ def server_credentials(cert: Path | None, key: Path | None) -> Tls | None:
 def channel_credentials(ca: Path | None) -> Tls | None:
     if ca is None:
         return None
-    return Tls(grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes()),
-               ssl.create_default_context(cafile=str(ca)))
+    return Tls(
+        grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes()),
+        ssl.create_default_context(cafile=str(ca)),
+    )
 
 
 def grpc_part(credentials: object) -> object:

@@ -137,7 +137,9 @@ def encode_tensors(tensors: Mapping[str, torch.Tensor], codec: str) -> tuple[lis
 
 
 def decode_tensors(
-    specs: Sequence[TensorSpec], payload: memoryview, expected: Mapping[str, tuple[int, ...]] | None = None,
+    specs: Sequence[TensorSpec],
+    payload: memoryview,
+    expected: Mapping[str, tuple[int, ...]] | None = None,
     wire_dtype: bool = False,
 ) -> dict[str, torch.Tensor]:
     """float32 tensors from a payload (`wire_dtype`: bf16 stays bf16, a view of the payload); checks
@@ -196,8 +198,9 @@ def _frame(head: Mapping, msg: int, part: int, parts: int, total: int, pieces: l
     return b"".join(_frame_parts(head, msg, part, parts, total, pieces))
 
 
-def _frame_parts(head: Mapping, msg: int, part: int, parts: int, total: int,
-                 pieces: list[memoryview]) -> list[bytes | memoryview]:
+def _frame_parts(
+    head: Mapping, msg: int, part: int, parts: int, total: int, pieces: list[memoryview]
+) -> list[bytes | memoryview]:
     header: dict = {"msg": msg, "part": part, "parts": parts}
     if part == 0:
         header["head"] = dict(head, nbytes=total)
@@ -263,8 +266,9 @@ def _byte_view(t: torch.Tensor) -> memoryview:
     return memoryview((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()).cast("B")
 
 
-def _converted_frames(head: Mapping, tensors: Iterable[torch.Tensor], codec: "quant.FloatCodec",
-                      chunk_size: int) -> Iterator[list[bytes | memoryview]]:
+def _converted_frames(
+    head: Mapping, tensors: Iterable[torch.Tensor], codec: "quant.FloatCodec", chunk_size: int
+) -> Iterator[list[bytes | memoryview]]:
     """The frames of `frames(head, [codec.encode(t) for t in tensors])`, a frame at a time: values in
     another dtype (or on a device) are converted into one chunk-sized scratch buffer; values already
     in the wire dtype on the host are sent from their own memory. Encoding whole tensors first made a

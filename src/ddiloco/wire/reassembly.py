@@ -26,8 +26,9 @@ class Message:
             raise WireError("'tensors' must be a list of specs")
         return [TensorSpec.from_json(item) for item in items]
 
-    def tensors(self, expected: Mapping[str, tuple[int, ...]] | None = None,
-                wire_dtype: bool = False) -> dict[str, torch.Tensor]:
+    def tensors(
+        self, expected: Mapping[str, tuple[int, ...]] | None = None, wire_dtype: bool = False
+    ) -> dict[str, torch.Tensor]:
         return decode_tensors(self.specs(), self.payload, expected, wire_dtype)
 
 

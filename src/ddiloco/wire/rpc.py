@@ -32,8 +32,10 @@ def check_address(address: str) -> None:
     elif ok:
         ok = ":" not in host and "/" not in host
     if not ok:
-        raise ValueError(f"bad synchronizer address {address[:80]!r}: expected host:port with a port in 1..65535 "
-                         "(for example 127.0.0.1:7070)")
+        raise ValueError(
+            f"bad synchronizer address {address[:80]!r}: expected host:port with a port in 1..65535 "
+            "(for example 127.0.0.1:7070)"
+        )
 
 
 def path(method: str) -> str:
@@ -58,9 +60,7 @@ def make_server(
         "Donate": grpc.stream_unary_rpc_method_handler,
         "Recover": grpc.unary_stream_rpc_method_handler,
     }
-    method_handlers = {
-        name: kinds.get(name, grpc.unary_unary_rpc_method_handler)(fn) for name, fn in handlers.items()
-    }
+    method_handlers = {name: kinds.get(name, grpc.unary_unary_rpc_method_handler)(fn) for name, fn in handlers.items()}
     options = _message_options(max_frame) + [
         ("grpc.so_reuseport", 0),  # a second synchronizer on the same port must fail, not share it
         ("grpc.keepalive_time_ms", 10_000),

@@ -118,15 +118,17 @@ def recv_head(sock: socket.socket, max_frame: int, deadline: Deadline) -> tuple[
     return framing.parse_header(header), n - framing.PREFIX_BYTES - length, n
 
 
-def recv_body(sock: socket.socket, reassembler: reassembly.Reassembler, frame: dict, nbytes: int,
-              deadline: Deadline) -> reassembly.Message | None:
+def recv_body(
+    sock: socket.socket, reassembler: reassembly.Reassembler, frame: dict, nbytes: int, deadline: Deadline
+) -> reassembly.Message | None:
     """A frame's body, straight into its place in the message buffer; the message it completes."""
     recv_into(sock, reassembler.place(frame, nbytes), deadline)
     return reassembler.complete()
 
 
-def recv_frame(sock: socket.socket, max_frame: int, deadline: Deadline,
-               reassembler: reassembly.Reassembler | None = None) -> tuple[dict, int, reassembly.Message | None]:
+def recv_frame(
+    sock: socket.socket, max_frame: int, deadline: Deadline, reassembler: reassembly.Reassembler | None = None
+) -> tuple[dict, int, reassembly.Message | None]:
     """One frame: (its header, its size, the message it completes or None). Without a `reassembler`
     it must have no body (a small message)."""
     frame, body, n = recv_head(sock, max_frame, deadline)
@@ -153,16 +155,18 @@ def send_small(sock: socket.socket, head: dict, deadline: Deadline) -> None:
 def raise_if_error(head: dict) -> dict:
     if "error" in head:
         code = getattr(grpc.StatusCode, str(head["error"]), None)
-        raise SocketRpcError(code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN,
-                             str(head.get("details", ""))[:500])
+        raise SocketRpcError(
+            code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN, str(head.get("details", ""))[:500]
+        )
     return head
 
 
 class BulkSocketClient:
     """Pushes and fetches on a synchronizer's bulk socket port; one connection per call."""
 
-    def __init__(self, host: str, port: int, token: str | None, max_frame: int,
-                 tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self, host: str, port: int, token: str | None, max_frame: int, tls: ssl.SSLContext | None = None
+    ) -> None:
         if not 1 <= int(port) <= 65535:
             raise ValueError(f"bad bulk socket port {port!r}")
         self.host, self.port, self.token, self.max_frame, self.tls = host.strip("[]"), int(port), token, max_frame, tls
@@ -179,8 +183,9 @@ class BulkSocketClient:
         except OSError as exc:
             raise ConnectFailed(grpc.StatusCode.UNAVAILABLE, f"bulk socket {self.host}:{self.port}: {exc}") from None
 
-    def push(self, frames: Iterable[list[bytes | memoryview]], timeout: float,
-             pace: Callable[[int], None] | None = None) -> tuple[dict, int]:
+    def push(
+        self, frames: Iterable[list[bytes | memoryview]], timeout: float, pace: Callable[[int], None] | None = None
+    ) -> tuple[dict, int]:
         """Send one message's frames (`framing.iter_frame_parts`); (the reply's head, bytes sent)."""
         deadline = Deadline(timeout)
         sock = self._connect("Push", deadline)
@@ -201,7 +206,9 @@ class BulkSocketClient:
         finally:
             sock.close()
 
-    def fetch(self, timeout: float, pool: BufferPool | None = None, limit: int = 1 << 40) -> Iterator[reassembly.Message]:
+    def fetch(
+        self, timeout: float, pool: BufferPool | None = None, limit: int = 1 << 40
+    ) -> Iterator[reassembly.Message]:
         """The messages a fetch returns, each received straight into its buffer."""
         deadline = Deadline(timeout)
         sock = self._connect("Fetch", deadline)
