@@ -101,7 +101,7 @@ def jobs(
     for seed in seeds:
 
         def add(label: dict, config: SimConfig) -> None:
-            out.append(({**label, "model": spec["model"], "seed": seed}, config))
+            out.append(({**label, "model": spec["model"], "seed": seed}, config))  # noqa: B023 (called in this iteration)
 
         if "grid" in groups:
             for method in methods:
@@ -181,7 +181,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         losses = [r["eval_loss"] for r in runs]
         out.append(
             {
-                **dict(zip(keys, key)),
+                **dict(zip(keys, key, strict=True)),
                 "seeds": len(runs),
                 "eval_loss": statistics.fmean(losses),
                 "eval_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,

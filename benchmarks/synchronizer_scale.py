@@ -58,8 +58,7 @@ from safetensors.torch import save_file
 from ddiloco.core import plan_for_model
 from ddiloco.launch.procs import ProcessTable, ddiloco_command
 from ddiloco.records.events import read_events
-from ddiloco.wire import framing, rpc, sockets
-from ddiloco.wire import reassembly
+from ddiloco.wire import framing, reassembly, rpc, sockets
 from ddiloco.wire.protocol import signature
 
 console = Console(stderr=True, width=180)

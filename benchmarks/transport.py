@@ -43,8 +43,7 @@ from rich.table import Table
 from safetensors.torch import save_file
 
 from ddiloco.launch.procs import ProcessTable, ddiloco_command
-from ddiloco.wire import framing, quant, rpc, sockets
-from ddiloco.wire import reassembly
+from ddiloco.wire import framing, quant, reassembly, rpc, sockets
 from ddiloco.wire.buffers import BufferPool
 from ddiloco.wire.protocol import signature
 
@@ -114,6 +113,11 @@ def fetch(request, context):
 server = rpc.make_server({"Push": push, "Fetch": fetch}, chunk + rpc.FRAME_MARGIN, 8)
 port = server.add_insecure_port("127.0.0.1:0"); server.start(); print(port, flush=True); time.sleep(3600)
 """
+
+
+def _local(procs: ProcessTable, name: str, cmd: list[str], tmp: Path) -> str:
+    """The loopback address of a server `cmd` starts (it prints its port)."""
+    return f"127.0.0.1:{_start_and_read_port(procs, name, cmd, tmp)}"
 
 
 def _start_and_read_port(procs: ProcessTable, name: str, cmd: list[str], tmp: Path) -> int:
@@ -353,12 +357,12 @@ def main() -> None:
                 "raw": Raw(tcp, 2 * numel, 4 * numel),  # the same connection, used in turn
                 "tcp": tcp,
                 "grpc": GrpcBytes(
-                    f"127.0.0.1:{_start_and_read_port(procs, 'grpc', [sys.executable, '-c', GRPC_BYTES_SERVER, str(4 * numel), str(chunk)], tmp)}",
+                    _local(procs, "grpc", [sys.executable, "-c", GRPC_BYTES_SERVER, str(4 * numel), str(chunk)], tmp),
                     2 * numel,
                     chunk,
                 ),
                 "transport": Ours(
-                    f"127.0.0.1:{_start_and_read_port(procs, 'wire', [sys.executable, '-c', WIRE_SERVER, str(numel), str(chunk)], tmp)}",
+                    _local(procs, "wire", [sys.executable, "-c", WIRE_SERVER, str(numel), str(chunk)], tmp),
                     numel,
                     chunk,
                 ),

@@ -4,6 +4,7 @@ skipped (real processes, a DataLoader worker, kill -9)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import sys
@@ -22,10 +23,8 @@ SCRIPT = Path(sampler_learner.__file__)
 def lines(path: Path) -> list[dict]:
     out = []
     for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
+        with contextlib.suppress(json.JSONDecodeError):  # the killed process's last line may be torn
             out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # the killed process's last line may be torn
     return out
 
 
@@ -37,12 +36,15 @@ def test_killed_learner_resumes_at_the_sample_after_its_counted_work(procs, tmp_
     address = sync.start()
     try:
         log = tmp_path / "trained.jsonl"
-        start = lambda: procs.start(
-            "learner",
-            [sys.executable, str(SCRIPT), address, "1", str(log)],  # noqa: E731
-            tmp_path / "learner.stderr",
-            tmp_path / "learner.stdout",
-        )
+
+        def start():
+            return procs.start(
+                "learner",
+                [sys.executable, str(SCRIPT), address, "1", str(log)],
+                tmp_path / "learner.stderr",
+                tmp_path / "learner.stdout",
+            )
+
         first = start()
         wait_for(
             lambda: sync.status()["books"].get("1", {}).get("merged_position", 0) >= 12,

@@ -55,9 +55,9 @@ def test_windows_merge_when_they_overlap_and_groups_stay_apart():
     seg = running_segments(ev, np.array([10, 10]), np.zeros(2), 200.0, 1.0)
     g0, g1 = seg.of_group(0), seg.of_group(1)
     # Group 0: pause [10, 17) (12 + 5 extends 15 to 17), pause [30, 35).
-    assert list(zip(g0.start, g0.end)) == [(0.0, 10.0), (17.0, 30.0), (35.0, 200.0)]
+    assert list(zip(g0.start, g0.end, strict=True)) == [(0.0, 10.0), (17.0, 30.0), (35.0, 200.0)]
     # Group 1's long window does not leak into group 0.
-    assert list(zip(g1.start, g1.end)) == [(0.0, 10.0), (110.0, 200.0)]
+    assert list(zip(g1.start, g1.end, strict=True)) == [(0.0, 10.0), (110.0, 200.0)]
 
 
 def test_failure_clock_stops_during_each_groups_own_failure_pauses():
@@ -253,4 +253,4 @@ def test_diloco_step_time_noise_makes_everyone_wait_for_the_slowest():
     noisy = simulate_diloco(out, 8, CFG.with_(step_cv=0.2))
     assert calm.goodput == pytest.approx(1.0)
     # Max of 8 normals is about 1.42 sigma above the mean: sigma = 0.2 / sqrt(24) ~ 0.041.
-    assert 1 / (1 + 1.42 * 0.2 / 24**0.5) == pytest.approx(noisy.goodput, abs=0.01)
+    assert pytest.approx(noisy.goodput, abs=0.01) == 1 / (1 + 1.42 * 0.2 / 24**0.5)

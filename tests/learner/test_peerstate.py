@@ -33,7 +33,7 @@ def test_snapshot_load_round_trip_gives_the_same_next_step():
     for model, opt in ((donor, donor_opt), (joiner, joiner_opt)):
         model(x).pow(2).mean().backward()
         opt.step()
-    for a, b in zip(donor.parameters(), joiner.parameters()):
+    for a, b in zip(donor.parameters(), joiner.parameters(), strict=True):
         assert torch.equal(a, b)
 
 

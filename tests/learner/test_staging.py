@@ -77,7 +77,7 @@ def run_core(stage: bool) -> list:
 def test_the_core_sends_the_same_gradients_with_and_without_staging():
     eager, staged = run_core(False), run_core(True)
     assert len(eager) >= 4 and [s[:2] for s in eager] == [s[:2] for s in staged]
-    for (_, _, a), (_, _, b) in zip(eager, staged):
+    for (_, _, a), (_, _, b) in zip(eager, staged, strict=True):
         assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 
 

@@ -8,7 +8,8 @@ from ddiloco.sim.ddp import DataParallel
 from .helpers import TOKENS_PER_STEP, sim_config
 
 
-def run(task, method, failures=FailureTrace(), **kw):
+def run(task, method, failures=None, **kw):
+    failures = FailureTrace() if failures is None else failures
     config = sim_config(method=method, learners=4, steps_per_learner=20, failures=failures, **kw)
     driver = DataParallel(config, task)
     return driver.run()

@@ -74,7 +74,7 @@ def test_k_equals_m_blocking_one_fragment_is_classic_synchronous_diloco(tiny_tas
         for m in range(learners):
             for _ in range(period):
                 plain_step(tiny_task, workers[m], opts[m], streams[m])
-        for g, *local in zip(global_model.parameters(), *[w.parameters() for w in workers]):
+        for g, *local in zip(global_model.parameters(), *[w.parameters() for w in workers], strict=True):
             g.grad = torch.stack([g.detach() - p.detach() for p in local]).mean(0)
         outer.step()
         for w in workers:
@@ -228,10 +228,10 @@ def test_several_fragments_overlap_unequal_learners_and_rda_match_a_replay_writt
             for n in names[p]:
                 vs = [g[n] for g, _, _ in contributions]
                 if n in tiny_task.embedding_names:
-                    delta = sum(wi * x for wi, x in zip(w, vs))
+                    delta = sum(wi * x for wi, x in zip(w, vs, strict=True))
                 else:
-                    delta = unit(sum(wi * unit(x) for wi, x in zip(w, vs))) * sum(
-                        wi * float(torch.linalg.vector_norm(x)) for wi, x in zip(w, vs)
+                    delta = unit(sum(wi * unit(x) for wi, x in zip(w, vs, strict=True))) * sum(
+                        wi * float(torch.linalg.vector_norm(x)) for wi, x in zip(w, vs, strict=True)
                     )
                 momentum[n] = mu * momentum[n] + delta
                 new[n] = theta[(p, v)][n] - lr * (delta + mu * momentum[n])

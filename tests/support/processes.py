@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -101,10 +102,8 @@ def events(tmp: Path) -> list[dict]:
     lines = (tmp / "sync" / "events.jsonl").read_text().splitlines()
     out = []
     for line in lines:
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
     return out
 
 

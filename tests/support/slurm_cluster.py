@@ -14,6 +14,7 @@ munged only if this script started it. Needs `apt-get install slurmctld slurmd s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -92,7 +93,7 @@ def write_config(d: Path, nodes: int, cpus: int) -> Path:
         "SlurmdDebug=info",
     ]
     names = [f"n{i + 1}" for i in range(nodes)]
-    for name, port in zip(names, slurmd):
+    for name, port in zip(names, slurmd, strict=True):
         lines.append(
             f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} "
             f"RealMemory=2000 State=UNKNOWN"
@@ -176,10 +177,8 @@ def _kill(pid: int | None, timeout: float = 10.0) -> None:
         if waited == pid:
             return
         time.sleep(0.1)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def stop(d: Path, timeout: float = 30.0) -> None:

@@ -17,8 +17,7 @@ import torch
 from ddiloco.core import AlgorithmConfig
 from ddiloco.synchronizer.server import SynchronizerServer, build_service
 from ddiloco.synchronizer.settings import ServiceSettings
-from ddiloco.wire import framing, rpc, sockets
-from ddiloco.wire import reassembly
+from ddiloco.wire import framing, reassembly, rpc, sockets
 
 from ..support.runtime import FAST
 

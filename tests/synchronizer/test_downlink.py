@@ -8,8 +8,7 @@ from ddiloco.learner.held import HeldValues
 from ddiloco.synchronizer.downlink import DeltaDownlink
 from ddiloco.synchronizer.outbox import Outbox
 from ddiloco.synchronizer.settings import ServiceSettings
-from ddiloco.wire import framing
-from ddiloco.wire import reassembly
+from ddiloco.wire import framing, reassembly
 
 from ..support.runtime import mlp_run, train_until_accepted
 

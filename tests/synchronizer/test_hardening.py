@@ -15,8 +15,7 @@ import torch
 
 from ddiloco.records.events import read_events
 from ddiloco.synchronizer.checkpoint import CheckpointError, CheckpointStore
-from ddiloco.wire import framing
-from ddiloco.wire import reassembly
+from ddiloco.wire import framing, reassembly
 from ddiloco.wire.buffers import BufferPool
 from ddiloco.wire.protocol import signature
 from ddiloco.wire.timeouts import Timeouts
@@ -67,9 +66,8 @@ def test_1_checkpoints_and_init_files_with_nan_are_refused_on_load(tiny_task, tm
     name = next(iter(tensors))
     tensors[name] = tensors[name].clone().fill_(float("nan"))
     save_file(tensors, str(path))
-    with pytest.raises(CheckpointError, match="NaN or Inf"):
-        with synchronizer(tiny_task, tmp_path):
-            pass
+    with pytest.raises(CheckpointError, match="NaN or Inf"), synchronizer(tiny_task, tmp_path):
+        pass
 
 
 def test_2_absurd_token_count_in_a_heartbeat_is_refused_and_the_run_goes_on(tiny_task, tmp_path, sig):
@@ -94,9 +92,8 @@ def test_2_a_manifest_with_an_absurd_count_is_a_clear_error(tiny_task, tmp_path)
     manifest = json.loads(path.read_text())
     manifest["ledger"]["books"] = {"0": {"tokens_reported": {"x": 10**400}}}
     path.write_text(json.dumps(manifest))
-    with pytest.raises(ValueError, match="ledger"):
-        with synchronizer(tiny_task, tmp_path):
-            pass
+    with pytest.raises(ValueError, match="ledger"), synchronizer(tiny_task, tmp_path):
+        pass
 
 
 def test_3_absurd_tokens_in_one_contribution_do_not_drop_the_round(tiny_task, tmp_path, sig):
@@ -145,7 +142,10 @@ def test_4_stalled_pushes_give_their_slots_back(tiny_task, tmp_path, sig):
             except grpc.RpcError as exc:
                 outcomes.append(exc.code())
 
-        threads = [threading.Thread(target=stall, args=(c, r), daemon=True) for c, r in zip(clients[:6], replies[:6])]
+        threads = [
+            threading.Thread(target=stall, args=(c, r), daemon=True)
+            for c, r in zip(clients[:6], replies[:6], strict=True)
+        ]
         for t in threads:
             t.start()
         wait_for(lambda: svc.bulk_slots._value == 0, 10, message="the stalled pushes to take every slot")

@@ -54,7 +54,7 @@ def test_heartbeats_and_status_answer_while_a_large_push_is_held_open(tiny_task,
             c.register(m, signature(dict(tiny_task.build_model(0).named_parameters())))["session"]
             for m, c in enumerate(bulk_clients, start=1)
         ]
-        pushers = [threading.Thread(target=push, args=(c, sid)) for c, sid in zip(bulk_clients, sessions)]
+        pushers = [threading.Thread(target=push, args=(c, sid)) for c, sid in zip(bulk_clients, sessions, strict=True)]
         for t in pushers:
             t.start()
         time.sleep(0.3)

@@ -2,9 +2,7 @@ import gc
 
 import torch
 
-from ddiloco.wire import framing
-
-from ddiloco.wire import reassembly
+from ddiloco.wire import framing, reassembly
 from ddiloco.wire.buffers import BufferPool
 
 MB = 1 << 20

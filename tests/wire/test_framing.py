@@ -4,9 +4,7 @@ import struct
 import pytest
 import torch
 
-from ddiloco.wire import framing
-
-from ddiloco.wire import reassembly
+from ddiloco.wire import framing, reassembly
 
 
 def test_single_frame_message_round_trip():

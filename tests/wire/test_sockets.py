@@ -8,9 +8,7 @@ import time
 import pytest
 import torch
 
-from ddiloco.wire import framing, sockets
-
-from ddiloco.wire import reassembly
+from ddiloco.wire import framing, reassembly, sockets
 from ddiloco.wire.buffers import BufferPool
 
 pytestmark = pytest.mark.timeout(60)

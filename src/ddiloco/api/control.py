@@ -3,7 +3,7 @@ authenticated control channel the learners use (the synchronizer's `Stop`)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import grpc
 

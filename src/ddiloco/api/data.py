@@ -12,7 +12,7 @@ is the whole resume. Learner m of M (rank r of a learner's R ranks) reads shard 
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator, Sized
 
 import numpy as np
 import torch

@@ -9,8 +9,8 @@ folder also holds config.json, so that `from_pretrained(folder)` loads it.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 

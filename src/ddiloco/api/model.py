@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import difflib
 import logging
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 import torch
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import torch
 
@@ -118,7 +118,7 @@ class Synchronizer:
         """Final checkpoint, then close the server."""
         self._server.stop()
 
-    def __enter__(self) -> "Synchronizer":
+    def __enter__(self) -> Synchronizer:
         if self.address is None:
             self.start()
         return self

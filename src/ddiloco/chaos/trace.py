@@ -11,9 +11,9 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
@@ -48,7 +48,7 @@ class FailureTrace:
     outages: tuple[Outage, ...] = ()
 
     @classmethod
-    def of(cls, outages: Iterable[Outage]) -> "FailureTrace":
+    def of(cls, outages: Iterable[Outage]) -> FailureTrace:
         merged: list[Outage] = []
         last_by_learner: dict[int, int] = {}
         for outage in sorted(outages, key=lambda o: (o.learner, o.down_at)):
@@ -65,13 +65,13 @@ class FailureTrace:
     def learners(self) -> set[int]:
         return {o.learner for o in self.outages}
 
-    def scaled(self, factor: float) -> "FailureTrace":
+    def scaled(self, factor: float) -> FailureTrace:
         """The same trace with every time multiplied by `factor` (e.g. days to seconds of a run)."""
         if not factor > 0:
             raise ValueError(f"scale factor must be > 0, got {factor}")
         return FailureTrace(tuple(Outage(o.down_at * factor, o.learner, o.up_at * factor) for o in self.outages))
 
-    def for_learners(self, num_learners: int) -> "FailureTrace":
+    def for_learners(self, num_learners: int) -> FailureTrace:
         """Only the outages of learners 0..num_learners-1."""
         return FailureTrace(tuple(o for o in self.outages if o.learner < num_learners))
 
@@ -98,7 +98,7 @@ class FailureTrace:
         Path(path).write_text(self.to_csv())
 
     @classmethod
-    def from_csv(cls, text: str, source: str = "<trace>") -> "FailureTrace":
+    def from_csv(cls, text: str, source: str = "<trace>") -> FailureTrace:
         reader = csv.reader(io.StringIO(text))
         rows = [r for r in reader if r and not r[0].lstrip().startswith("#")]
         if not rows or tuple(c.strip() for c in rows[0]) != HEADER:
@@ -114,7 +114,7 @@ class FailureTrace:
         return cls.of(outages)
 
     @classmethod
-    def load(cls, path: str | Path) -> "FailureTrace":
+    def load(cls, path: str | Path) -> FailureTrace:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"failure trace {path} does not exist")

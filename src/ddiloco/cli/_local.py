@@ -8,7 +8,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -23,10 +22,11 @@ def run_locally(
     quiet: bool,
     eval_every: float,  # noqa: ANN001
     as_json: bool,
-    sinks: tuple[Optional[Path], bool, object, str],
+    sinks: tuple[Path | None, bool, object, str],
     dashboard: tuple[str, int] | None,
 ) -> None:
     """Run the configured processes until the budget or an interrupt, then evaluate and summarize."""
+    import torch
     from rich.live import Live
 
     from ..launch.dashboard import Dashboard
@@ -36,8 +36,6 @@ def run_locally(
     from ..records.rundir import RunDir, jsonable
     from ..wire import auth
     from .output import metric_sinks, print_summary, stderr
-
-    import torch
 
     tensorboard, wandb, wandb_mode, wandb_project = sinks
     torch.set_num_threads(1)

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -59,10 +58,10 @@ def interpretation(d: dict, e: dict) -> str:
 
 @app.command("demo")
 def demo(
-    data: Optional[str] = typer.Option(
+    data: str | None = typer.Option(
         None, help="Text file or folder; default: Python's own standard library source (nothing is downloaded)."
     ),
-    out: Optional[Path] = typer.Option(
+    out: Path | None = typer.Option(
         None, help="Folder for the two run directories and the report (default runs/demo-<time>)."
     ),
     tokens: int = typer.Option(400_000, min=10_000, max=10**9, help="Token budget of each run."),

@@ -4,7 +4,6 @@ Face config, a folder that `from_pretrained` loads)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -20,7 +19,7 @@ def export(
         help="A run directory (its sync-*/ checkpoints) or one synchronizer --checkpoint-dir.",
     ),
     out: Path = typer.Option(..., help="Folder to write model.safetensors (and config.json) into."),
-    hf_config: Optional[Path] = typer.Option(
+    hf_config: Path | None = typer.Option(
         None,
         help="A Hugging Face config.json (or the folder holding it): "
         "copied beside the weights so that from_pretrained(OUT) loads them.",

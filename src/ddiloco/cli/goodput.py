@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -163,11 +163,11 @@ def goodput(
     rejoin_seconds: float = typer.Option(_D.rejoin_s, help="DiLoCo learner: extra pause to rejoin after a failure."),
     outer_sync_seconds: float = typer.Option(_D.outer_sync_s, help="diloco: blocking outer all-reduce time."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
-    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png", help="Draw goodput against chips."),
-    trace_out: Optional[Path] = typer.Option(
+    plot: Path | None = typer.Option(None, "--plot", metavar="FILE.png", help="Draw goodput against chips."),
+    trace_out: Path | None = typer.Option(
         None, "--trace-out", metavar="FILE.csv", help="Write the learners' down/up trace (first chips, first seed)."
     ),
-    trace_learners: Optional[int] = typer.Option(
+    trace_learners: int | None = typer.Option(
         None, help="Learners in the trace (default: the first --learners value)."
     ),
     trace_scale: float = typer.Option(1.0, help="Simulated seconds per trace second (trace times = sim / scale)."),

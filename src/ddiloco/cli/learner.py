@@ -6,7 +6,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -25,22 +24,22 @@ def learner(
     learners: int = typer.Option(4, "--learners", "-M", min=1, help="Learners M: the data is split into M shards."),
     model: options.Model = typer.Option("gpt", help="Must match the synchronizer's."),
     model_size: options.ModelSize = typer.Option("default", help="Must match the synchronizer's."),
-    data: Optional[str] = options.DATA,
+    data: str | None = options.DATA,
     seq_len: int = options.SEQ_LEN,
     seed: int = typer.Option(0, help="Seed of the data order (the model comes from the synchronizer)."),
     batch_size: int = typer.Option(16, min=1, help="Sequences (or images) per step and rank."),
     inner_lr: float = typer.Option(3e-3, min=0.0, help="Peak inner AdamW learning rate."),
     codec: options.Codec = options.CODEC,
-    token: Optional[str] = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN)."),
-    tls_ca: Optional[Path] = typer.Option(None, help="CA certificate to verify a TLS synchronizer."),
-    state_dir: Optional[Path] = typer.Option(
+    token: str | None = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN)."),
+    tls_ca: Path | None = typer.Option(None, help="CA certificate to verify a TLS synchronizer."),
+    state_dir: Path | None = typer.Option(
         None, help="Folder for this learner's own state (inner optimizer, journal of trained tokens)."
     ),
     net_delay: float = typer.Option(0.0, min=0.0, help="Added latency per message, milliseconds (chaos testing)."),
     net_latency: float = options.NET_LATENCY,
     net_bandwidth: float = options.NET_BANDWIDTH,
     net_jitter: float = options.NET_JITTER,
-    max_steps: Optional[int] = typer.Option(None, min=1, help="Stop after this many steps even if the run goes on."),
+    max_steps: int | None = typer.Option(None, min=1, help="Stop after this many steps even if the run goes on."),
     save_state_every: int = typer.Option(
         24, min=1, help="Steps between saves of the inner optimizer state to --state-dir."
     ),
@@ -79,7 +78,7 @@ def learner(
         help="Start with a live learner's inner optimizer state when this "
         "one has none of its own (a new machine); donate ours to learners that join empty.",
     ),
-    inner_state_dir: Optional[Path] = typer.Option(
+    inner_state_dir: Path | None = typer.Option(
         None,
         help="Where the inner optimizer state is saved and loaded "
         "(default STATE_DIR/inner; node-local scratch works too).",

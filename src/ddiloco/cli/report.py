@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -12,10 +11,10 @@ from . import app
 
 @app.command("report")
 def report(
-    run_dirs: List[Path] = typer.Argument(
+    run_dirs: list[Path] = typer.Argument(
         ..., metavar="RUN_DIR...", help="Run directories; several are overlaid for comparison."
     ),
-    out: Optional[Path] = typer.Option(
+    out: Path | None = typer.Option(
         None, help="Where to write the PNGs and report.html (default: the first run directory's report/)."
     ),
 ) -> None:

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -21,27 +20,27 @@ def run(
     ),
     model: options.Model = typer.Option("gpt", help="The model to train."),
     model_size: options.ModelSize = typer.Option("default", help="default (~1M parameters) or tiny."),
-    data: Optional[str] = options.DATA,
+    data: str | None = options.DATA,
     seq_len: int = options.SEQ_LEN,
     learners: int = options.LEARNERS,
-    fragments: Optional[int] = options.FRAGMENTS,
+    fragments: int | None = options.FRAGMENTS,
     sync_every: int = options.SYNC_EVERY,
     overlap: int = options.OVERLAP,
     quorum: int = options.QUORUM,
     grace: float = options.GRACE,
-    merge: Optional[options.Merge] = options.MERGE,
+    merge: options.Merge | None = options.MERGE,
     outer_lr: float = options.OUTER_LR,
     outer_momentum: float = options.OUTER_MOMENTUM,
     arrival: options.Arrival = options.ARRIVAL,
     final_momentum: bool = options.FINAL_MOMENTUM,
     inner_lr: float = typer.Option(3e-3, min=0.0, help="Peak inner AdamW learning rate."),
     batch_size: int = typer.Option(16, min=1, help="Sequences (or images) per learner step."),
-    tokens: Optional[int] = typer.Option(
+    tokens: int | None = typer.Option(
         None,
         **options.TOKENS_BUDGET,
         help="Stop once the learners trained this many tokens (default 400000 unless --duration is given).",
     ),
-    duration: Optional[float] = typer.Option(None, **options.DURATION_BUDGET, help="Stop after this many seconds."),
+    duration: float | None = typer.Option(None, **options.DURATION_BUDGET, help="Stop after this many seconds."),
     seed: int = typer.Option(0, help="Seed of the model, the data order and the chaos schedule."),
     sync_shards: int = typer.Option(1, min=1, help="Synchronizer shard processes (fragments spread round-robin)."),
     codec: options.Codec = options.CODEC,
@@ -63,16 +62,16 @@ def run(
         help="Pad every learner step to at least this long: emulates "
         "learners with their own accelerators on a shared CPU.",
     ),
-    run_dir: Optional[Path] = typer.Option(None, help="Logs, checkpoints, event log (default runs/run-<time>)."),
-    learner_mtbf: Optional[float] = typer.Option(
+    run_dir: Path | None = typer.Option(None, help="Logs, checkpoints, event log (default runs/run-<time>)."),
+    learner_mtbf: float | None = typer.Option(
         None, min=0.01, help="kill -9 each learner at exponential intervals of this mean (seconds)."
     ),
     learner_down: float = typer.Option(15.0, min=0.0, help="Seconds before a killed learner is restarted."),
-    straggle: Optional[float] = typer.Option(
+    straggle: float | None = typer.Option(
         None, min=0.01, help="SIGSTOP a random learner for this many seconds now and then."
     ),
     straggle_every: float = typer.Option(30.0, min=0.01, help="Mean seconds between two stragglers."),
-    kill_synchronizer_at: Optional[float] = typer.Option(
+    kill_synchronizer_at: float | None = typer.Option(
         None, min=0.0, help="kill -9 a synchronizer shard (--kill-shards) this many seconds in, then restart it."
     ),
     kill_shards: str = typer.Option(
@@ -84,13 +83,13 @@ def run(
     net_latency: float = options.NET_LATENCY,
     net_bandwidth: float = options.NET_BANDWIDTH,
     net_jitter: float = options.NET_JITTER,
-    chaos_trace: Optional[Path] = typer.Option(None, help="Replay learner outages (CSV learner,down_at,up_at)."),
+    chaos_trace: Path | None = typer.Option(None, help="Replay learner outages (CSV learner,down_at,up_at)."),
     eval_batches: int = typer.Option(20, min=1, help="Validation batches for the final evaluation."),
     eval_every: float = typer.Option(
         20.0, min=0.0, help="Seconds between evaluations of the global model (live view, metrics.jsonl; 0: none)."
     ),
-    token: Optional[str] = typer.Option(None, help="Shared secret for the processes (or $DDILOCO_TOKEN)."),
-    tensorboard: Optional[Path] = options.TENSORBOARD,
+    token: str | None = typer.Option(None, help="Shared secret for the processes (or $DDILOCO_TOKEN)."),
+    tensorboard: Path | None = options.TENSORBOARD,
     wandb: bool = options.WANDB,
     wandb_mode: options.WandbMode = options.WANDB_MODE,
     wandb_project: str = options.WANDB_PROJECT,
@@ -108,9 +107,9 @@ def run(
     ),
     dry_run: bool = typer.Option(False, help="slurm: write the sbatch scripts to RUN_DIR/slurm and stop."),
     detach: bool = typer.Option(False, help="slurm: submit and return (end it with ddiloco slurm-stop RUN_DIR)."),
-    partition: Optional[str] = typer.Option(None, help="slurm: partition of every job."),
-    account: Optional[str] = typer.Option(None, help="slurm: account of every job."),
-    time_limit: Optional[str] = typer.Option(None, "--time", help="slurm: time limit of every job (sbatch --time)."),
+    partition: str | None = typer.Option(None, help="slurm: partition of every job."),
+    account: str | None = typer.Option(None, help="slurm: account of every job."),
+    time_limit: str | None = typer.Option(None, "--time", help="slurm: time limit of every job (sbatch --time)."),
     nodes_per_learner: int = typer.Option(1, min=1, max=4096, help="slurm: nodes of each learner job."),
     procs_per_node: int = typer.Option(
         1,
@@ -120,7 +119,7 @@ def run(
         "(torchrun --nproc-per-node; more than one rank in all uses torchrun).",
     ),
     gpus_per_node: int = typer.Option(0, min=0, max=1024, help="slurm: GPUs per node of each learner job."),
-    cpus_per_task: Optional[int] = typer.Option(None, min=1, max=4096, help="slurm: CPUs of each job's task."),
+    cpus_per_task: int | None = typer.Option(None, min=1, max=4096, help="slurm: CPUs of each job's task."),
     sync_host: str = typer.Option(
         "auto",
         help="slurm: the address the synchronizer listens on; auto: its node's "
@@ -150,7 +149,7 @@ def run(
         "finds it) or scratch (node-local, gone at every requeue, as "
         "on a new machine: peer recovery restores it).",
     ),
-    sbatch_arg: Optional[list[str]] = typer.Option(
+    sbatch_arg: list[str] | None = typer.Option(
         None, help="slurm: one more sbatch option for every job, e.g. --sbatch-arg=--qos=preempt (repeatable)."
     ),
 ) -> None:

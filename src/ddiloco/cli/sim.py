@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -20,7 +19,7 @@ from . import app, options
 from .output import metric_sinks, print_summary, progress_bar, user_error
 
 
-def parse_speeds(text: Optional[str], learners: int, hetero: Optional[float]) -> tuple[float, ...]:
+def parse_speeds(text: str | None, learners: int, hetero: float | None) -> tuple[float, ...]:
     """--speeds 1,1,1.2,1.2 (per learner) or --hetero 1.2 (the second half that much slower)."""
     if text and hetero:
         raise typer.BadParameter("give either --speeds or --hetero, not both")
@@ -40,7 +39,7 @@ def parse_speeds(text: Optional[str], learners: int, hetero: Optional[float]) ->
 
 
 def failure_trace(
-    path: Optional[Path], mtbf: Optional[float], downtime: float, scale: float, learners: int, horizon: float, seed: int
+    path: Path | None, mtbf: float | None, downtime: float, scale: float, learners: int, horizon: float, seed: int
 ) -> FailureTrace:
     if path is not None and mtbf is not None:
         raise typer.BadParameter("give either --chaos-trace FILE or --learner-mtbf, not both")
@@ -63,19 +62,19 @@ def sim(
         "gpt", help="gpt (dense transformer LM), gpt-moe (mixture of experts) or vision."
     ),
     model_size: options.ModelSize = typer.Option("default", help="default (~1M parameters) or tiny (quick checks)."),
-    data: Optional[str] = options.DATA,
+    data: str | None = options.DATA,
     seq_len: int = options.SEQ_LEN,
     tokenizer: options.Tokenizer = typer.Option(
         "byte", help="byte (256 symbols) or bpe (trained here on the training text)."
     ),
     bpe_vocab: int = typer.Option(1024, help="Vocabulary size of the BPE tokenizer."),
     learners: int = options.LEARNERS,
-    fragments: Optional[int] = options.FRAGMENTS,
+    fragments: int | None = options.FRAGMENTS,
     sync_every: int = options.SYNC_EVERY,
     overlap: int = options.OVERLAP,
     quorum: int = options.QUORUM,
     grace: float = options.GRACE,
-    merge: Optional[options.Merge] = options.MERGE,
+    merge: options.Merge | None = options.MERGE,
     outer_lr: float = options.OUTER_LR,
     outer_momentum: float = options.OUTER_MOMENTUM,
     arrival: options.Arrival = options.ARRIVAL,
@@ -87,18 +86,18 @@ def sim(
     ),
     seed: int = typer.Option(0, help="Seed: the run is deterministic from it."),
     step_time: float = typer.Option(1.0, help="Simulated seconds per step of a learner of speed 1."),
-    speeds: Optional[str] = typer.Option(None, help="Per-learner slowdown factors, e.g. 1,1,1.2,1.2."),
-    hetero: Optional[float] = typer.Option(None, help="Make the second half of the learners this much slower."),
+    speeds: str | None = typer.Option(None, help="Per-learner slowdown factors, e.g. 1,1,1.2,1.2."),
+    hetero: float | None = typer.Option(None, help="Make the second half of the learners this much slower."),
     jitter: float = typer.Option(0.0, help="Uniform step-time jitter, e.g. 0.1 for +-10 %."),
     straggle_prob: float = typer.Option(0.0, help="Chance that a step straggles."),
     straggle_factor: float = typer.Option(3.0, help="How much slower a straggling step is."),
-    failures: Optional[Path] = typer.Option(
+    failures: Path | None = typer.Option(
         None, "--chaos-trace", help="Failure trace CSV (learner,down_at,up_at) to replay."
     ),
     failures_scale: float = typer.Option(
         1.0, "--chaos-trace-scale", help="Multiply the trace's times by this (trace seconds to sim seconds)."
     ),
-    fail_mtbf: Optional[float] = typer.Option(
+    fail_mtbf: float | None = typer.Option(
         None, "--learner-mtbf", help="Random failures: mean simulated seconds between a learner's failures."
     ),
     fail_downtime: float = typer.Option(
@@ -106,7 +105,7 @@ def sim(
     ),
     latency: float = typer.Option(0.01, help="One-way message latency, simulated seconds."),
     bandwidth: float = typer.Option(1e9, help="Link bandwidth, bytes per simulated second."),
-    codec: Optional[options.Codec] = typer.Option(
+    codec: options.Codec | None = typer.Option(
         None,
         "--codec",
         help="Send outer gradients through this wire "
@@ -116,16 +115,16 @@ def sim(
     reconfigure_seconds: float = typer.Option(5.0, help="elastic-ddp: pause on every membership change."),
     eval_batches: int = typer.Option(20, help="Validation batches for the final evaluation."),
     threads: int = options.THREADS,
-    events: Optional[Path] = typer.Option(
+    events: Path | None = typer.Option(
         None,
         "--event-log",
         help="Write the run's events (failures, joins, merges with who was admitted, rejections) as JSON lines.",
     ),
-    tensorboard: Optional[Path] = options.TENSORBOARD,
+    tensorboard: Path | None = options.TENSORBOARD,
     wandb: bool = options.WANDB,
     wandb_mode: options.WandbMode = options.WANDB_MODE,
     wandb_project: str = options.WANDB_PROJECT,
-    run_dir: Optional[Path] = typer.Option(
+    run_dir: Path | None = typer.Option(
         None,
         help="Keep the whole run here: config.json, summary.json, metrics.jsonl (eval loss, training loss, "
         "goodput over tokens and time), events.jsonl. `ddiloco report DIR` plots it.",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from . import app
@@ -15,7 +13,7 @@ def stop(
     address: str = typer.Argument(
         ..., metavar="ADDRESS", help="Synchronizer address(es) host:port, comma-separated, one per shard."
     ),
-    token: Optional[str] = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN)."),
+    token: str | None = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN)."),
     reason: str = typer.Option("stopped from the command line", help="Why, for the synchronizer's log."),
     timeout: float = typer.Option(10.0, min=0.1, max=3600.0, help="Seconds to wait for each shard's answer."),
 ) -> None:

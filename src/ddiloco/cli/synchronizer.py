@@ -8,7 +8,6 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -16,7 +15,7 @@ from . import app, options
 from .output import user_error
 
 
-def algorithm_for(method: str, learners: int, **knobs) -> "object":
+def algorithm_for(method: str, learners: int, **knobs) -> object:
     """The algorithm a method runs, exactly as the simulator derives it (diloco: P=1, tau=0, K=M)."""
     from ..core.config import AlgorithmConfig
     from ..sim.config import SimConfig
@@ -33,19 +32,19 @@ def algorithm_for(method: str, learners: int, **knobs) -> "object":
 def synchronizer(
     host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(7070, min=0, max=65535, help="TCP port; 0 picks a free one (see --address-file)."),
-    address_file: Optional[Path] = typer.Option(None, help="Write the host:port actually bound here (atomically)."),
+    address_file: Path | None = typer.Option(None, help="Write the host:port actually bound here (atomically)."),
     model: options.Model = typer.Option("gpt", help="Builds the initial global parameters (unless --init)."),
     model_size: options.ModelSize = typer.Option("default", help="default or tiny."),
-    data: Optional[str] = options.DATA,
+    data: str | None = options.DATA,
     seq_len: int = options.SEQ_LEN,
     seed: int = typer.Option(0, help="Seed of the initial parameters."),
-    init: Optional[Path] = typer.Option(
+    init: Path | None = typer.Option(
         None,
         help="Initial parameters instead of --model: a safetensors file "
         "(ddiloco.save_initial(model, path) records the embeddings too) or a Hugging "
         "Face model folder (needs pip install 'ddiloco[hf]').",
     ),
-    plain_names: Optional[str] = typer.Option(
+    plain_names: str | None = typer.Option(
         None,
         help="With --init: comma-separated tensors merged by plain "
         "averaging (embeddings); default: those the file records or the "
@@ -55,12 +54,12 @@ def synchronizer(
         "decoupled", help="decoupled, or diloco (synchronous baseline: P=1, tau=0, K=M)."
     ),
     learners: int = options.LEARNERS,
-    fragments: Optional[int] = options.FRAGMENTS,
+    fragments: int | None = options.FRAGMENTS,
     sync_every: int = options.SYNC_EVERY,
     overlap: int = options.OVERLAP,
     quorum: int = options.QUORUM,
     grace: float = options.GRACE,
-    merge: Optional[options.Merge] = options.MERGE,
+    merge: options.Merge | None = options.MERGE,
     outer_lr: float = options.OUTER_LR,
     outer_momentum: float = options.OUTER_MOMENTUM,
     arrival: options.Arrival = options.ARRIVAL,
@@ -68,13 +67,13 @@ def synchronizer(
     max_outer_norm_ratio: float = options.MAX_OUTER_NORM_RATIO,
     shard: int = typer.Option(0, min=0, help="This process's shard index."),
     num_shards: int = typer.Option(1, min=1, help="Shards in all: fragment p lives on shard p mod num_shards."),
-    max_learners: Optional[int] = typer.Option(
+    max_learners: int | None = typer.Option(
         None,
         min=1,
         max=2**20,
         help="Accept learner ids 0..N-1 only (default: --learners); bounds what the synchronizer keeps.",
     ),
-    checkpoint_dir: Optional[Path] = typer.Option(None, help="Checkpoint folder; resumed from if it holds one."),
+    checkpoint_dir: Path | None = typer.Option(None, help="Checkpoint folder; resumed from if it holds one."),
     checkpoint_every: int = typer.Option(
         1,
         min=0,
@@ -88,20 +87,20 @@ def synchronizer(
     budget_counts: options.BudgetCounts = typer.Option(
         "trained", help="What --tokens counts: every token the learners trained, or only those merged into the model."
     ),
-    tokens: Optional[int] = typer.Option(
+    tokens: int | None = typer.Option(
         None, **options.TOKENS_BUDGET, help="Stop the run once the learners trained this many tokens."
     ),
-    duration: Optional[float] = typer.Option(
+    duration: float | None = typer.Option(
         None, **options.DURATION_BUDGET, help="Stop the run after this many seconds."
     ),
     heartbeat: float = options.HEARTBEAT,
-    failure_timeout: Optional[float] = typer.Option(
+    failure_timeout: float | None = typer.Option(
         None, min=0.01, help="Declare a silent learner gone after this (6 h)."
     ),
-    token: Optional[str] = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN); required beyond loopback."),
+    token: str | None = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN); required beyond loopback."),
     insecure_no_auth: bool = typer.Option(False, help="Allow listening beyond loopback without a token."),
-    tls_cert: Optional[Path] = typer.Option(None, help="TLS certificate (PEM)."),
-    tls_key: Optional[Path] = typer.Option(None, help="TLS private key (PEM)."),
+    tls_cert: Path | None = typer.Option(None, help="TLS certificate (PEM)."),
+    tls_key: Path | None = typer.Option(None, help="TLS private key (PEM)."),
     codec_down: options.CodecDown = typer.Option(
         options.CodecDown.bf16,
         help="Codec of global fragments sent to learners (the synchronizer's master copy stays fp32).",
@@ -117,8 +116,8 @@ def synchronizer(
     max_message_bytes: int = typer.Option(
         1 << 30, min=1024, max=1 << 40, help="Largest contribution accepted, in bytes."
     ),
-    event_log: Optional[Path] = typer.Option(None, help="Append events (merges, joins, rejections) as JSON lines."),
-    summary: Optional[Path] = typer.Option(None, help="Write the final status as JSON here on exit."),
+    event_log: Path | None = typer.Option(None, help="Append events (merges, joins, rejections) as JSON lines."),
+    summary: Path | None = typer.Option(None, help="Write the final status as JSON here on exit."),
     exit_when_done: bool = typer.Option(True, help="Exit once a stopped run has drained."),
     dashboard: bool = typer.Option(
         False,

@@ -108,7 +108,7 @@ def synchronizer_script(config: RunConfig, opts: SlurmOptions, shard: int) -> st
             [
                 *_header(job_name(config, f"sync{shard}"), d, opts, 1, True, 0),
                 *_token_lines(config),
-                'echo "synchronizer job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date +%T)" >&2',
+                'echo "synchronizer job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date +%T)" >&2',  # noqa: E501 (one shell line)
                 f"rm -f {address}",
                 "PORT=0",
                 "STOPPING=0",
@@ -120,7 +120,7 @@ def synchronizer_script(config: RunConfig, opts: SlurmOptions, shard: int) -> st
                 '    if [ "$STOPPING" = 1 ]; then wait; exit "$rc"; fi',
                 '    [ "$rc" = 0 ] && exit 0',
                 f"    [ -s {address} ] && PORT=\"$(sed -n 's/.*:\\([0-9]*\\)$/\\1/p' {address})\"",
-                '    echo "synchronizer exited with $rc; restart $((attempt + 1)) from its checkpoint on port $PORT" >&2',
+                '    echo "synchronizer exited with $rc; restart $((attempt + 1)) from its checkpoint on port $PORT" >&2',  # noqa: E501 (one shell line)
                 "done",
                 'exit "$rc"',
             ]

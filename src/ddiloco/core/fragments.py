@@ -5,8 +5,8 @@ The paper's best scheme: same quality as layer-wise fragments and the smoothest 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,6 @@ def balanced_fragments(numels: Mapping[str, int] | Sequence[tuple[str, int]], nu
     )
 
 
-def plan_for_model(named_parameters: Mapping[str, "object"], num_fragments: int) -> FragmentPlan:
+def plan_for_model(named_parameters: Mapping[str, object], num_fragments: int) -> FragmentPlan:
     """Plan from a name -> tensor mapping (e.g. dict(model.named_parameters()))."""
     return balanced_fragments([(n, int(t.numel())) for n, t in named_parameters.items()], num_fragments)

@@ -7,8 +7,8 @@ fragment arrives, so the user's inner optimizer (and its state) is untouched.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import torch
 

@@ -9,7 +9,8 @@ keep the plain weighted average (ALGORITHM.md).
 
 from __future__ import annotations
 
-from typing import Collection, Literal, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from typing import Literal
 
 import torch
 
@@ -46,7 +47,7 @@ def merge_direction(
     mean with rda=False. `norms`: the values' L2 norms, if known."""
     _check(values, weights)
     total = RoundSum({"v"} if rda else ())
-    for i, (v, w) in enumerate(zip(values, weights)):
+    for i, (v, w) in enumerate(zip(values, weights, strict=True)):
         total.add({"v": v}, float(w), None if norms is None else {"v": norms[i]})
     return total.result()["v"]
 

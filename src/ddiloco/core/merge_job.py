@@ -12,8 +12,8 @@ passes, under the driver's lock.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import torch
 
@@ -62,7 +62,7 @@ class MergeJob:
         """Weighted mean over contributions of each one's L2 norm over the fragment."""
         total = sum(self.weights)
         fragment_norms = [math.sqrt(sum(v * v for v in n.values())) for n in self.norms]
-        return sum(w * n for w, n in zip(self.weights, fragment_norms)) / total if total > 0 else 0.0
+        return sum(w * n for w, n in zip(self.weights, fragment_norms, strict=True)) / total if total > 0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ wire. The cores never do I/O themselves; they take these in and hand these out.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Union
 
 import torch
 
@@ -105,5 +105,5 @@ class Rejected:
     reason: str
 
 
-LearnerMessage = Union[Contribution, Decline]
-SyncAction = Union[FragmentRequest, FragmentUpdate, Merged, Rejected]
+LearnerMessage = Contribution | Decline
+SyncAction = FragmentRequest | FragmentUpdate | Merged | Rejected

@@ -7,7 +7,7 @@ name -> tensor dict that checkpoints as safetensors and moves between synchroniz
 from __future__ import annotations
 
 import math
-from typing import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 import torch
 

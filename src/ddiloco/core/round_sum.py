@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Collection, Iterator, Mapping
 
 import torch
 
@@ -104,10 +104,10 @@ class _Sums:
                 n = norms[name]
                 alpha = w / self.first / n if n > 0 else 0.0
                 self.norm_sums[name] = self.norm_sums.get(name, 0.0) + (w * n if n > 0 else 0.0)
-                for a, b in zip(acc.view(-1).split(CHUNK), float_chunks(v)):
+                for a, b in zip(acc.view(-1).split(CHUNK), float_chunks(v), strict=True):
                     torch.mul(b, alpha, out=a) if fresh else a.add_(b, alpha=alpha)
             else:
-                for a, b in zip(acc.view(-1).split(CHUNK), float_chunks(v)):
+                for a, b in zip(acc.view(-1).split(CHUNK), float_chunks(v), strict=True):
                     a.copy_(b) if fresh else a.lerp_(b, w / total)  # one pass: a + (w / total) (b - a)
         self.weight = total
 

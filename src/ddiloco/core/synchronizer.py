@@ -12,7 +12,7 @@ and restored in `sync_state`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import torch
 
@@ -290,7 +290,7 @@ class SynchronizerCore(ContributionChecks, SyncState):
         self.merged_into[p] = tuple(c.learner for c in job.contributions)
         admitted = tuple(
             AdmittedWork(c.learner, c.step, c.steps, c.tokens, c.seconds, w)
-            for c, w in zip(job.contributions, job.weights)
+            for c, w in zip(job.contributions, job.weights, strict=True)
         )
         record = Merged(
             fragment=p,

@@ -123,7 +123,7 @@ class GoodputConfig:
         """How long a learner may run ahead of a sync that cannot form before it must wait."""
         return self.overlap_steps * self.step_s
 
-    def with_(self, **changes: object) -> "GoodputConfig":
+    def with_(self, **changes: object) -> GoodputConfig:
         return replace(self, **changes)
 
     def as_dict(self) -> dict[str, object]:

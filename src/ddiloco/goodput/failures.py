@@ -28,7 +28,7 @@ class RepairTime:
     sigma: float = 1.0
 
     @classmethod
-    def of(cls, config: GoodputConfig) -> "RepairTime":
+    def of(cls, config: GoodputConfig) -> RepairTime:
         return cls(config.repair_dist, config.repair_mean_s, config.repair_sigma)
 
     def sample(self, rng: np.random.Generator, size: int | tuple[int, ...]) -> np.ndarray:
@@ -68,7 +68,7 @@ class SliceOutages:
     @classmethod
     def from_lists(
         cls, outages: list[tuple[int, float, float]], slice_chips: list[int], horizon: float
-    ) -> "SliceOutages":
+    ) -> SliceOutages:
         """Hand-written outages, for tests and examples: [(slice, down_at, up_at), ...]."""
         arr = np.array(outages, dtype=float).reshape(-1, 3)
         return cls(

@@ -8,8 +8,8 @@ draws, and a few seeds give tight intervals on the comparisons.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 

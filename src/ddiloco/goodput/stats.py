@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 # Two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom.
 _T975 = (

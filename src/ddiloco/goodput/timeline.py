@@ -31,13 +31,13 @@ class Events:
     delta: np.ndarray  # chips going down (+) or coming back (-)
 
     @classmethod
-    def concat(cls, *parts: "Events") -> "Events":
+    def concat(cls, *parts: Events) -> Events:
         return cls(
             *(np.concatenate([getattr(p, f) for p in parts]) for f in ("time", "group", "window", "failure", "delta"))
         )
 
     @classmethod
-    def empty(cls) -> "Events":
+    def empty(cls) -> Events:
         return cls(np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0, bool), np.zeros(0, np.int64))
 
 
@@ -76,7 +76,7 @@ class Segments:
         """Seconds each group is running (not paused), lost tails included."""
         return np.bincount(self.group, self.length, minlength=self.num_groups)
 
-    def of_group(self, g: int) -> "Segments":
+    def of_group(self, g: int) -> Segments:
         m = self.group == g
         return Segments(
             self.group[m],

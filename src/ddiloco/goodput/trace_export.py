@@ -46,4 +46,4 @@ def learner_trace(outages: SliceOutages, learners: int, config: GoodputConfig, s
         outages, learner_of_slice(outages.num_slices, learners), config, extra_failure_pause=config.rejoin_s
     )
     g, s, e = pauses(seg)
-    return FailureTrace.of(Outage(float(a) / scale, int(m), float(b) / scale) for m, a, b in zip(g, s, e))
+    return FailureTrace.of(Outage(float(a) / scale, int(m), float(b) / scale) for m, a, b in zip(g, s, e, strict=True))

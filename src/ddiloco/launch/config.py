@@ -177,7 +177,7 @@ class RunConfig:
             args.append("--no-peer-recovery")
         if self.chaos.net_delay_ms:
             args += ["--net-delay", str(self.chaos.net_delay_ms)]
-        for flag, value in zip(("--net-latency", "--net-bandwidth", "--net-jitter"), self.wan):
+        for flag, value in zip(("--net-latency", "--net-bandwidth", "--net-jitter"), self.wan, strict=True):
             if value:
                 args += [flag, str(value)]
         return args

@@ -22,7 +22,7 @@ def goodput_so_far(statuses: list[dict], learners: int, now: float) -> float:
     return useful / (learners * window) if window > 0 else 0.0
 
 
-def snapshot(sup: "Supervisor", eval_loss: float | None) -> dict:
+def snapshot(sup: Supervisor, eval_loss: float | None) -> dict:
     statuses = [s.status for s in sup.shards if s.status]
     return {
         "method": sup.config.method,

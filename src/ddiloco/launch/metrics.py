@@ -23,7 +23,7 @@ class RunMetrics:
 
     def __init__(
         self,
-        sup: "Supervisor",
+        sup: Supervisor,
         task: Task,
         metrics: MetricsLog,
         every: float,

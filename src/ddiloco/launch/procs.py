@@ -8,14 +8,15 @@ the terminal reaches only the launcher, which then stops them in order.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 
 def ddiloco_command(*args: str) -> list[str]:
@@ -86,10 +87,8 @@ def kill_descendants(found: list[tuple[int, int]]) -> None:
     for pid, started in found:
         stat = _stat(pid)
         if stat is not None and stat[1] == started:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 class ProcessTable:
@@ -139,7 +138,5 @@ class ProcessTable:
         for c in self.running():
             c.signal(signal.SIGKILL)
         for c in self.children:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 c.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from .livestate import goodput_so_far
 

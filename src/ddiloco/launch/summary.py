@@ -15,6 +15,7 @@ it, down or not, as in the simulator's ledger (`ddiloco.sim.ledger`):
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def summarize(
             if "span_start" in a and "snapshot_wall" in a:
                 intervals.append((max(start, a["span_start"]), min(stop, a["snapshot_wall"])))
     inside = sorted(t for t in merge_times if start <= t <= stop) + [stop]
-    stall = max(b - a for a, b in zip(inside, inside[1:])) if len(inside) > 1 else window
+    stall = max(b - a for a, b in zip(inside, inside[1:], strict=False)) if len(inside) > 1 else window
     journals = [j for d in learner_dirs for j in read_journals(d, "journal-*.json")]
     tokens_trained = sum(int(j.get("tokens", 0)) for j in journals)
     busy = sum(float(j.get("seconds", 0.0)) for j in journals)
@@ -66,10 +67,8 @@ def summarize(
     for d in sync_dirs:
         path = d / "summary.json"
         if path.is_file():
-            try:
+            with contextlib.suppress(json.JSONDecodeError):
                 statuses.append(json.loads(path.read_text()))
-            except json.JSONDecodeError:
-                pass
     allocated = learners * window
     return {
         "tokens": tokens_trained,

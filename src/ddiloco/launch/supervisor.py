@@ -11,14 +11,15 @@ a bounded wait.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import grpc
 
@@ -64,7 +65,7 @@ class ShardSlot:
 
 
 class Supervisor:
-    def __init__(self, config: RunConfig, on_tick: Callable[["Supervisor"], None] | None = None) -> None:
+    def __init__(self, config: RunConfig, on_tick: Callable[[Supervisor], None] | None = None) -> None:
         self.config = config
         self.on_tick = on_tick or (lambda s: None)
         config.run_dir.mkdir(parents=True, exist_ok=True)
@@ -250,10 +251,8 @@ class Supervisor:
         self._resume_stragglers()
         for shard in self.shards:  # the other shards stop too (each decides on its own otherwise)
             if shard.state == "running" and shard.stubs is not None:
-                try:
+                with contextlib.suppress(grpc.RpcError):
                     shard.stubs.call("Stop", framing.message({"reason": reason}), self.timeouts.rpc)
-                except grpc.RpcError:
-                    pass
 
     # --- the run --------------------------------------------------------------------------------
     def run(self) -> None:

@@ -35,7 +35,7 @@ import math
 import queue
 import secrets
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -316,7 +316,7 @@ class LearnerClient(LeaderSide):
             self.journal.close()
         self.state = "closed"
 
-    def __enter__(self) -> "LearnerClient":
+    def __enter__(self) -> LearnerClient:
         self.start()
         return self
 

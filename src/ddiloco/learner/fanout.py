@@ -18,7 +18,7 @@ over its own process group (gloo or NCCL). Plans travel as JSON bytes in a uint8
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist

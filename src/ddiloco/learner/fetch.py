@@ -6,9 +6,7 @@ from __future__ import annotations
 import grpc
 import torch
 
-from ..wire import framing, rpc
-
-from ..wire import reassembly
+from ..wire import framing, reassembly, rpc
 
 
 def fetch_params(addresses: list[str], token: str | None, timeout: float = 30.0) -> dict[str, torch.Tensor] | None:

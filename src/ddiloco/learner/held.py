@@ -3,7 +3,7 @@ or int4): the shadow value S_v in bf16, to which the next difference is added (`
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

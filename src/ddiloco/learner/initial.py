@@ -3,7 +3,7 @@ the learner built itself (`wire.digest`)."""
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 

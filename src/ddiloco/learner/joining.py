@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -35,7 +35,7 @@ def check_replies(
 ) -> tuple[FragmentPlan, AlgorithmConfig, dict[int, int]]:
     """The plan and algorithm every shard agrees on, and which shard owns each fragment."""
     first = replies[0]
-    for address, reply in zip(addresses[1:], replies[1:]):
+    for address, reply in zip(addresses[1:], replies[1:], strict=True):
         if reply["plan"] != first["plan"] or reply["algorithm"] != first["algorithm"]:
             raise SynchronizerError(f"synchronizer {address} runs a different plan or algorithm than {addresses[0]}")
     plan, shapes = plan_from_json(first["plan"])

@@ -15,20 +15,20 @@ after a SIGSTOP, or a dropped connection all heal the same way.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import queue
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import grpc
 
 from ..core import FragmentRequest, FragmentUpdate
-from ..wire import framing, rpc
-from ..wire import reassembly
+from ..wire import framing, reassembly, rpc
 from ..wire.buffers import BufferPool
 from ..wire.delta import DELTA_CODECS
 from ..wire.timeouts import Timeouts
@@ -77,7 +77,7 @@ class LinkContext:
     signature: str
     token: str | None
     codec: str
-    inbound: "queue.Queue[tuple]"
+    inbound: queue.Queue[tuple]
     progress: Callable[[], dict]
     credentials: object = None
     net_delay: float = 0.0  # chaos testing: seconds added per message (and per donation frame)
@@ -304,10 +304,8 @@ class ShardLink(Outbound):
         sid = self._session
         if sid is None:
             return
-        try:
+        with contextlib.suppress(grpc.RpcError):
             self.control.call("Leave", framing.message({"session": sid, "tokens": tokens}), self.timeouts.rpc)
-        except grpc.RpcError:
-            pass
         self._set_session(None)
 
     def close(self) -> None:

@@ -16,15 +16,13 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import grpc
 import torch
 
-from ..wire import framing
-
-from ..wire import reassembly
+from ..wire import framing, reassembly
 from ..wire.protocol import state_checksum
 from .fanout import is_sharded
 
@@ -51,9 +49,12 @@ def snapshot(
             if torch.is_tensor(value) and value.shape == p.shape and key != "step":
                 full = value.detach().full_tensor() if is_sharded(value) else value.detach()
                 tensors[f"{name}/{key}"] = full.to("cpu", torch.float32, copy=True)
-            elif torch.is_tensor(value) and value.numel() == 1:
-                scalars.setdefault(name, {})[key] = float(value)
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            elif (
+                torch.is_tensor(value)
+                and value.numel() == 1
+                or isinstance(value, (int, float))
+                and not isinstance(value, bool)
+            ):
                 scalars.setdefault(name, {})[key] = float(value)
     return tensors, scalars
 

@@ -13,7 +13,7 @@ retry while the old push is queued) takes a fresh one, so two contributions neve
 from __future__ import annotations
 
 import threading
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import torch
 
@@ -23,11 +23,11 @@ class StagedGradient(Mapping[str, torch.Tensor]):
 
     def __init__(
         self,
-        stager: "SnapshotStager",
+        stager: SnapshotStager,
         fragment: int,
         base: Mapping[str, torch.Tensor],
         buffers: dict[str, torch.Tensor],
-        ready: "torch.cuda.Event | None",
+        ready: torch.cuda.Event | None,
     ) -> None:
         self._stager = stager
         self._fragment = fragment

@@ -8,7 +8,7 @@ for gRPC, once, with a warning; the next registration offers it again.
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

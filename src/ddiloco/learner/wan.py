@@ -13,8 +13,8 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
 
 
 @dataclass(frozen=True)

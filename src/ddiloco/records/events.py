@@ -16,8 +16,9 @@ import enum
 import json
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, TextIO
+from typing import TextIO
 
 KINDS: dict[str, str] = {
     # the algorithm (both drivers)
@@ -107,7 +108,7 @@ class EventLog:
                 self._file.close()
                 self._file = None
 
-    def __enter__(self) -> "EventLog":
+    def __enter__(self) -> EventLog:
         return self
 
     def __exit__(self, *exc: object) -> None:

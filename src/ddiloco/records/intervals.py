@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def union_length(intervals: Iterable[tuple[float, float]]) -> float:

@@ -23,8 +23,9 @@ import platform
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import TextIO
 
 from .atomic import atomic_write_json, read_json
 from .events import read_events

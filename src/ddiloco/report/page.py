@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import base64
 import html
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..records.rundir import RunRecord
 

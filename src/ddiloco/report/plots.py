@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..records.rundir import RunRecord
 from .timeline import learner_intervals, merges, run_end

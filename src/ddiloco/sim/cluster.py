@@ -11,8 +11,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -171,7 +171,7 @@ class DecoupledCluster:
         """A restarted learner loses its inner optimizer; like the paper, copy a healthy peer's."""
         fresh = make_inner_optimizer(learner.model, self.config.inner)
         if self.config.rejoin_optimizer == "peer":
-            peers = [l for l in self.learners if l.state in ("stepping", "waiting") and l.id != learner.id]
+            peers = [p for p in self.learners if p.state in ("stepping", "waiting") and p.id != learner.id]
             if peers:
                 fresh.load_state_dict(copy.deepcopy(peers[0].optimizer.state_dict()))
                 learner.inner_steps = peers[0].inner_steps

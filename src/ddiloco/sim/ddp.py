@@ -12,7 +12,7 @@ averaged (all-reduce), and the step takes as long as the slowest participant plu
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -116,7 +116,7 @@ class DataParallel:
             batch = _concat(batches)
             set_lr(self.optimizer, lr_at(cfg.inner, steps, tokens / cfg.tokens))
             loss = inner_step(self.model, self.optimizer, self.task.loss(self.model, batch), cfg.inner.grad_clip)
-            for m, b in zip(sorted(live), batches):
+            for m, b in zip(sorted(live), batches, strict=True):
                 self.ledger.step(m, 0, t, t + durations[m], b.tokens, share=1.0)
             longest_gap = max(longest_gap, end - last_step_end)
             last_step_end = end

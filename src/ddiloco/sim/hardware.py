@@ -33,7 +33,7 @@ class StepTimeModel:
     def speed(self, learner: int) -> float:
         return self.speeds[learner] if learner < len(self.speeds) else 1.0
 
-    def sampler(self, learner: int, seed: int) -> "StepTimeSampler":
+    def sampler(self, learner: int, seed: int) -> StepTimeSampler:
         return StepTimeSampler(self, learner, np.random.default_rng([seed, learner, 7919]))
 
 

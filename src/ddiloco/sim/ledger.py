@@ -63,7 +63,7 @@ class WorkLedger:
         busy = useful = tokens_trained = tokens_merged = 0.0
         intervals = []
         for run in self._runs.values():
-            for start, end, tokens, share in zip(run.starts, run.ends, run.tokens, run.share):
+            for start, end, tokens, share in zip(run.starts, run.ends, run.tokens, run.share, strict=True):
                 busy += end - start
                 useful += (end - start) * share
                 tokens_trained += tokens

@@ -7,7 +7,7 @@ recording never changes the run it records.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -10,6 +10,7 @@ error message; a connection that breaks frees its slot.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import ssl
@@ -47,10 +48,8 @@ class SocketContext:
         raise Abort(code, details)
 
     def cancel(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.conn.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
 
 class BulkSocketServer:
@@ -92,7 +91,7 @@ class BulkSocketServer:
         while not self._closing.is_set():
             try:
                 conn, _ = self.listener.accept()
-            except (socket.timeout, BlockingIOError):
+            except (TimeoutError, BlockingIOError):
                 continue
             except OSError:
                 if self._closing.is_set():

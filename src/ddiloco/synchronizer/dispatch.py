@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from ..core import FragmentRequest, FragmentUpdate, Merged, SynchronizerCore
 from ..core.merge_job import MergeDue, MergeJob

@@ -9,13 +9,12 @@ upload must stay within four times the model's fp32 size, and the checksum must 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterator, Protocol
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import grpc
 
-from ..wire import framing
-
-from ..wire import reassembly
+from ..wire import framing, reassembly
 from ..wire.protocol import state_checksum
 from .service import SynchronizerService
 from .streams import StreamGuard

@@ -12,7 +12,7 @@ bf16, which represents it exactly; the outbox picks which of the two it streams 
 from __future__ import annotations
 
 import threading
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -72,7 +72,7 @@ class DeltaDownlink:
             diff = {n: tensors[n].detach().float() - old[n].float() for n in tensors}
             specs, blobs = framing.encode_tensors(diff, self.codec)
             codec = quant.get(self.codec)  # what each learner will decode, blob by blob (no joined copy)
-            shadow = apply_delta(old, {s.name: codec.decode(b, s.shape) for s, b in zip(specs, blobs)})
+            shadow = apply_delta(old, {s.name: codec.decode(b, s.shape) for s, b in zip(specs, blobs, strict=True)})
         self._shadow[fragment] = (version, shadow)
         delta = framing.frames(
             dict(head, delta_from=base, tensors=[s.to_json() for s in specs]), blobs, self.chunk_bytes

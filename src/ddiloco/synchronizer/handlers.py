@@ -13,14 +13,13 @@ import functools
 import logging
 import math
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import torch
 
 from ..core import Contribution
-from ..wire import framing
-from ..wire import reassembly
+from ..wire import framing, reassembly
 from ..wire.buffers import BufferPool
 from . import intake
 from .donation_rpc import DonationRpc

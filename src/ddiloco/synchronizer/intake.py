@@ -9,7 +9,7 @@ float64), durations below 10**7 s, wall-clock stamps within the years 1970 to 22
 from __future__ import annotations
 
 import math
-from typing import Collection
+from collections.abc import Collection
 
 from ..wire.digest import is_digest
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import torch
 

@@ -7,8 +7,8 @@ Subscribe stream ends.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from .outbox import Outbox
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterable, Iterator, Protocol
+from collections.abc import Iterable, Iterator
+from typing import Protocol
 
 from ..core import SynchronizerCore
 from .donations import DonationDesk

@@ -89,7 +89,7 @@ class BatchStream(ABC):
                 )
         self.seek(int(state["position"]))
 
-    def __iter__(self) -> "BatchStream":
+    def __iter__(self) -> BatchStream:
         return self
 
     def __next__(self) -> Batch:

@@ -95,10 +95,7 @@ def read_corpus(path: str | Path | None) -> str:
         raise FileNotFoundError(f"text corpus not found: {str(path)!r}")
     key = str(p.resolve())
     if key not in _CACHE:
-        if p.is_dir():
-            text = read_folder(p)
-        else:
-            text = read_text_file(p)
+        text = read_folder(p) if p.is_dir() else read_text_file(p)
         if not text:
             raise ValueError(f"no UTF-8 text found at {str(path)!r} (empty, binary or undecodable)")
         _CACHE[key] = text

@@ -8,7 +8,8 @@ validation text never leaks into the vocabulary.
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol, runtime_checkable
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -69,11 +70,11 @@ class BPETokenizer:
 
     name = "bpe"
 
-    def __init__(self, tokenizer: "tokenizers.Tokenizer") -> None:  # noqa: F821
+    def __init__(self, tokenizer: tokenizers.Tokenizer) -> None:  # noqa: F821
         self._tok = tokenizer
 
     @classmethod
-    def train(cls, text: str, vocab_size: int = 1024) -> "BPETokenizer":
+    def train(cls, text: str, vocab_size: int = 1024) -> BPETokenizer:
         """Learn merges on `text`; the vocab may end up smaller if the text is tiny."""
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -93,7 +94,7 @@ class BPETokenizer:
         return cls(tok)
 
     @classmethod
-    def from_json(cls, data: str) -> "BPETokenizer":
+    def from_json(cls, data: str) -> BPETokenizer:
         """Rebuild from `to_json()` (e.g. stored next to a checkpoint)."""
         from tokenizers import Tokenizer as HFTokenizer
 

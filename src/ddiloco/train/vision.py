@@ -98,10 +98,7 @@ def load_torchvision_data(spec: str) -> ImageData:
 def _to_arrays(ds: object) -> tuple[np.ndarray, np.ndarray]:
     """torchvision MNIST ([N, H, W] uint8 tensor) or CIFAR ([N, H, W, C] uint8 array) -> NCHW float."""
     data = np.asarray(ds.data)  # type: ignore[attr-defined]
-    if data.ndim == 3:
-        data = data[:, None, :, :]
-    else:
-        data = data.transpose(0, 3, 1, 2)
+    data = data[:, None, :, :] if data.ndim == 3 else data.transpose(0, 3, 1, 2)
     x = np.ascontiguousarray(data.astype(np.float32) / 255.0)
     y = np.asarray(ds.targets, dtype=np.int64)  # type: ignore[attr-defined]
     return x, y

@@ -14,9 +14,9 @@ import logging
 import os
 import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import grpc
 

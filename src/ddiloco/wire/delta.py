@@ -3,7 +3,7 @@ piece of arithmetic the synchronizer and its learners must do identically."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

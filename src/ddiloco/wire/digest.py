@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import itertools
 import json
 import struct
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -116,7 +116,7 @@ class TensorSpec:
         return [self.name, list(self.shape), self.codec]
 
     @classmethod
-    def from_json(cls, item: object) -> "TensorSpec":
+    def from_json(cls, item: object) -> TensorSpec:
         if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and isinstance(item[1], list)):
             raise WireError(f"bad tensor spec {str(item)[:80]}")
         if not all(isinstance(d, int) and 0 <= d < 1 << 40 for d in item[1]) or len(item[1]) > 8:
@@ -252,7 +252,7 @@ class Counted:
         self._frames = iter(frames)
         self.nbytes = 0
 
-    def __iter__(self) -> "Counted":
+    def __iter__(self) -> Counted:
         return self
 
     def __next__(self) -> bytes:
@@ -267,7 +267,7 @@ def _byte_view(t: torch.Tensor) -> memoryview:
 
 
 def _converted_frames(
-    head: Mapping, tensors: Iterable[torch.Tensor], codec: "quant.FloatCodec", chunk_size: int
+    head: Mapping, tensors: Iterable[torch.Tensor], codec: quant.FloatCodec, chunk_size: int
 ) -> Iterator[list[bytes | memoryview]]:
     """The frames of `frames(head, [codec.encode(t) for t in tensors])`, a frame at a time: values in
     another dtype (or on a device) are converted into one chunk-sized scratch buffer; values already

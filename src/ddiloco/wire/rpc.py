@@ -11,8 +11,8 @@ free worker.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent import futures
-from typing import Callable
 
 import grpc
 

@@ -21,13 +21,11 @@ import socket
 import ssl
 import struct
 import time
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import grpc
 
-from . import framing
-
-from . import reassembly
+from . import framing, reassembly
 from .buffers import BufferPool
 
 _LENGTH = struct.Struct("<I")

@@ -33,7 +33,7 @@ class Timeouts:
     min_bandwidth: float = 10e6  # bytes/s assumed for bulk deadlines
 
     @classmethod
-    def derive(cls, heartbeat: float = 0.5, **overrides: float) -> "Timeouts":
+    def derive(cls, heartbeat: float = 0.5, **overrides: float) -> Timeouts:
         """The defaults scaled from one heartbeat interval; keyword arguments override single values."""
         failure = overrides.pop("failure", 6 * heartbeat)
         t = cls(
@@ -73,7 +73,7 @@ class Timeouts:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Timeouts":
+    def from_dict(cls, d: dict) -> Timeouts:
         t = cls(**{k: float(v) for k, v in d.items() if k in cls.__dataclass_fields__})
         t.validate()
         return t
