@@ -68,7 +68,7 @@ def export_global(source: str | Path, out: str | Path, hf_config: str | Path | o
 
 def _write_config(hf_config: str | Path | object, out: Path) -> None:
     if hasattr(hf_config, "save_pretrained"):
-        hf_config.save_pretrained(str(out))  # type: ignore[union-attr]
+        hf_config.save_pretrained(str(out))
         return
     path = Path(hf_config)  # type: ignore[arg-type]
     path = path / "config.json" if path.is_dir() else path

@@ -74,7 +74,8 @@ class Synchronizer:
             )
         requested = fragments if fragments is not None else (base.fragments if algorithm is not None else None)
         sync_every = int(knobs.get("sync_every", base.sync_every))  # type: ignore[call-overload]
-        self.algorithm = dataclasses.replace(base, fragments=fit_fragments(len(params), requested, sync_every), **knobs)
+        fitted = fit_fragments(len(params), requested, sync_every)
+        self.algorithm = dataclasses.replace(base, fragments=fitted, **knobs)  # type: ignore[arg-type]  # names checked above
         note = balance_note(params, self.algorithm.fragments)
         if note:
             log.warning(note)

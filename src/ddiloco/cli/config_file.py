@@ -11,6 +11,7 @@ key is an error that names it.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -54,9 +55,9 @@ def apply_aliases(args: list[str]) -> list[str]:
 
 
 def _load_toml(path: Path) -> dict:
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
+    else:  # Python 3.10
         try:
             import tomli as tomllib
         except ModuleNotFoundError:

@@ -11,12 +11,16 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from . import app, options
 
-METHODS = ("decoupled", "elastic-ddp")
+if TYPE_CHECKING:
+    from ..sim.config import Method
+
+METHODS: tuple[Method, ...] = ("decoupled", "elastic-ddp")
 
 
 def loss_at(metrics: list[dict], t: float) -> float | None:

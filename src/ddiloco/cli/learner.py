@@ -98,7 +98,7 @@ def learner(
     from ..train.inner import InnerConfig
     from ..wire import auth
 
-    codec = options.Codec(codec).value
+    codec_name = options.Codec(codec).value
     model, model_size = options.plain(model, model_size)
     logsetup.configure(f"learner{learner_id}", options.plain(log_level)[0])
     options.set_threads(threads)
@@ -113,7 +113,7 @@ def learner(
             seq_len=seq_len,
             seed=seed,
             inner=InnerConfig(lr=inner_lr, batch_size=batch_size),
-            codec=codec,
+            codec=codec_name,
             token=auth.resolve_token(token),
             credentials=auth.channel_credentials(tls_ca),
             state_dir=str(state_dir) if state_dir else None,

@@ -87,22 +87,69 @@ NET_JITTER = typer.Option(
 )
 
 
-def _choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
-    """A str enum whose members are the values, so that --help lists them and typos end in exit code 2."""
-    return enum.Enum(name, {v: v for v in values}, type=str)
+# str enums whose values are the choices, so that --help lists them and typos end in exit code 2.
+# (Classes rather than enum.Enum(name, values): a type checker can read them as types.)
 
 
-Model = _choices("Model", ("gpt", "gpt-moe", "vision"))  # train.tasks.MODELS (a test keeps them equal)
-ModelSize = _choices("ModelSize", ("default", "tiny", "2m", "10m", "50m"))  # train.tasks.MODEL_SIZES
-Tokenizer = _choices("Tokenizer", ("byte", "bpe"))
-Merge = _choices("Merge", ("rda", "mean"))
-SimMethod = _choices("SimMethod", ("decoupled", "diloco", "ddp", "elastic-ddp"))  # sim.config.METHODS
-RuntimeMethod = _choices("RuntimeMethod", ("decoupled", "diloco"))
-Backend = _choices("Backend", ("local", "slurm"))
-LearnerState = _choices("LearnerState", ("shared", "scratch"))  # cluster.sbatch.LEARNER_STATES
-Precision = _choices("Precision", ("fp32", "bf16"))  # train.device.PRECISIONS
-BudgetCounts = _choices("BudgetCounts", ("trained", "merged"))
-Arrival = _choices("Arrival", ("overwrite", "rebase"))  # core.config.ArrivalMode  # synchronizer.settings.BUDGET_COUNTS
+class Model(str, enum.Enum):  # train.tasks.MODELS (a test keeps them equal)
+    gpt = "gpt"
+    gpt_moe = "gpt-moe"
+    vision = "vision"
+
+
+class ModelSize(str, enum.Enum):  # train.tasks.MODEL_SIZES
+    default = "default"
+    tiny = "tiny"
+    m2 = "2m"
+    m10 = "10m"
+    m50 = "50m"
+
+
+class Tokenizer(str, enum.Enum):
+    byte = "byte"
+    bpe = "bpe"
+
+
+class Merge(str, enum.Enum):
+    rda = "rda"
+    mean = "mean"
+
+
+class SimMethod(str, enum.Enum):  # sim.config.METHODS
+    decoupled = "decoupled"
+    diloco = "diloco"
+    ddp = "ddp"
+    elastic_ddp = "elastic-ddp"
+
+
+class RuntimeMethod(str, enum.Enum):
+    decoupled = "decoupled"
+    diloco = "diloco"
+
+
+class Backend(str, enum.Enum):
+    local = "local"
+    slurm = "slurm"
+
+
+class LearnerState(str, enum.Enum):  # cluster.sbatch.LEARNER_STATES
+    shared = "shared"
+    scratch = "scratch"
+
+
+class Precision(str, enum.Enum):  # train.device.PRECISIONS
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+class BudgetCounts(str, enum.Enum):  # synchronizer.settings.BUDGET_COUNTS
+    trained = "trained"
+    merged = "merged"
+
+
+class Arrival(str, enum.Enum):  # core.config.ArrivalMode
+    overwrite = "overwrite"
+    rebase = "rebase"
 
 
 def plain(*values: object) -> tuple:
@@ -116,8 +163,9 @@ HEARTBEAT = typer.Option(
     max=3600.0,
     help="Heartbeat interval h in seconds; the other timeouts derive from it (docs/runtime.md).",
 )
-TOKENS_BUDGET = dict(min=1, max=2**53)
-DURATION_BUDGET = dict(min=0.001, max=1e7)
+# The bounds of a run's budget, in tokens and in seconds.
+TOKENS_MIN, TOKENS_MAX = 1, 2**53
+DURATION_MIN, DURATION_MAX = 0.001, 1e7
 
 
 class WandbMode(str, enum.Enum):
@@ -155,7 +203,15 @@ THREADS = typer.Option(
     help="torch threads per process (0: automatic: PyTorch's "
     "default for one process; `ddiloco run` shares the cores among its processes).",
 )
-LogLevel = _choices("LogLevel", ("debug", "info", "warning", "error"))
+
+
+class LogLevel(str, enum.Enum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
 LOG_LEVEL = typer.Option("info", "--log-level", help="Log records at this level and above go to stderr.")
 
 

@@ -7,6 +7,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import click
 import typer
@@ -103,7 +104,7 @@ def _current_context():  # noqa: ANN202 - a click Context
     try:
         from typer._click.globals import get_current_context
     except ImportError:
-        get_current_context = click.get_current_context
+        get_current_context = click.get_current_context  # type: ignore[assignment]  # click's, where typer has no copy
     return get_current_context(silent=True)
 
 
@@ -123,7 +124,13 @@ def user_error(exc: Exception) -> typer.BadParameter:
 
 
 def metric_sinks(
-    tensorboard: Path | None, wandb: bool, wandb_mode: object, wandb_project: str, where: Path, name: str, config: dict
+    tensorboard: Path | None,
+    wandb: bool,
+    wandb_mode: object,
+    wandb_project: str,
+    where: Path,
+    name: str | None,
+    config: object,
 ) -> list:
     """The sinks the flags ask for (TensorBoard, wandb), or exit code 2 naming the flag."""
     from ..records.sinks import TensorBoardSink, WandbSink
@@ -134,7 +141,7 @@ def metric_sinks(
             sinks.append(TensorBoardSink(tensorboard))
         if wandb:
             mode = getattr(wandb_mode, "value", wandb_mode)
-            sinks.append(WandbSink(where, str(mode), wandb_project, name, config))
+            sinks.append(WandbSink(where, str(mode), wandb_project, name, cast(dict, config)))  # jsonable(settings)
     except ValueError as exc:
         for sink in sinks:
             sink.close()

@@ -37,10 +37,13 @@ def run(
     batch_size: int = typer.Option(16, min=1, help="Sequences (or images) per learner step."),
     tokens: int | None = typer.Option(
         None,
-        **options.TOKENS_BUDGET,
+        min=options.TOKENS_MIN,
+        max=options.TOKENS_MAX,
         help="Stop once the learners trained this many tokens (default 400000 unless --duration is given).",
     ),
-    duration: float | None = typer.Option(None, **options.DURATION_BUDGET, help="Stop after this many seconds."),
+    duration: float | None = typer.Option(
+        None, min=options.DURATION_MIN, max=options.DURATION_MAX, help="Stop after this many seconds."
+    ),
     seed: int = typer.Option(0, help="Seed of the model, the data order and the chaos schedule."),
     sync_shards: int = typer.Option(1, min=1, help="Synchronizer shard processes (fragments spread round-robin)."),
     codec: options.Codec = options.CODEC,
@@ -155,8 +158,8 @@ def run(
 ) -> None:
     """Train with real processes and real sockets, inject faults, report goodput, stalls and loss."""
 
-    codec = options.Codec(codec).value
-    codec_down = options.CodecDown(codec_down).value
+    codec_name = options.Codec(codec).value
+    codec_down_name = options.CodecDown(codec_down).value
     method, model, model_size, merge = options.plain(method, model, model_size, merge)
 
     from ..chaos.injector import ChaosSettings
@@ -213,8 +216,8 @@ def run(
             tokens=tokens if tokens is not None or duration is not None else 400_000,
             duration=duration,
             sync_shards=sync_shards,
-            codec=codec,
-            codec_down=codec_down,
+            codec=codec_name,
+            codec_down=codec_down_name,
             bulk_socket=bulk_socket,
             wan=(net_latency, net_bandwidth, net_jitter),
             heartbeat=heartbeat,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import typer
 
 from ..chaos.trace import FailureTrace, random_trace
-from ..core.config import AlgorithmConfig
+from ..core.config import AlgorithmConfig, MergeMode
 from ..records.events import EventLog
 from ..records.rundir import MetricsLog, RunDir, jsonable
 from ..sim.config import SimConfig
@@ -158,7 +159,7 @@ def sim(
             grace=grace,
             outer_lr=outer_lr,
             outer_momentum=outer_momentum,
-            merge=merge or ("mean" if method == "diloco" else "rda"),
+            merge=cast(MergeMode, merge or ("mean" if method == "diloco" else "rda")),  # an options.Merge value
             arrival=options.plain(arrival)[0],
             final_momentum=final_momentum,
         )

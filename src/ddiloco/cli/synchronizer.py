@@ -8,14 +8,19 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
 from . import app, options
 from .output import user_error
 
+if TYPE_CHECKING:
+    from ..core.config import AlgorithmConfig
+    from ..sim.config import Method
 
-def algorithm_for(method: str, learners: int, **knobs) -> object:
+
+def algorithm_for(method: str, learners: int, **knobs: Any) -> AlgorithmConfig:
     """The algorithm a method runs, exactly as the simulator derives it (diloco: P=1, tau=0, K=M)."""
     from ..core.config import AlgorithmConfig
     from ..sim.config import SimConfig
@@ -25,7 +30,8 @@ def algorithm_for(method: str, learners: int, **knobs) -> object:
     knobs["merge"] = knobs.get("merge") or ("mean" if method == "diloco" else "rda")
     if method == "diloco":  # one fragment, whatever -P says (as `ddiloco sim` derives it)
         knobs["fragments"] = 1
-    return SimConfig(method=method, learners=learners, algorithm=AlgorithmConfig(**knobs)).effective_algorithm()
+    checked = cast("Method", method)  # one of the two, checked above
+    return SimConfig(method=checked, learners=learners, algorithm=AlgorithmConfig(**knobs)).effective_algorithm()
 
 
 @app.command("synchronizer")
@@ -88,10 +94,13 @@ def synchronizer(
         "trained", help="What --tokens counts: every token the learners trained, or only those merged into the model."
     ),
     tokens: int | None = typer.Option(
-        None, **options.TOKENS_BUDGET, help="Stop the run once the learners trained this many tokens."
+        None,
+        min=options.TOKENS_MIN,
+        max=options.TOKENS_MAX,
+        help="Stop the run once the learners trained this many tokens.",
     ),
     duration: float | None = typer.Option(
-        None, **options.DURATION_BUDGET, help="Stop the run after this many seconds."
+        None, min=options.DURATION_MIN, max=options.DURATION_MAX, help="Stop the run after this many seconds."
     ),
     heartbeat: float = options.HEARTBEAT,
     failure_timeout: float | None = typer.Option(
@@ -140,7 +149,7 @@ def synchronizer(
     from ..wire import auth
     from ..wire.timeouts import Timeouts
 
-    codec_down = options.CodecDown(codec_down).value
+    codec_down_name = options.CodecDown(codec_down).value
     method, model, model_size, merge = options.plain(method, model, model_size, merge)
     logsetup.configure(f"sync{shard}", options.plain(log_level)[0])
     options.set_threads(threads)
@@ -189,7 +198,7 @@ def synchronizer(
             shard=shard,
             num_shards=num_shards,
             max_learners=max_learners or learners,
-            codec_down=codec_down,
+            codec_down=codec_down_name,
             chunk_bytes=chunk_bytes,
             max_message_bytes=max_message_bytes,
             checkpoint_every=checkpoint_every,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal
 
 MergeMode = Literal["rda", "mean"]
 ArrivalMode = Literal["overwrite", "rebase"]
@@ -82,5 +82,5 @@ class AlgorithmConfig:
         if problems:
             raise ValueError("invalid algorithm config: " + "; ".join(problems))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,6 @@ def balanced_fragments(numels: Mapping[str, int] | Sequence[tuple[str, int]], nu
     )
 
 
-def plan_for_model(named_parameters: Mapping[str, object], num_fragments: int) -> FragmentPlan:
+def plan_for_model(named_parameters: Mapping[str, torch.Tensor], num_fragments: int) -> FragmentPlan:
     """Plan from a name -> tensor mapping (e.g. dict(model.named_parameters()))."""
     return balanced_fragments([(n, int(t.numel())) for n, t in named_parameters.items()], num_fragments)

@@ -188,7 +188,7 @@ class LearnerCore:
             applied.append(fragment)
         return applied
 
-    def _checked_names(self, update: FragmentUpdate) -> list[str]:
+    def _checked_names(self, update: FragmentUpdate) -> tuple[str, ...]:
         names = self.plan.names[update.fragment]
         if set(update.tensors) != set(names):
             raise ValueError(

@@ -34,12 +34,12 @@ def float_chunks(x: torch.Tensor) -> Iterator[torch.Tensor]:
     of memory and its page faults, and torch's mixed-dtype kernels are several times slower."""
     flat = x.reshape(-1)
     if flat.dtype == torch.float32:
-        yield from flat.split(CHUNK)
+        yield from flat.split(CHUNK)  # type: ignore[no-untyped-call]  # torch defines Tensor.split without annotations
         return
     buf = getattr(_scratch, "buf", None)
     if buf is None:
         buf = _scratch.buf = torch.empty(CHUNK)
-    for part in flat.split(CHUNK):
+    for part in flat.split(CHUNK):  # type: ignore[no-untyped-call]  # torch defines Tensor.split without annotations
         chunk = buf[: part.numel()]
         chunk.copy_(part)
         yield chunk
@@ -100,14 +100,15 @@ class _Sums:
             fresh = acc is None
             if fresh:
                 acc = self.tensors[name] = pool.take(v.shape) if pool is not None else torch.empty(v.shape)
+            assert acc is not None  # made just above when it was missing
             if name in rda:
                 n = norms[name]
                 alpha = w / self.first / n if n > 0 else 0.0
                 self.norm_sums[name] = self.norm_sums.get(name, 0.0) + (w * n if n > 0 else 0.0)
-                for a, b in zip(acc.view(-1).split(CHUNK), float_chunks(v), strict=True):
+                for a, b in zip(acc.view(-1).split(CHUNK), float_chunks(v), strict=True):  # type: ignore[no-untyped-call]  # torch defines Tensor.split without annotations
                     torch.mul(b, alpha, out=a) if fresh else a.add_(b, alpha=alpha)
             else:
-                for a, b in zip(acc.view(-1).split(CHUNK), float_chunks(v), strict=True):
+                for a, b in zip(acc.view(-1).split(CHUNK), float_chunks(v), strict=True):  # type: ignore[no-untyped-call]  # torch defines Tensor.split without annotations
                     a.copy_(b) if fresh else a.lerp_(b, w / total)  # one pass: a + (w / total) (b - a)
         self.weight = total
 

@@ -8,6 +8,9 @@ own, apart from rounds and merges; the files themselves are the drivers' busines
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from .fragments import FragmentPlan
@@ -46,7 +49,7 @@ class SyncState:
             state[OUTER_PREFIX + name] = buf.clone() if copy else buf
         return state
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: parameters, versions, outer optimizer buffers, estimates."""
         return {
             "params": self.global_params(),
@@ -56,7 +59,7 @@ class SyncState:
             "rejections": dict(self.rejections),
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         params = state["params"]
         if set(params) != set(self.params):
             raise ValueError("checkpoint parameters do not match this synchronizer's fragments")

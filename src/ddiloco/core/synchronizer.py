@@ -92,7 +92,7 @@ class SynchronizerCore(ContributionChecks, SyncState):
         self.live.add(learner)
         return [self._update(p, (learner,)) for p in self.owned]
 
-    def leave(self, learner: int, now: float, hold: bool = False) -> list[SyncAction]:
+    def leave(self, learner: int, now: float, hold: bool = False) -> list[SyncAction | MergeDue]:
         """A learner failed or left: it is no longer waited for; rounds may now complete (unless
         `hold`: see `receive`)."""
         self.live.discard(learner)
@@ -112,7 +112,7 @@ class SynchronizerCore(ContributionChecks, SyncState):
     # --- messages -------------------------------------------------------------------------------
     def receive(
         self, message: LearnerMessage, now: float, hold: bool = False, norms: Mapping[str, float] | None = None
-    ) -> list[SyncAction]:
+    ) -> list[SyncAction | MergeDue]:
         """`hold`: the driver has more messages queued behind this one at this instant. A round whose
         quorum and grace are met then waits for them instead of merging, so that with K = 1 (or no
         grace) every contribution already queued when the quorum is reached is admitted, not refused
@@ -129,14 +129,16 @@ class SynchronizerCore(ContributionChecks, SyncState):
             self._holding = False
         return actions if hold else actions + self._advance_all(now)
 
-    def _decline(self, decline: Decline, now: float) -> list[SyncAction]:
+    def _decline(self, decline: Decline, now: float) -> list[SyncAction | MergeDue]:
         current = self.rounds.get(decline.fragment)
         if current is None or current.version != decline.version or decline.learner not in self.live:
             return []
         current.declined.add(decline.learner)
         return self._advance(decline.fragment, now)
 
-    def _contribute(self, c: Contribution, now: float, norms: Mapping[str, float] | None) -> list[SyncAction]:
+    def _contribute(
+        self, c: Contribution, now: float, norms: Mapping[str, float] | None
+    ) -> list[SyncAction | MergeDue]:
         if norms is None or set(norms) != set(c.outer_gradient):
             norms = self.measure(c)
         reason = self._invalid(c, norms)
@@ -185,13 +187,13 @@ class SynchronizerCore(ContributionChecks, SyncState):
         """The tensors of fragment p merged by RDA (the rest, embeddings, by the weighted mean)."""
         return frozenset(self.plan.names[p]) - self.plain_names if self.config.merge == "rda" else frozenset()
 
-    def _reject(self, learner: int, fragment: int | None, reason: str) -> list[SyncAction]:
+    def _reject(self, learner: int, fragment: int | None, reason: str) -> list[SyncAction | MergeDue]:
         kind = reason.split(":")[0]
         self.rejections[kind] = self.rejections.get(kind, 0) + 1
         return [Rejected(learner, fragment, reason)]
 
     # --- rounds ---------------------------------------------------------------------------------
-    def poll(self, now: float, hold: bool = False) -> list[SyncAction]:
+    def poll(self, now: float, hold: bool = False) -> list[SyncAction | MergeDue]:
         """Close rounds whose grace window has ended (none while `hold`: see `receive`)."""
         return [] if hold else self._advance_all(now)
 
@@ -199,8 +201,8 @@ class SynchronizerCore(ContributionChecks, SyncState):
         deadlines = [r.deadline for r in self.rounds.values() if r.deadline is not None]
         return min(deadlines) if deadlines else None
 
-    def _advance_all(self, now: float) -> list[SyncAction]:
-        actions: list[SyncAction] = []
+    def _advance_all(self, now: float) -> list[SyncAction | MergeDue]:
+        actions: list[SyncAction | MergeDue] = []
         for p in sorted(self.rounds):
             actions += self._advance(p, now)
         return actions
@@ -234,7 +236,7 @@ class SynchronizerCore(ContributionChecks, SyncState):
             for p, r in sorted(self.rounds.items())
         ]
 
-    def _advance(self, p: int, now: float) -> list[SyncAction]:
+    def _advance(self, p: int, now: float) -> list[SyncAction | MergeDue]:
         r = self.rounds[p]
         waiting_for = self._waiting_for(r)
         need = self._need(r)
@@ -244,7 +246,7 @@ class SynchronizerCore(ContributionChecks, SyncState):
         due = r.quorum_at is not None and (not waiting_for or (r.deadline is not None and now >= r.deadline))
         return self._merge(p, now) if due and not self._holding else []
 
-    def _merge(self, p: int, now: float) -> list[SyncAction]:
+    def _merge(self, p: int, now: float) -> list[SyncAction | MergeDue]:
         r = self.rounds.pop(p)
         learners = sorted(r.contributions)
         contributions = tuple(r.contributions[m] for m in learners)
@@ -272,7 +274,7 @@ class SynchronizerCore(ContributionChecks, SyncState):
             return [MergeDue(job)]
         return self.finish_merge(job, job.compute(), now)
 
-    def finish_merge(self, job: MergeJob, result: MergeResult, now: float) -> list[SyncAction]:
+    def finish_merge(self, job: MergeJob, result: MergeResult, now: float) -> list[SyncAction | MergeDue]:
         """Apply a computed merge: the outer step in place, the new version, its update to every live
         learner. A refused step (it would make the fragment non-finite) commits nothing, keeps the
         version and resets every contributor to the global value (the round's work is counted lost)."""

@@ -124,7 +124,7 @@ class GoodputConfig:
         return self.overlap_steps * self.step_s
 
     def with_(self, **changes: object) -> GoodputConfig:
-        return replace(self, **changes)
+        return replace(self, **changes)  # type: ignore[arg-type]  # dataclasses.replace checks the names and types
 
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

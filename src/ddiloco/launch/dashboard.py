@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import cast
 from urllib.parse import parse_qs, urlsplit
 
 from .dashboard_page import PAGE
@@ -69,7 +70,7 @@ class Dashboard:
 
     @property
     def url(self) -> str:
-        host, port = self.server.server_address[:2]
+        host, port = cast(tuple[str, int], self.server.server_address[:2])  # an AF_INET address
         return f"http://{host}:{port}/"
 
     def start(self) -> str:

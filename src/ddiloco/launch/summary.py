@@ -25,7 +25,7 @@ from ..records.intervals import union_length
 
 
 def read_shard_events(sync_dirs: list[Path]) -> list[dict]:
-    events = []
+    events: list[dict] = []
     for d in sync_dirs:
         events.extend(read_events(d / "events.jsonl"))
     return sorted(events, key=lambda e: e.get("t", 0.0))

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import grpc
 
@@ -124,7 +125,7 @@ class Supervisor:
     def _start_learner(self, slot: LearnerSlot) -> None:
         d = self.config.learner_dir(slot.id)
         d.mkdir(parents=True, exist_ok=True)
-        addresses = [s.address for s in self.shards]
+        addresses = cast(list[str], [s.address for s in self.shards])  # every shard started before any learner
         cmd = ddiloco_command(*self.config.learner_args(slot.id, addresses))
         slot.child = self.procs.start(f"learner-{slot.id}", cmd, d / "stderr.log", d / "stdout.log")
         slot.state, slot.restart_at, slot.started_at = "running", None, self.elapsed()
@@ -149,10 +150,12 @@ class Supervisor:
         elif event.kind == "sigstop":
             candidates = [s.id for s in self.learners if s.state == "running" and s.id not in self.straggling]
             target = self.injector.pick(candidates)
-            if target is not None and self.learners[target].child.signal(signal.SIGSTOP):
-                self.straggling[target] = self.elapsed() + self.config.chaos.straggle
+            child = self.learners[target].child if target is not None else None
+            seconds = self.config.chaos.straggle  # set wherever sigstop events are scheduled
+            if target is not None and child is not None and seconds is not None and child.signal(signal.SIGSTOP):
+                self.straggling[target] = self.elapsed() + seconds
                 self.learners[target].state = "straggling"
-                self.events.write("chaos_sigstop", learner=target, seconds=self.config.chaos.straggle)
+                self.events.write("chaos_sigstop", learner=target, seconds=seconds)
         elif event.kind == "kill_sync":
             shard = self.shards[event.target]
             if shard.child is not None and shard.child.signal(signal.SIGKILL):
@@ -323,7 +326,7 @@ class Supervisor:
 
     # --- views ----------------------------------------------------------------------------------
     def learner_rows(self) -> list[dict]:
-        status = {}
+        status: dict = {}
         for shard in self.shards:
             for m, info in shard.status.get("learners", {}).items():
                 status.setdefault(int(m), info)

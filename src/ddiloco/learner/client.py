@@ -36,6 +36,7 @@ import queue
 import secrets
 import time
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import torch
 
@@ -229,7 +230,12 @@ class LearnerClient(LeaderSide):
             self.fanout.push(self._names_of(applied))
             self.fanout.pull(self._names_of(due))
             if donate:  # collective: every rank gathers its shards of the inner state, rank 0 uploads
-                peerstate.donate_gathered(self.optimizer, self.params, self.links, self._donate_to)
+                peerstate.donate_gathered(
+                    cast(torch.optim.Optimizer, self.optimizer),  # rank 0 has one, so every rank has (same arguments)
+                    self.params,
+                    self.links,
+                    self._donate_to,
+                )
                 self._donate_to = []
         waited = self._leader_end(due) if self.is_leader else []
         if self.fanout is not None and self._blocking:

@@ -19,6 +19,7 @@ over its own process group (gloo or NCCL). Plans travel as JSON bytes in a uint8
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -26,7 +27,7 @@ import torch.distributed as dist
 try:
     from torch.distributed.tensor import DTensor, distribute_tensor
 except ImportError:  # a torch built without distributed
-    DTensor, distribute_tensor = (), None
+    DTensor, distribute_tensor = (), None  # type: ignore[misc, assignment]  # no DTensor: isinstance is false, never called
 
 
 def active_group_size(group=None) -> int:
@@ -48,7 +49,7 @@ class RankFanout:
         self.params = dict(params)
         self.sharded = {n for n, p in self.params.items() if is_sharded(p)}
         for name in self.sharded:
-            mesh = self.params[name].device_mesh
+            mesh = cast(DTensor, self.params[name]).device_mesh  # a sharded name's parameter is a DTensor
             if mesh.ndim != 1 or mesh.size() != self.world:
                 raise NotImplementedError(
                     f"parameter {name!r} is sharded over a {mesh.ndim}-D mesh of {mesh.size()} ranks; a learner "
@@ -84,7 +85,7 @@ class RankFanout:
             for name in names:
                 p = self.params[name]
                 if name in self.sharded:
-                    self._push_sharded(name, p)
+                    self._push_sharded(name, cast(DTensor, p))
                 elif p.device == self.device:
                     dist.broadcast(p.data, self.src, group=self.group)
                 else:
@@ -92,7 +93,7 @@ class RankFanout:
                     dist.broadcast(tmp, self.src, group=self.group)
                     p.data.copy_(tmp)
 
-    def _push_sharded(self, name: str, p: torch.Tensor) -> None:
+    def _push_sharded(self, name: str, p: DTensor) -> None:
         mesh = p.device_mesh
         if self.is_leader:
             full = self.mirror[name].to(mesh.device_type, p.dtype)
@@ -104,7 +105,7 @@ class RankFanout:
     def scatter(self, name: str, full: torch.Tensor) -> torch.Tensor:
         """Rank 0's full fp32 `full` as a DTensor laid out like sharded parameter `name`: each rank gets
         its own shard (for optimizer state such as AdamW's moments)."""
-        p = self.params[name]
+        p = cast(DTensor, self.params[name])  # `name` is sharded
         mesh = p.device_mesh
         full = (
             full.to(mesh.device_type, torch.float32)
@@ -124,7 +125,7 @@ class RankFanout:
         with torch.no_grad():
             for name in names:
                 if name in self.sharded:
-                    full = self.params[name].detach().full_tensor()
+                    full = cast(DTensor, self.params[name].detach()).full_tensor()
                     if self.is_leader:
                         self.mirror[name].copy_(full)
 

@@ -3,7 +3,7 @@ the learner built itself (`wire.digest`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
@@ -30,7 +30,7 @@ class InitialValues:
         return values
 
 
-def kept(initial: InitialValues | None, names: Sequence[str]) -> dict[str, torch.Tensor]:
+def kept(initial: InitialValues | None, names: Iterable[str]) -> dict[str, torch.Tensor]:
     """The values of a "you hold it" update (`held`), which only a learner that offered them may get."""
     if initial is None:
         raise WireError("told to keep initial values it did not offer")

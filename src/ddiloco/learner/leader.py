@@ -9,30 +9,63 @@ from __future__ import annotations
 
 import queue
 import time
+from typing import TYPE_CHECKING, cast
 
 from ..core import Contribution, Decline
 from . import peerstate
 from .joining import resync
 from .link import SynchronizerError
 
+if TYPE_CHECKING:
+    import torch
+
+    from ..core import LearnerCore
+    from ..wire.timeouts import Timeouts
+    from .fanout import RankFanout
+    from .link import LinkContext, ShardLink
+
 
 class LeaderSide:
     """Mixed into `LearnerClient`, whose `__init__` and `start` make the core, links and state these use."""
+
+    learner: int
+    params: dict[str, torch.Tensor]
+    optimizer: torch.optim.Optimizer | None
+    timeouts: Timeouts
+    ctx: LinkContext
+    inbound: queue.Queue
+    fanout: RankFanout | None
+    links: list[ShardLink]
+    owner: dict[int, int]
+    core: LearnerCore | None  # made by `start`, before any step boundary
+    donations: list[str]
+    _donate_to: list[tuple[int, str]]
+    _force: dict[int, int]
+    _blocking: bool
+    _span_start: list[float]
+    _stop: bool
+    _progress: float
+    _fatal: str | None
+    tokens: int
+    position: int
+    counted_position: int
+    rejected: list[str]
 
     def _leader_begin(self, tokens: int, seconds: float) -> tuple[list[int], list[int]]:
         """Count the step and apply what arrived; returns (applied, due) fragments."""
         if self._fatal:
             raise SynchronizerError(self._fatal)
         self._drain()
-        applied = self.core.begin_step(tokens, seconds)
+        core = cast("LearnerCore", self.core)  # made by `start`
+        applied = core.begin_step(tokens, seconds)
         self._mark_spans(applied)
         self._stop = self.ctx.stop_requested.is_set()
         self._progress = max(self._progress, self.ctx.global_progress)
-        return applied, self.core.due()
+        return applied, core.due()
 
     def _leader_end(self, due: list[int]) -> list[int]:
         """Send the snapshots of `due`; with blocking syncs, wait for them. Returns fragments applied meanwhile."""
-        core = self.core
+        core = cast("LearnerCore", self.core)  # made by `start`
         self._send(core.collect(), due)
         before = list(core.versions)
         while core.must_wait() and not self.ctx.stop_requested.is_set():
@@ -65,7 +98,7 @@ class LeaderSide:
             self._handle(event)
 
     def _handle(self, event: tuple) -> None:
-        core = self.core
+        core = cast("LearnerCore", self.core)  # made by `start`, before the links post anything
         kind = event[0]
         if kind in ("update", "merged"):
             counted = event[-1].get(str(self.learner)) if isinstance(event[-1], dict) else None
@@ -116,7 +149,7 @@ class LeaderSide:
                     {
                         "position": self.position,
                         "tokens_total": self.tokens,
-                        "final": self.core.stopped,
+                        "final": cast("LearnerCore", self.core).stopped,
                         "span_start": self._span_start[m.fragment],
                         "snapshot_wall": time.time(),
                     },

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import grpc
 
@@ -98,6 +99,9 @@ class LinkContext:
 
 
 class ShardLink(Outbound):
+    ctx: LinkContext  # all of it (`Outbound` declares only what it uses)
+    stats: LinkStats
+
     def __init__(self, index: int, spec: str, ctx: LinkContext, timeouts: Timeouts) -> None:
         """`spec`: host:port, or @FILE, an address file read again whenever the shard stops answering."""
         self.index = index
@@ -114,18 +118,21 @@ class ShardLink(Outbound):
         self._session_cond = threading.Condition()
         self._pushq: queue.Queue = queue.Queue()
         self._ctrlq: queue.Queue = queue.Queue()
-        self._stream = None
+        self._stream: grpc._CallIterator[bytes] | None = None  # the Subscribe stream while it is open
         self._threads: list[threading.Thread] = []
         self.chunk_bytes = framing.DEFAULT_CHUNK_BYTES
         self._last_register_log = 0.0
 
     def _open(self, address: str) -> tuple[rpc.Stubs, rpc.Stubs]:
         backoff = (self.timeouts.backoff_min, self.timeouts.backoff_max)
-        return tuple(
-            rpc.Stubs(
-                rpc.open_channel(address, kind, self.ctx.max_frame, self.ctx.credentials, backoff), self.ctx.token
-            )
-            for kind in ("control", "bulk")
+        return cast(
+            "tuple[rpc.Stubs, rpc.Stubs]",  # one for each of the two kinds
+            tuple(
+                rpc.Stubs(
+                    rpc.open_channel(address, kind, self.ctx.max_frame, self.ctx.credentials, backoff), self.ctx.token
+                )
+                for kind in ("control", "bulk")
+            ),
         )
 
     def _follow_address(self) -> None:

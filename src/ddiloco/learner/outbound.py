@@ -12,12 +12,46 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from typing import TYPE_CHECKING
 
 import grpc
 
 from ..core import Contribution, Decline
 from ..wire import framing
 from . import staging
+
+if TYPE_CHECKING:
+    import threading
+    from typing import Protocol
+
+    from ..wire import rpc
+    from ..wire.timeouts import Timeouts
+    from .uplink import Uplink
+    from .wan import WanLink
+
+    class SendContext(Protocol):
+        """What the sending side uses of `link.LinkContext` (`link` imports this module: no import back)."""
+
+        codec: str
+        inbound: queue.Queue[tuple]
+        wan: WanLink
+        closing: threading.Event
+        stop_requested: threading.Event
+        global_progress: float
+
+        def progress(self) -> dict: ...
+        def delay(self) -> None: ...
+
+    class SendStats(Protocol):
+        """What the sending side counts in `link.LinkStats`."""
+
+        pushed: int
+        accepted: int
+        rejected: int
+        lost_in_transit: int
+        bytes_pushed: int
+        last_rejection: str
+
 
 log = logging.getLogger("ddiloco.learner.link")  # the link's own logger, as before this module split off
 PERMANENT = (
@@ -31,6 +65,24 @@ PERMANENT = (
 
 class Outbound:
     """Mixed into `ShardLink`, whose `__init__` makes the queues, channels and session these use."""
+
+    index: int
+    address: str
+    ctx: SendContext
+    timeouts: Timeouts
+    stats: SendStats
+    control: rpc.Stubs
+    bulk: rpc.Stubs
+    uplink: Uplink
+    chunk_bytes: int
+    _session: str | None
+    _pushq: queue.Queue
+    _ctrlq: queue.Queue
+
+    if TYPE_CHECKING:  # the session methods of `ShardLink`
+
+        def invalidate(self, sid: str | None) -> None: ...
+        def _wait_session(self, timeout: float) -> str | None: ...
 
     def push(self, contribution: Contribution, extra: dict) -> None:
         self._pushq.put((contribution, extra))

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import grpc
 import torch
@@ -25,6 +26,9 @@ import torch
 from ..wire import framing, reassembly
 from ..wire.protocol import state_checksum
 from .fanout import is_sharded
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 3
@@ -47,7 +51,7 @@ def snapshot(
         for key in sorted(state):
             value = state[key]
             if torch.is_tensor(value) and value.shape == p.shape and key != "step":
-                full = value.detach().full_tensor() if is_sharded(value) else value.detach()
+                full = cast("DTensor", value.detach()).full_tensor() if is_sharded(value) else value.detach()
                 tensors[f"{name}/{key}"] = full.to("cpu", torch.float32, copy=True)
             elif (
                 torch.is_tensor(value)
@@ -224,7 +228,8 @@ def share_state(
     for full in layout["tensors"]:
         name = full.rpartition("/")[0]
         shape = params[name].shape
-        value = given.tensors[full] if fanout.is_leader else torch.empty(shape, dtype=torch.float32)
+        # rank 0 shared a layout, so it was given one
+        value = cast(Recovered, given).tensors[full] if fanout.is_leader else torch.empty(shape, dtype=torch.float32)
         if name in fanout.sharded:
             received[full] = fanout.scatter(name, value)
         else:

@@ -109,6 +109,7 @@ def train(settings: LearnerSettings) -> dict:
     rank, world = _init_distributed(device)
     task = make_task(settings.model, settings.data, seq_len=settings.seq_len, model_size=settings.model_size)
     model = task.build_model(settings.seed).to(device)
+    trained: torch.nn.Module  # what the steps run: the model, or its DistributedDataParallel wrapper
     if world > 1:
         trained = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None

@@ -120,7 +120,7 @@ class RunDir:
     def events_path(self) -> Path:
         return self.path / EVENTS
 
-    def write_config(self, command: str, settings: dict, clock_origin: float) -> None:
+    def write_config(self, command: str, settings: object, clock_origin: float) -> None:
         atomic_write_json(
             self.path / CONFIG,
             {

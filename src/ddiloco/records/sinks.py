@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol, cast
 
 
 class Sink(Protocol):
@@ -73,7 +73,12 @@ class WandbSink:
             raise ValueError(f"--wandb directory {directory}: cannot create it ({exc.strerror})") from None
         try:
             self._run = wandb.init(
-                mode=mode, dir=str(directory), project=project, name=name, config=config or {}, reinit="create_new"
+                mode=cast(Literal["online", "offline"], mode),
+                dir=str(directory),
+                project=project,
+                name=name,
+                config=config or {},
+                reinit="create_new",
             )
         except Exception as exc:  # noqa: BLE001 - wandb raises its own kinds; the user gets one clear line
             raise ValueError(f"--wandb: wandb could not start a run ({str(exc)[:300]})") from None

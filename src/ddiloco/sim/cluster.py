@@ -12,7 +12,6 @@ import copy
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -33,28 +32,11 @@ from ..train.tasks import Task
 from ..wire import quant
 from .config import SimConfig
 from .events import EventQueue
+from .learner import SimLearner
 from .ledger import WorkLedger
 
 Progress = Callable[[float, dict], None]
 Observer = Callable[[str, float, dict], None]
-
-
-@dataclass
-class SimLearner:
-    """One learner process in the simulation; `incarnation` changes each time it fails."""
-
-    id: int
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    stream: object
-    sample_step_time: Callable[[], float]
-    incarnation: int = 0
-    state: str = "down"  # down | joining | stepping | waiting | stopped
-    core: LearnerCore | None = None
-    joining: dict[int, FragmentUpdate] = field(default_factory=dict)
-    step_started: float = 0.0
-    step_duration: float = 0.0
-    inner_steps: int = 0
 
 
 class DecoupledCluster:
@@ -110,7 +92,7 @@ class DecoupledCluster:
             self.queue.push(outage.down_at, ("down", outage.learner))
             if outage.up_at != float("inf"):
                 self.queue.push(outage.up_at, ("up", outage.learner))
-        handlers = {
+        handlers: dict[str, Callable[..., None]] = {
             "up": self._on_up,
             "down": self._on_down,
             "step_done": self._on_step_done,
@@ -207,8 +189,8 @@ class DecoupledCluster:
         learner.inner_steps += 1
         index = self.ledger.step(m, learner.incarnation, learner.step_started, now, batch.tokens)
         self.tokens_trained += batch.tokens
-        messages = learner.core.after_step(batch.tokens, learner.step_duration)
-        assert index == learner.core.step
+        messages = learner.live_core.after_step(batch.tokens, learner.step_duration)
+        assert index == learner.live_core.step
         self._send(learner, messages, now, after_step=True)
         if self.progress is not None:
             self.progress(
@@ -217,7 +199,7 @@ class DecoupledCluster:
             )
         if self.tokens_trained >= self.config.tokens:
             self._drain(now)
-        elif learner.core.must_wait():
+        elif learner.live_core.must_wait():
             learner.state = "waiting"
         else:
             self._start_step(learner, now)
@@ -229,7 +211,7 @@ class DecoupledCluster:
         for learner in self.learners:
             if learner.state in ("stepping", "waiting"):
                 learner.state = "stopped"
-                self._send(learner, learner.core.flush(), now)
+                self._send(learner, learner.live_core.flush(), now)
             elif learner.state == "joining":
                 learner.state = "stopped-joining"
 

@@ -8,6 +8,7 @@ recording never changes the run it records.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -29,7 +30,7 @@ class SimRecorder:
     ) -> None:
         self.metrics, self.task, self.total = metrics, task, max(1, total_tokens)
         self.points, self.eval_batches, self.forward = max(1, points), eval_batches, forward
-        self.driver = None  # set once the driver exists: it evaluates driver.global_model()
+        self.driver: Any = None  # set once the driver exists: it evaluates driver.global_model()
         self._next = 1
         self._losses: list[float] = []
         self._last_tokens = -1.0

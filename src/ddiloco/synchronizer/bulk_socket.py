@@ -17,6 +17,7 @@ import ssl
 import threading
 import time
 from collections import Counter
+from typing import NoReturn, cast
 
 import grpc
 
@@ -44,7 +45,7 @@ class SocketContext:
     def __init__(self, conn: socket.socket) -> None:
         self.conn = conn
 
-    def abort(self, code: grpc.StatusCode, details: str) -> None:
+    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
         raise Abort(code, details)
 
     def cancel(self) -> None:
@@ -118,7 +119,9 @@ class BulkSocketServer:
                 hello = wire_sockets.recv_small(conn, hello_deadline)
             finally:
                 self._greeting.release()
-            method = hello.get("method") if hello.get("method") in wire_sockets.BULK_METHODS else "bulk socket"
+            method = (
+                cast(str, hello.get("method")) if hello.get("method") in wire_sockets.BULK_METHODS else "bulk socket"
+            )
             if self.token is not None and not auth.token_matches(self.token, _text(hello.get("token"))):
                 reason = "missing auth token" if hello.get("token") is None else "wrong auth token"
                 self.service.refuse_rpc(method, reason)

@@ -168,7 +168,7 @@ class CheckpointStore:
             metadata = {"fragment": str(p), "version": str(snap.versions[p])}
             atomic_save(
                 self.frag_dir / name,
-                lambda tmp, tensors=tensors, metadata=metadata: save_file(tensors, str(tmp), metadata),
+                lambda tmp, tensors=tensors, metadata=metadata: save_file(tensors, str(tmp), metadata),  # type: ignore[misc]  # mypy cannot type a lambda with defaults (python/mypy#15459)
             )
             self._on_disk.add(name)
         atomic_write_json(self.manifest_path, snap.manifest)

@@ -82,6 +82,9 @@ class ActionDispatcher:
 
     def _update(self, a: FragmentUpdate) -> None:
         merged, self._last_merged = self._last_merged, {}  # whose work made this version: told with it only
+        built: list[Session]
+        leaving: list[Session]
+        others: list[Session]
         built, leaving, others = [], [], []  # built this initial value themselves; merged final work; the rest
         for s in (self.sessions.by_learner.get(m) for m in a.learners):
             if s is None:
@@ -93,7 +96,7 @@ class ActionDispatcher:
         if leaving:  # told that their final work went in, without the values a leaving learner would not use
             notice = framing.message({"kind": "merged", "fragment": a.fragment, "version": a.version, "merged": merged})
             for s in leaving:
-                self._deliver(a.fragment, a.version, lambda s=s: s.outbox.put_control(notice))
+                self._deliver(a.fragment, a.version, lambda s=s: s.outbox.put_control(notice))  # type: ignore[misc]  # mypy cannot type a lambda with defaults (python/mypy#15459)
         for s in built:
             s.holds.discard(a.fragment)
             self.send_update(
@@ -108,7 +111,7 @@ class ActionDispatcher:
                 self.send_update(s, a.fragment, a.version, frames)
         due = self._due.pop((a.fragment, a.version), None)
         if due is not None:  # after the sends: the round's time until its update is queued
-            merged = time.perf_counter() - due
+            merged_seconds = time.perf_counter() - due
             self._deliver(
                 a.fragment,
                 a.version,
@@ -116,7 +119,7 @@ class ActionDispatcher:
                     "sent",
                     fragment=a.fragment,
                     version=a.version,
-                    merged_seconds=merged,
+                    merged_seconds=merged_seconds,
                     round_seconds=time.perf_counter() - due,
                 ),
             )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Protocol, cast
 
 import grpc
 
@@ -84,7 +84,7 @@ class DonationRpc:
                     raise framing.WireError("a donation is exactly one message")
                 if ticket is None:  # the first frame names the ticket: the upload is under way
                     frame, _ = framing.unpack_frame(data)
-                    first = frame.get("head") if isinstance(frame.get("head"), dict) else {}
+                    first = cast(dict, frame.get("head")) if isinstance(frame.get("head"), dict) else {}
                     session = service.session(first.get("session"))
                     if session is None:
                         raise ValueError("unknown session: register again")
@@ -105,7 +105,7 @@ class DonationRpc:
             checksum = state_checksum(tensors, scalars)
             if checksum != head.get("checksum"):
                 raise ValueError("the donated state does not match its checksum")
-            self.desk.complete(ticket, tensors, scalars, checksum)
+            self.desk.complete(cast(str, ticket), tensors, scalars, checksum)  # `begin` took it: a str
             log.info("learner %d donated its inner state (%d tensors)", session.learner, len(tensors))
             return framing.message({"ok": True})
         except (framing.WireError, ValueError) as exc:

@@ -14,6 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
+from typing import NoReturn, Protocol, cast
 
 import grpc
 import torch
@@ -26,12 +27,18 @@ from .donation_rpc import DonationRpc
 from .ledger import PendingWork
 from .service import SynchronizerService
 from .settings import Refused
-from .streams import Stream, StreamGuard
+from .streams import Cancellable, Stream, StreamGuard
 
 log = logging.getLogger(__name__)
 
 # What malformed client input can raise while it is taken apart; anything else is our bug.
 CLIENT_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError)
+
+
+class HandlerContext(Cancellable, Protocol):
+    """What the handlers shared by both bulk planes use of a context: gRPC's, or `bulk_socket.SocketContext`."""
+
+    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn: ...
 
 
 class Handlers:
@@ -82,7 +89,7 @@ class Handlers:
         return run
 
     # --- helpers --------------------------------------------------------------------------------
-    def _abort(self, context: grpc.ServicerContext, method: str, code: str, reason: str) -> None:
+    def _abort(self, context: HandlerContext, method: str, code: str, reason: str) -> NoReturn:
         self.service.refuse_rpc(method, reason)
         context.abort(getattr(grpc.StatusCode, code), reason)
 
@@ -158,7 +165,7 @@ class Handlers:
             self.streams.close(key)
             service.bulk_slots.release()
 
-    def open_push(self, context: grpc.ServicerContext) -> tuple[int, Stream]:
+    def open_push(self, context: HandlerContext) -> tuple[int, Stream]:
         """A push's entry in the stream guard (either plane)."""
         return self.streams.open("Push", context, self._bulk_deadline(self.service.settings.max_message_bytes))
 
@@ -192,7 +199,7 @@ class Handlers:
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, stream.cancelled or "push cancelled")
         return self.contribution_reply(msg, context)
 
-    def contribution_reply(self, msg: reassembly.Message, context: grpc.ServicerContext) -> bytes:
+    def contribution_reply(self, msg: reassembly.Message, context: HandlerContext) -> bytes:
         """A complete pushed message taken in (any plane): the reply to send."""
         service = self.service
         head = msg.head
@@ -254,11 +261,11 @@ class Handlers:
         )
         return framing.message(service.contribute(session, contribution, work, tokens_total))
 
-    def first_frame(self, frame: dict, key: int, stream: Stream, context: grpc.ServicerContext) -> bytes | None:
+    def first_frame(self, frame: dict, key: int, stream: Stream, context: HandlerContext) -> bytes | None:
         """Look at a push's first frame header: a reply to send at once (unknown session), or None to go
         on. An unknown session is answered before the payload is read, and a known one may only have
         `MAX_PUSHES_PER_SESSION` pushes in flight."""
-        head = frame.get("head") if isinstance(frame.get("head"), dict) else {}
+        head = cast(dict, frame.get("head")) if isinstance(frame.get("head"), dict) else {}
         session = self.service.session(head.get("session"))
         if session is None:
             fragment = head.get("fragment") if isinstance(head.get("fragment"), int) else None
@@ -304,7 +311,7 @@ class Handlers:
         for parts in self.fetch_frames(context):
             yield b"".join(parts)
 
-    def fetch_frames(self, context: grpc.ServicerContext) -> Iterator[list]:
+    def fetch_frames(self, context: HandlerContext) -> Iterator[list]:
         """The global model a fragment at a time, as frame parts (`framing.iter_frame_parts`). Each
         fragment is copied under the lock into working space faulted in beforehand, then framed from
         it outside the lock: framing under the lock held it for as long as a fragment's frames took

@@ -18,6 +18,7 @@ would have counted twice for the same fragment; it must stay 0.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from ..core import FragmentPlan, Merged
@@ -114,7 +115,7 @@ class MergeLedger:
             self.contributions += 1
             self.tokens_merged += w.tokens * share
             self.useful_seconds += w.seconds * share
-            record = {
+            record: dict[str, object] = {
                 "learner": w.learner,
                 "steps": w.steps,
                 "tokens": w.tokens,
@@ -201,7 +202,7 @@ class MergeLedger:
 _MAX = 2**53
 
 
-def _check(where: str, *counts: object, floats: object = ()) -> None:
+def _check(where: str, *counts: object, floats: Iterable[object] = ()) -> None:
     for c in counts:
         if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= _MAX:
             raise ValueError(f"{where}: count {str(c)[:40]} is not an integer in [0, 2**53]")

@@ -156,7 +156,7 @@ class Membership:
                     self.book_tokens(s)
                 finally:
                     self.lock.release()
-        reply = {"ok": True, "stopping": self.stopping, "progress": self.progress()}
+        reply: dict[str, object] = {"ok": True, "stopping": self.stopping, "progress": self.progress()}
         ticket = self.donations.due_for(s.id)
         if ticket is not None:
             reply["donate"] = ticket

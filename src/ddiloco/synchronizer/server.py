@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -20,6 +21,9 @@ from .checkpoint import CheckpointStore
 from .handlers import Handlers
 from .service import SynchronizerService
 from .settings import ServiceSettings
+
+if TYPE_CHECKING:
+    import grpc
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +96,7 @@ class SynchronizerServer:
         self.server = rpc.make_server(
             self.handlers.table(),
             max_frame=settings.chunk_bytes + rpc.FRAME_MARGIN,
-            workers=settings.workers,
+            workers=cast(int, settings.workers),  # `ServiceSettings` sets it when not given
             interceptors=interceptors,
         )
         self.address: str | None = None
@@ -101,7 +105,8 @@ class SynchronizerServer:
         target = f"{self.host}:{self.port}"
         try:
             if self.credentials is not None:
-                bound = self.server.add_secure_port(target, self.credentials)
+                # gRPC's part of the server credentials given (`auth.grpc_part` types it as any object)
+                bound = self.server.add_secure_port(target, cast("grpc.ServerCredentials", self.credentials))
             else:
                 bound = self.server.add_insecure_port(target)
         except RuntimeError as exc:

@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from collections import deque
+from typing import cast
 
 from ..core import Contribution, Decline, Rejected, SynchronizerCore
 from ..core.merge_job import MergeJob, MergeResult
@@ -80,7 +81,8 @@ class SynchronizerService(Membership):
         self.stop_mono = 0.0
         self.finished = threading.Event()
         self.closed = False
-        self.bulk_slots = threading.BoundedSemaphore(settings.workers - settings.reserved_control_workers)
+        # `ServiceSettings` sets workers when it is not given
+        self.bulk_slots = threading.BoundedSemaphore(cast(int, settings.workers) - settings.reserved_control_workers)
         self.recent_rejections: deque[str] = deque(maxlen=20)
         self.refused_rpcs = 0
         self._refusal_log = RateLimit(per_second=5.0, burst=20)
@@ -157,6 +159,7 @@ class SynchronizerService(Membership):
 
     def _snapshot(self) -> Snapshot:
         # Under write-ahead the fragments cannot change while they are written: no copies (see `commit`).
+        assert self.store is not None  # only called with a store (`checkpoint`, `commit`)
         return self.store.snapshot(
             self.core, self.identity, self.ledger.state_dict(), copy=self.settings.checkpoint_every != 1
         )

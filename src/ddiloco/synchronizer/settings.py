@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 from ..wire import framing
 from ..wire.timeouts import Timeouts
@@ -40,7 +41,7 @@ class ServiceSettings:
         if self.workers is None:
             # A session holds at most one Subscribe and two pushes: 3 per learner, never all the bulk slots.
             object.__setattr__(self, "workers", 4 * self.max_learners + 16)
-        if self.workers <= self.reserved_control_workers:
+        if cast(int, self.workers) <= self.reserved_control_workers:  # set just above if it was None
             raise ValueError("workers must exceed reserved_control_workers")
         if not 1 <= self.max_learners <= 2**20:
             raise ValueError(f"max_learners must be in [1, {2**20}], got {self.max_learners}")

@@ -23,7 +23,6 @@ class ServiceView(Protocol):
     ledger: MergeLedger
     settings: ServiceSettings
     sessions: SessionTable
-    recent_rejections: Iterable[str]
     refused_rpcs: int
     stopping: bool
     finished: threading.Event
@@ -31,6 +30,8 @@ class ServiceView(Protocol):
     donations: DonationDesk
     traffic: Traffic
 
+    @property
+    def recent_rejections(self) -> Iterable[str]: ...
     def progress(self) -> float: ...
 
 

@@ -35,7 +35,7 @@ MAX_PUSHES_PER_SESSION = 2
 
 
 class Cancellable(Protocol):
-    def cancel(self) -> None: ...
+    def cancel(self) -> object: ...  # gRPC's returns a bool, which no one reads
 
 
 @dataclass

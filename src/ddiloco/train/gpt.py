@@ -134,8 +134,9 @@ class GPT(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+                bias = getattr(module, "bias", None)
+                if bias is not None:
+                    nn.init.zeros_(bias)
         resid_std = 0.02 / math.sqrt(2 * self.config.n_layers)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):

@@ -10,6 +10,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,14 +42,14 @@ MODEL_SIZES = ("tiny", "default", "2m", "10m", "50m")
 #: top-2, each half as wide as the dense MLP (same active compute), ~1.4M parameters.
 #: "2m", "10m" and "50m" are named by their dense parameter count (byte vocab, seq_len 128), for
 #: the scaling sweep and the overhead benchmark; the vision model has only "tiny" and "default".
-LM_PRESETS: dict[str, dict] = {
+LM_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(d_model=32, n_layers=2, n_heads=2, mlp_ratio=4.0),
     "default": dict(d_model=128, n_layers=4, n_heads=4, mlp_ratio=4.0),
     "2m": dict(d_model=192, n_layers=4, n_heads=4, mlp_ratio=4.0),
     "10m": dict(d_model=384, n_layers=6, n_heads=6, mlp_ratio=4.0),
     "50m": dict(d_model=640, n_layers=10, n_heads=10, mlp_ratio=4.0),
 }
-MOE_PRESET = dict(num_experts=4, top_k=2, expert_mlp_ratio=2.0, aux_loss_coef=0.01)
+MOE_PRESET: dict[str, Any] = dict(num_experts=4, top_k=2, expert_mlp_ratio=2.0, aux_loss_coef=0.01)
 VISION_WIDTHS = {"tiny": 16, "default": 32}
 
 

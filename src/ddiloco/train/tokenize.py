@@ -9,9 +9,12 @@ validation text never leaks into the vocabulary.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import tokenizers
 
 #: Texts are encoded in chunks of about this many characters, cut at line ends, so the
 #: Rust tokenizer can work on them in parallel.
@@ -70,7 +73,7 @@ class BPETokenizer:
 
     name = "bpe"
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer) -> None:  # noqa: F821
+    def __init__(self, tokenizer: tokenizers.Tokenizer) -> None:
         self._tok = tokenizer
 
     @classmethod

@@ -33,7 +33,7 @@ class ImageData:
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
-        return tuple(self.x_train.shape[1:])  # type: ignore[return-value]
+        return tuple(self.x_train.shape[1:])
 
 
 @lru_cache(maxsize=4)

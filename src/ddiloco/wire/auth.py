@@ -17,6 +17,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn, cast
 
 import grpc
 
@@ -65,15 +66,20 @@ class TokenInterceptor(grpc.ServerInterceptor):
         self.token = token
         self.on_reject = on_reject or (lambda method, reason: None)
 
-        def deny(request, context):  # noqa: ANN001 - grpc handler signature
+        def deny(request: object, context: grpc.ServicerContext) -> NoReturn:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing auth token (x-ddiloco-token)")
 
-        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
-        self._deny_stream_in = grpc.stream_unary_rpc_method_handler(deny)
-        self._deny_stream_out = grpc.unary_stream_rpc_method_handler(deny)
+        self._deny_unary: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(deny)
+        self._deny_stream_in: grpc.RpcMethodHandler[bytes, bytes] = grpc.stream_unary_rpc_method_handler(deny)
+        self._deny_stream_out: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_stream_rpc_method_handler(deny)
 
-    def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001
-        given = dict(handler_call_details.invocation_metadata or ()).get(TOKEN_METADATA)
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        # a metadata value is str unless its key ends in "-bin"
+        given = cast("str | None", dict(handler_call_details.invocation_metadata or ()).get(TOKEN_METADATA))
         if token_matches(self.token, given):
             return continuation(handler_call_details)
         reason = "missing auth token" if given is None else "wrong auth token"

@@ -14,8 +14,12 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import deque
+from typing import TYPE_CHECKING, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 MIN_POOLED_BYTES = 1 << 20  # smaller messages come and go through the allocator's own free lists
 
@@ -23,7 +27,8 @@ MIN_POOLED_BYTES = 1 << 20  # smaller messages come and go through the allocator
 def new_buffer(nbytes: int) -> memoryview:
     """A writable, uninitialised buffer: address space until written (`torch.empty` maps pages
     lazily); RuntimeError or MemoryError if the system cannot even reserve it."""
-    return memoryview(torch.empty(nbytes, dtype=torch.uint8).numpy()).cast("B")
+    # cast: numpy's stubs type ndarray's buffer protocol (__buffer__) for Python >= 3.12 only
+    return memoryview(cast("Buffer", torch.empty(nbytes, dtype=torch.uint8).numpy())).cast("B")
 
 
 class BufferPool:
@@ -59,7 +64,8 @@ class BufferPool:
             self.allocated += 1
         array = base.numpy()  # a new array per loan: every view of this loan refers to it
         weakref.finalize(array, self._give_back, base).atexit = False
-        return memoryview(array).cast("B")
+        # cast: numpy's stubs type ndarray's buffer protocol (__buffer__) for Python >= 3.12 only
+        return memoryview(cast("Buffer", array)).cast("B")
 
     def _give_back(self, base: torch.Tensor) -> None:
         n = base.numel()

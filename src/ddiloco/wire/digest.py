@@ -14,8 +14,12 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 DIGEST_CHARS = 32  # hex characters: 16 bytes of BLAKE2b
 _HEX = re.compile(f"[0-9a-f]{{{DIGEST_CHARS}}}")
@@ -26,7 +30,8 @@ def value_digest(t: torch.Tensor) -> str:
     value = t.detach().to("cpu", torch.float32).contiguous()
     h = hashlib.blake2b(digest_size=DIGEST_CHARS // 2)
     h.update(repr(tuple(value.shape)).encode())
-    h.update(value.reshape(-1).numpy())  # the buffer itself: no copy
+    # the buffer itself: no copy (cast: numpy's stubs type ndarray's buffer protocol for Python >= 3.12 only)
+    h.update(cast("Buffer", value.reshape(-1).numpy()))
     return h.hexdigest()
 
 

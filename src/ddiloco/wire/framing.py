@@ -20,10 +20,14 @@ import json
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from . import quant
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 MAGIC = b"DDL"
 PROTOCOL_VERSION = 1
@@ -38,7 +42,7 @@ class WireError(ValueError):
     """A frame or message that does not follow the wire format; the reason says what is wrong."""
 
 
-def frame_start(header: Mapping) -> bytes:
+def frame_start(header: Mapping[str, object]) -> bytes:
     """A frame's prefix and header: the frame is these bytes followed by its body."""
     raw = json.dumps(header, separators=(",", ":")).encode()
     if len(raw) > MAX_HEADER_BYTES:
@@ -46,7 +50,7 @@ def frame_start(header: Mapping) -> bytes:
     return _PREFIX.pack(MAGIC, PROTOCOL_VERSION, len(raw)) + raw
 
 
-def pack_frame(header: Mapping, body: bytes | memoryview = b"") -> bytes:
+def pack_frame(header: Mapping[str, object], body: bytes | memoryview = b"") -> bytes:
     return b"".join((frame_start(header), body))
 
 
@@ -55,7 +59,7 @@ def header_length(prefix: bytes | memoryview) -> int:
     learns from it how much header to read); WireError on a bad magic, version or length."""
     if len(prefix) != _PREFIX.size:
         raise WireError(f"frame prefix of {len(prefix)} bytes, expected {_PREFIX.size}")
-    magic, version, length = _PREFIX.unpack(prefix)
+    magic, version, length = cast("tuple[bytes, int, int]", _PREFIX.unpack(prefix))  # the format is <3sBI
     if magic != MAGIC:
         raise WireError("not a ddiloco frame (bad magic)")
     if version != PROTOCOL_VERSION:
@@ -65,7 +69,7 @@ def header_length(prefix: bytes | memoryview) -> int:
     return length
 
 
-def unpack_frame(data: bytes) -> tuple[dict, memoryview]:
+def unpack_frame(data: bytes) -> tuple[dict[str, Any], memoryview]:
     """(header, body) of one frame; WireError on a bad magic, protocol version, length or JSON."""
     view = memoryview(data)
     if len(view) < _PREFIX.size:
@@ -76,7 +80,7 @@ def unpack_frame(data: bytes) -> tuple[dict, memoryview]:
     return parse_header(view[_PREFIX.size : _PREFIX.size + length]), view[_PREFIX.size + length :]
 
 
-def parse_header(raw: bytes | memoryview) -> dict:
+def parse_header(raw: bytes | memoryview) -> dict[str, Any]:
     """A frame's JSON header (the bytes after its prefix); WireError unless it is a JSON object."""
     try:
         header = json.loads(bytes(raw))
@@ -87,12 +91,12 @@ def parse_header(raw: bytes | memoryview) -> dict:
     return header
 
 
-def message(header: Mapping) -> bytes:
+def message(header: Mapping[str, object]) -> bytes:
     """A small single-frame message (control plane)."""
     return pack_frame({"msg": 0, "part": 0, "parts": 1, "head": dict(header, nbytes=0)})
 
 
-def read_message(data: bytes) -> dict:
+def read_message(data: bytes) -> dict[str, Any]:
     """The header of a single-frame message without payload."""
     frame, body = unpack_frame(data)
     head = frame.get("head")
@@ -112,7 +116,7 @@ class TensorSpec:
     def nbytes(self) -> int:
         return quant.get(self.codec).nbytes(self.shape)
 
-    def to_json(self) -> list:
+    def to_json(self) -> list[object]:
         return [self.name, list(self.shape), self.codec]
 
     @classmethod
@@ -126,7 +130,7 @@ class TensorSpec:
         return cls(item[0], tuple(item[1]), item[2])
 
 
-def encode_tensors(tensors: Mapping[str, torch.Tensor], codec: str) -> tuple[list[TensorSpec], list[bytes]]:
+def encode_tensors(tensors: Mapping[str, torch.Tensor], codec: str) -> tuple[list[TensorSpec], list[memoryview]]:
     """Specs and encoded byte blobs, in the mapping's order."""
     c = quant.get(codec)
     specs, blobs = [], []
@@ -166,7 +170,9 @@ def decode_tensors(
 
 
 # --- chunking -------------------------------------------------------------------------------------
-def frames(head: Mapping, blobs: Iterable[bytes | memoryview], chunk_size: int = DEFAULT_CHUNK_BYTES) -> list[bytes]:
+def frames(
+    head: Mapping[str, object], blobs: Iterable[bytes | memoryview], chunk_size: int = DEFAULT_CHUNK_BYTES
+) -> list[bytes]:
     """A message as frames of at most chunk_size body bytes; head gains "nbytes".
 
     The blobs are cut into chunks where they lie, never joined into one buffer first: each frame is
@@ -194,27 +200,27 @@ def frames(head: Mapping, blobs: Iterable[bytes | memoryview], chunk_size: int =
     return out
 
 
-def _frame(head: Mapping, msg: int, part: int, parts: int, total: int, pieces: list[memoryview]) -> bytes:
+def _frame(head: Mapping[str, object], msg: int, part: int, parts: int, total: int, pieces: list[memoryview]) -> bytes:
     return b"".join(_frame_parts(head, msg, part, parts, total, pieces))
 
 
 def _frame_parts(
-    head: Mapping, msg: int, part: int, parts: int, total: int, pieces: list[memoryview]
+    head: Mapping[str, object], msg: int, part: int, parts: int, total: int, pieces: list[memoryview]
 ) -> list[bytes | memoryview]:
-    header: dict = {"msg": msg, "part": part, "parts": parts}
+    header: dict[str, object] = {"msg": msg, "part": part, "parts": parts}
     if part == 0:
         header["head"] = dict(head, nbytes=total)
     return [frame_start(header), *pieces]
 
 
 def tensor_frames(
-    head: Mapping, tensors: Mapping[str, torch.Tensor], codec: str, chunk_size: int = DEFAULT_CHUNK_BYTES
+    head: Mapping[str, object], tensors: Mapping[str, torch.Tensor], codec: str, chunk_size: int = DEFAULT_CHUNK_BYTES
 ) -> list[bytes]:
     return list(iter_tensor_frames(head, tensors, codec, chunk_size))
 
 
 def iter_tensor_frames(
-    head: Mapping, tensors: Mapping[str, torch.Tensor], codec: str, chunk_size: int = DEFAULT_CHUNK_BYTES
+    head: Mapping[str, object], tensors: Mapping[str, torch.Tensor], codec: str, chunk_size: int = DEFAULT_CHUNK_BYTES
 ) -> Iterator[bytes]:
     """The frames of `tensors`, each made when it is asked for: a sender that streams them overlaps
     the encoding with the transfer and holds a frame, not the message (`tensors` must not change
@@ -223,7 +229,7 @@ def iter_tensor_frames(
 
 
 def iter_frame_parts(
-    head: Mapping, tensors: Mapping[str, torch.Tensor], codec: str, chunk_size: int = DEFAULT_CHUNK_BYTES
+    head: Mapping[str, object], tensors: Mapping[str, torch.Tensor], codec: str, chunk_size: int = DEFAULT_CHUNK_BYTES
 ) -> Iterator[list[bytes | memoryview]]:
     """Each frame as the buffers it is made of, laid end to end (prefix and header, then body pieces),
     for a sender that writes them out without joining them (`sockets`). Body pieces may be the
@@ -263,11 +269,12 @@ class Counted:
 
 def _byte_view(t: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, without a copy."""
-    return memoryview((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()).cast("B")
+    # cast: numpy's stubs type ndarray's buffer protocol (__buffer__) for Python >= 3.12 only
+    return memoryview(cast("Buffer", (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy())).cast("B")
 
 
 def _converted_frames(
-    head: Mapping, tensors: Iterable[torch.Tensor], codec: quant.FloatCodec, chunk_size: int
+    head: Mapping[str, object], tensors: Iterable[torch.Tensor], codec: quant.FloatCodec, chunk_size: int
 ) -> Iterator[list[bytes | memoryview]]:
     """The frames of `frames(head, [codec.encode(t) for t in tensors])`, a frame at a time: values in
     another dtype (or on a device) are converted into one chunk-sized scratch buffer; values already

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -35,13 +36,13 @@ def rejection_action(reason: str) -> str:
     return "reset"
 
 
-def signature(shapes: Mapping[str, object]) -> str:
+def signature(shapes: Mapping[str, torch.Tensor | Iterable[int]]) -> str:
     """Digest of the model's parameter names and shapes, independent of their order."""
     items = sorted((name, list(v.shape) if isinstance(v, torch.Tensor) else list(v)) for name, v in shapes.items())
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
 
 
-def plan_to_json(plan: FragmentPlan, shapes: Mapping[str, torch.Tensor]) -> dict:
+def plan_to_json(plan: FragmentPlan, shapes: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     return {
         "names": [list(names) for names in plan.names],
         "sizes": list(plan.sizes),
@@ -49,7 +50,7 @@ def plan_to_json(plan: FragmentPlan, shapes: Mapping[str, torch.Tensor]) -> dict
     }
 
 
-def plan_from_json(d: dict) -> tuple[FragmentPlan, dict[str, tuple[int, ...]]]:
+def plan_from_json(d: Mapping[str, Any]) -> tuple[FragmentPlan, dict[str, tuple[int, ...]]]:
     plan = FragmentPlan(names=tuple(tuple(n) for n in d["names"]), sizes=tuple(int(s) for s in d["sizes"]))
     return plan, {n: tuple(s) for n, s in d["shapes"].items()}
 

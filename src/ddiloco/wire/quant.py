@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -34,7 +38,8 @@ def _to_bytes(t: torch.Tensor) -> memoryview:
     t = t.detach().contiguous().cpu().reshape(-1)  # flat: a shape with a zero cannot be cast to bytes
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
-    return memoryview(t.numpy()).cast("B")
+    # cast: numpy's stubs type ndarray's buffer protocol (__buffer__) for Python >= 3.12 only
+    return memoryview(cast("Buffer", t.numpy())).cast("B")
 
 
 @dataclass(frozen=True)

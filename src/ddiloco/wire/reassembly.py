@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 
@@ -17,7 +18,7 @@ from .framing import TensorSpec, WireError, decode_tensors, unpack_frame
 
 @dataclass
 class Message:
-    head: dict
+    head: dict[str, Any]
     payload: memoryview
 
     def specs(self) -> list[TensorSpec]:
@@ -46,8 +47,8 @@ class Reassembler:
         self.limit = limit
         self.max_open = max_open
         self.pool = pool
-        self._open: dict[object, list] = {}  # msg id -> [head, buffer, bytes filled, next part, parts]
-        self._placed: tuple | None = None
+        self._open: dict[int, list[Any]] = {}  # msg id -> [head, buffer, bytes filled, next part, parts]
+        self._placed: tuple[int, list[Any], int] | None = None  # (msg id, its state, bytes filled)
 
     def feed(self, data: bytes) -> Message | None:
         """Add one frame; returns the message when its last frame arrives."""
@@ -55,7 +56,7 @@ class Reassembler:
         self.place(frame, len(body))[:] = body
         return self.complete()
 
-    def place(self, frame: dict, nbytes: int) -> memoryview:
+    def place(self, frame: Mapping[str, object], nbytes: int) -> memoryview:
         """Where the `nbytes` of body of the frame with header `frame` go, after the checks `feed`
         makes; write them there, then call `complete` (a socket reader receives straight into it)."""
         part, parts, msg = frame.get("part"), frame.get("parts"), frame.get("msg")
@@ -63,6 +64,7 @@ class Reassembler:
             raise WireError(f"bad part numbering {part}/{parts}")
         if not isinstance(msg, int):
             raise WireError("frame lacks a message id")
+        state: list[Any] | None  # [head, buffer, bytes filled, next part, parts]
         if part == 0:
             if msg in self._open:
                 raise WireError(f"message {msg} started twice")
@@ -80,7 +82,8 @@ class Reassembler:
             state = self._open.get(msg)
             if state is None or part != state[3] or parts != state[4]:
                 raise WireError(f"frame {part}/{parts} of message {msg} arrived out of order")
-        buf, filled = state[1], state[2]
+        buf: memoryview = state[1]
+        filled: int = state[2]
         end = filled + nbytes
         if end > len(buf):
             self._open.pop(msg, None)
@@ -90,7 +93,7 @@ class Reassembler:
 
     def complete(self) -> Message | None:
         """The frame `place` answered has been written; returns the message when it was the last."""
-        msg, state, end = self._placed
+        msg, state, end = cast("tuple[int, list[Any], int]", self._placed)  # set by `place`, which comes first
         self._placed = None
         head, buf, _, part, parts = state
         state[2], state[3] = end, part + 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent import futures
+from typing import Any, cast
 
 import grpc
 
@@ -47,10 +48,10 @@ def _message_options(max_frame: int) -> list[tuple[str, int]]:
 
 
 def make_server(
-    handlers: dict[str, Callable],
+    handlers: dict[str, Callable[..., Any]],
     max_frame: int,
     workers: int,
-    interceptors: tuple = (),
+    interceptors: tuple[grpc.ServerInterceptor, ...] = (),
 ) -> grpc.Server:
     """A gRPC server serving `handlers` (method name -> callable) as our generic service."""
     kinds = {
@@ -60,7 +61,9 @@ def make_server(
         "Donate": grpc.stream_unary_rpc_method_handler,
         "Recover": grpc.unary_stream_rpc_method_handler,
     }
-    method_handlers = {name: kinds.get(name, grpc.unary_unary_rpc_method_handler)(fn) for name, fn in handlers.items()}
+    method_handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
+        name: kinds.get(name, grpc.unary_unary_rpc_method_handler)(fn) for name, fn in handlers.items()
+    }
     options = _message_options(max_frame) + [
         ("grpc.so_reuseport", 0),  # a second synchronizer on the same port must fail, not share it
         ("grpc.keepalive_time_ms", 10_000),
@@ -99,7 +102,8 @@ def open_channel(
     if credentials is not None:
         from .auth import grpc_part
 
-        return grpc.secure_channel(address, grpc_part(credentials), options=options)
+        # cast: a client is given channel credentials (see `credentials`), never a server's
+        return grpc.secure_channel(address, cast(grpc.ChannelCredentials, grpc_part(credentials)), options=options)
     return grpc.insecure_channel(address, options=options)
 
 
@@ -111,12 +115,14 @@ class Stubs:
 
         self.metadata = ((TOKEN_METADATA, token),) if token else ()
         self._channel = channel
-        self.unary = {m: channel.unary_unary(path(m)) for m in CONTROL_METHODS}
-        self.push = channel.stream_unary(path("Push"))
-        self.subscribe = channel.unary_stream(path("Subscribe"))
-        self.fetch = channel.unary_stream(path("Fetch"))
-        self.donate = channel.stream_unary(path("Donate"))
-        self.recover = channel.unary_stream(path("Recover"))
+        self.unary: dict[str, grpc.UnaryUnaryMultiCallable[bytes, bytes]] = {
+            m: channel.unary_unary(path(m)) for m in CONTROL_METHODS
+        }
+        self.push: grpc.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary(path("Push"))
+        self.subscribe: grpc.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(path("Subscribe"))
+        self.fetch: grpc.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(path("Fetch"))
+        self.donate: grpc.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary(path("Donate"))
+        self.recover: grpc.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(path("Recover"))
 
     def call(self, method: str, request: bytes, timeout: float) -> bytes:
         return self.unary[method](request, timeout=timeout, metadata=self.metadata)

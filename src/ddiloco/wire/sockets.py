@@ -21,7 +21,8 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import grpc
 
@@ -100,7 +101,7 @@ def recv_into(sock: socket.socket, view: memoryview, deadline: Deadline) -> None
         got += k
 
 
-def recv_head(sock: socket.socket, max_frame: int, deadline: Deadline) -> tuple[dict, int, int]:
+def recv_head(sock: socket.socket, max_frame: int, deadline: Deadline) -> tuple[dict[str, Any], int, int]:
     """A frame's header: (header, body bytes still to read, frame bytes). The sizes are checked
     before anything more is read."""
     small = memoryview(bytearray(_LENGTH.size + framing.PREFIX_BYTES))
@@ -117,7 +118,7 @@ def recv_head(sock: socket.socket, max_frame: int, deadline: Deadline) -> tuple[
 
 
 def recv_body(
-    sock: socket.socket, reassembler: reassembly.Reassembler, frame: dict, nbytes: int, deadline: Deadline
+    sock: socket.socket, reassembler: reassembly.Reassembler, frame: dict[str, Any], nbytes: int, deadline: Deadline
 ) -> reassembly.Message | None:
     """A frame's body, straight into its place in the message buffer; the message it completes."""
     recv_into(sock, reassembler.place(frame, nbytes), deadline)
@@ -126,7 +127,7 @@ def recv_body(
 
 def recv_frame(
     sock: socket.socket, max_frame: int, deadline: Deadline, reassembler: reassembly.Reassembler | None = None
-) -> tuple[dict, int, reassembly.Message | None]:
+) -> tuple[dict[str, Any], int, reassembly.Message | None]:
     """One frame: (its header, its size, the message it completes or None). Without a `reassembler`
     it must have no body (a small message)."""
     frame, body, n = recv_head(sock, max_frame, deadline)
@@ -137,7 +138,7 @@ def recv_frame(
     return frame, n, recv_body(sock, reassembler, frame, body, deadline)
 
 
-def recv_small(sock: socket.socket, deadline: Deadline, max_frame: int = MAX_HELLO_BYTES) -> dict:
+def recv_small(sock: socket.socket, deadline: Deadline, max_frame: int = MAX_HELLO_BYTES) -> dict[str, Any]:
     """The head of a single-frame message without payload."""
     frame, _, _ = recv_frame(sock, max_frame, deadline)
     head = frame.get("head")
@@ -146,11 +147,11 @@ def recv_small(sock: socket.socket, deadline: Deadline, max_frame: int = MAX_HEL
     return head
 
 
-def send_small(sock: socket.socket, head: dict, deadline: Deadline) -> None:
+def send_small(sock: socket.socket, head: Mapping[str, object], deadline: Deadline) -> None:
     send_frame(sock, [framing.message(head)], deadline)
 
 
-def raise_if_error(head: dict) -> dict:
+def raise_if_error(head: dict[str, Any]) -> dict[str, Any]:
     if "error" in head:
         code = getattr(grpc.StatusCode, str(head["error"]), None)
         raise SocketRpcError(
@@ -183,7 +184,7 @@ class BulkSocketClient:
 
     def push(
         self, frames: Iterable[list[bytes | memoryview]], timeout: float, pace: Callable[[int], None] | None = None
-    ) -> tuple[dict, int]:
+    ) -> tuple[dict[str, Any], int]:
         """Send one message's frames (`framing.iter_frame_parts`); (the reply's head, bytes sent)."""
         deadline = Deadline(timeout)
         sock = self._connect("Push", deadline)
@@ -237,7 +238,7 @@ def _answered(sock: socket.socket) -> bool:
     return bool(poller.poll(0))
 
 
-def _early_reply(sock: socket.socket) -> dict | None:
+def _early_reply(sock: socket.socket) -> dict[str, Any] | None:
     """The reply a server sent before it stopped reading (an unknown session, a refusal), if any."""
     try:
         return recv_small(sock, Deadline(1.0))

@@ -19,7 +19,9 @@ every learner at registration, so both sides always use the same set.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class Timeouts:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> Timeouts:
+    def from_dict(cls, d: Mapping[str, Any]) -> Timeouts:
         t = cls(**{k: float(v) for k, v in d.items() if k in cls.__dataclass_fields__})
         t.validate()
         return t
