@@ -29,12 +29,12 @@ def measure(h: int, lr: float, tokens: int, data: str) -> dict:
     ratios: list[float] = []
     bound = core_sync.SynchronizerCore._too_large
 
-    def recording(self, c):  # noqa: ANN001, ANN202 - the core's own signature
+    def recording(self, c, norms):  # noqa: ANN001, ANN202 - the core's own signature
         names = self.plan.names[c.fragment]
         grad = math.sqrt(sum(float(c.outer_gradient[n].double().square().sum()) for n in names))
         own = sum(float(self.params[n].double().square().sum()) for n in names)
         ratios.append(grad / math.sqrt(max(own, 1e-2 * self.plan.sizes[c.fragment])))
-        return bound(self, c)
+        return bound(self, c, norms)
 
     core_sync.SynchronizerCore._too_large = recording
     try:

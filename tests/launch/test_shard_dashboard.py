@@ -60,8 +60,12 @@ def test_hand_started_synchronizer_serves_its_dashboard(tmp_path, shakespeare, p
         0.5,
         "both learners running on the dashboard",
     )
+    # Merges and trained tokens reach the shard on their own paths (pushes, heartbeats): wait for both.
     later = wait_for(
-        lambda: (s := state()) and s["version"] > first["version"] and s, 60, 0.5, "the version to advance"
+        lambda: (s := state()) and s["version"] > first["version"] and s["tokens"] > first["tokens"] and s,
+        60,
+        0.5,
+        "the version and the trained tokens to advance",
     )
     assert later["merges"] > first["merges"] and later["tokens"] > first["tokens"]
     wait_for(lambda: state().get("history"), 30, 0.5, "a training-loss point for the curve")
