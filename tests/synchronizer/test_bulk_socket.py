@@ -1,6 +1,7 @@
 """The synchronizer's bulk socket plane (`--bulk-socket`) over real loopback connections: what it takes
 in merges exactly as over gRPC, and everything that guards the gRPC plane guards it too."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -283,3 +284,41 @@ def test_a_fixed_bulk_port_is_taken_again_after_a_restart_but_never_twice_at_onc
         assert again.bulk.port == port
     finally:
         again.stop(grace=0.2)
+
+
+def test_a_refused_push_gives_its_slot_back_while_its_client_trickles_bytes(served):
+    """A push refused for a bad frame is answered at once and its bulk slot freed before the drain:
+    clients that keep trickling bytes after their refusal cannot hold every slot (#32, item 4)."""
+    service, server, _ = served
+    free = service.bulk_slots._value
+    session = service.register(0, "inc0", True)["session"]
+    refused: list[socket.socket] = []
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.wait(0.2):
+            for sock in refused:
+                with contextlib.suppress(OSError):
+                    sock.send(b"x")
+
+    trickler = threading.Thread(target=trickle, daemon=True)
+    try:
+        for _ in range(free):
+            sock = socket.create_connection(("127.0.0.1", server.handlers.bulk_port))
+            refused.append(sock)
+            sockets.send_small(sock, {"method": "Push", "token": "tok"}, sockets.Deadline(10))
+            sock.sendall(b"x" * 64)  # not a frame
+            head = sockets.recv_small(sock, sockets.Deadline(10))
+            assert head["error"] == "INVALID_ARGUMENT", head
+        trickler.start()
+        _wait(lambda: service.bulk_slots._value == free, 10)
+        reply, _ = _client(server).push(
+            framing.iter_frame_parts(_head(session, 0), {"w": torch.zeros(NUMEL), "b": torch.zeros(3)}, "bf16"), 30
+        )
+        assert reply.get("ok"), reply
+    finally:
+        stop.set()
+        if trickler.is_alive():
+            trickler.join(5)
+        for sock in refused:
+            sock.close()

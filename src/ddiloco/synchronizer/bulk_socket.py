@@ -138,7 +138,13 @@ class BulkSocketServer:
                 return
             slot = True
             self.served[method] += 1
-            self._call(conn, method, hello)
+            refusal = self._call(conn, method, hello)
+            if refusal is not None:
+                # Refused: the slot goes back before the drain, which a client trickling bytes could
+                # stretch out for as long as its message is long.
+                slot = False
+                self.service.bulk_slots.release()
+                self._answer(conn, refusal, self.message_drain)
         except framing.WireError as exc:  # a bad hello
             self.service.refuse_rpc(method, f"bad {method} hello: {exc}")
             self._answer(conn, {"error": "INVALID_ARGUMENT", "details": f"bad hello: {exc}"}, self.max_frame)
@@ -153,17 +159,17 @@ class BulkSocketServer:
                 if slot:
                     self.service.bulk_slots.release()
 
-    def _call(self, conn: socket.socket, method: str, hello: dict) -> None:
-        """An authenticated call, holding a bulk slot; refusals are answered with their reason."""
+    def _call(self, conn: socket.socket, method: str, hello: dict) -> dict | None:
+        """An authenticated call, holding a bulk slot. A refusal, or an answer given before the payload
+        was read, is returned for the caller to send once it has given the slot back."""
         context = SocketContext(conn)
         try:
             try:
                 if method == "Push":
                     reply = self._push(conn, context)
-                    if reply is not None:
-                        wire_sockets.send_frame(
-                            conn, [reply], wire_sockets.Deadline(self.service.settings.timeouts.rpc)
-                        )
+                    if isinstance(reply, dict):
+                        return reply
+                    wire_sockets.send_frame(conn, [reply], wire_sockets.Deadline(self.service.settings.timeouts.rpc))
                 elif method == "Fetch":
                     self._fetch(conn, context)
                 else:
@@ -177,7 +183,8 @@ class BulkSocketServer:
                 self.service.refuse_rpc(method, f"bad {method} request: {str(exc)[:200]}")
                 raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad {method} request: {str(exc)[:200]}") from None
         except Abort as abort:
-            self._answer(conn, {"error": abort.code.name, "details": abort.details}, self.message_drain)
+            return {"error": abort.code.name, "details": abort.details}
+        return None
 
     def _answer(self, conn: socket.socket, head: dict, drain: int) -> None:
         """Send a reply while the peer may still be sending, then take and drop up to `drain` bytes
@@ -198,8 +205,9 @@ class BulkSocketServer:
         except (OSError, ValueError):
             pass
 
-    def _push(self, conn: socket.socket, context: SocketContext) -> bytes | None:
-        """The reply to a push, or None when it was answered early (an unknown session)."""
+    def _push(self, conn: socket.socket, context: SocketContext) -> bytes | dict:
+        """The reply frame to a push, or the answer to give before reading its payload (an unknown
+        session) as a message head."""
         handlers, service = self.handlers, self.service
         key, stream = handlers.open_push(context)
         try:
@@ -213,8 +221,7 @@ class BulkSocketServer:
                 if stream.session is None:
                     early = handlers.first_frame(frame, key, stream, context)
                     if early is not None:
-                        self._answer(conn, framing.read_message(early), self.message_drain)
-                        return None
+                        return framing.read_message(early)
                 msg = wire_sockets.recv_body(conn, reassembler, frame, body, deadline)
             return handlers.contribution_reply(msg, context)
         finally:
