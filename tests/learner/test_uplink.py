@@ -102,3 +102,43 @@ def test_the_register_reply_names_the_bulk_port_only_when_served():
             port = client.links[0].info.get("bulk_port")
             assert (port == service.server.bulk.port) if bulk_socket else port is None
     assert rpc.FRAME_MARGIN > 0
+
+
+def test_a_push_the_flooded_bulk_socket_drops_goes_over_grpc_and_the_socket_stays_first_choice(caplog):
+    """Connections that never say who they are fill the bulk socket's greeting places (taken here
+    directly, as 32 silent connections would); the synchronizer then closes every new connection at
+    once. The learner's push goes over gRPC instead, says so, and keeps the socket for the next (#32)."""
+    with mlp_run(width=64, bulk_socket=True) as (service, client, model):
+        link = client.links[0]
+        uplink = Uplink(None, None, 1 << 22, WanLink())  # the run has no token
+        uplink.configure(link.address, link.info)
+        assert uplink.socket is not None
+        head = {
+            "kind": "contribution",
+            "session": link.session,
+            "fragment": 0,
+            "base_version": 0,
+            "steps": 1,
+            "tokens": 1,
+            "seconds": 0.1,
+            "step_time": 0.1,
+            "step": 1,
+            "position": 1,
+        }
+        grads = {n: torch.zeros(service.shapes[n]) for n in service.core.plan.names[0]}
+        greeting = service.server.bulk._greeting
+        taken = 0
+        while greeting.acquire(blocking=False):
+            taken += 1
+        try:
+            received = service.traffic.bytes_received
+            with caplog.at_level("WARNING", logger="ddiloco.learner.uplink"):
+                reply, sent = uplink.push(link.bulk, head, grads, "bf16", framing.DEFAULT_CHUNK_BYTES, 30)
+        finally:
+            for _ in range(taken):
+                greeting.release()
+        assert taken > 0 and uplink.fallbacks == 1
+        assert reply.get("ok") or "reason" in reply  # gRPC answered it
+        assert service.traffic.bytes_received - received >= sent > 0
+        assert uplink.socket is not None  # the socket is tried first again next time
+        assert any("goes over gRPC" in r.getMessage() for r in caplog.records)

@@ -2,7 +2,9 @@
 (`wire.sockets`: each frame sent from the snapshot's memory, no gRPC copies), else as a gRPC Push.
 
 A bulk port that cannot be reached (a firewall that lets only the gRPC port through) is given up
-for gRPC, once, with a warning; the next registration offers it again.
+for gRPC, once, with a warning; the next registration offers it again. A push the bulk socket drops or
+refuses for lack of room (connections that flood it, no free slot) goes over gRPC instead, and the
+socket stays the first choice for the next one: a flood on one plane cannot lock the learner out.
 """
 
 from __future__ import annotations
@@ -10,18 +12,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+import grpc
 import torch
 
+from ..records.ratelimit import RateLimit
 from ..wire import auth, framing, rpc, sockets
 from .wan import WanLink
 
 log = logging.getLogger(__name__)
+
+# A bulk socket push that failed with one of these is sent again over gRPC at once.
+FALLBACK_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class Uplink:
     def __init__(self, token: str | None, credentials: object, max_frame: int, wan: WanLink) -> None:
         self.token, self.credentials, self.max_frame, self.wan = token, credentials, max_frame, wan
         self.socket: sockets.BulkSocketClient | None = None
+        self.fallbacks = 0  # pushes the bulk socket failed and gRPC carried
+        self._fallback_log = RateLimit(per_second=0.2, burst=3)
 
     def configure(self, address: str, reply: Mapping) -> None:
         """From a registration reply: the bulk socket to use, if the synchronizer offers one we can use."""
@@ -54,6 +63,20 @@ class Uplink:
                     exc.details(),
                 )
                 self.socket = None
+            except sockets.SocketRpcError as exc:
+                if exc.code() not in FALLBACK_CODES:
+                    raise
+                self.fallbacks += 1
+                dropped = self._fallback_log.allow()
+                if dropped is not None:
+                    log.warning(
+                        "the bulk socket %s:%d failed a push (%s: %s); this one goes over gRPC%s",
+                        client.host,
+                        client.port,
+                        exc.code().name,
+                        exc.details(),
+                        f" ({dropped} more such lines held back)" if dropped else "",
+                    )
         # made frame by frame as gRPC sends them; then the snapshot's buffers serve the next one
         frames = framing.Counted(framing.iter_tensor_frames(head, tensors, codec, chunk))
         reply = bulk.push(self.wan.paced_up(frames), timeout=timeout, metadata=bulk.metadata)
