@@ -29,6 +29,7 @@ from typing import cast
 import grpc
 
 from ..core import FragmentRequest, FragmentUpdate
+from ..records.supervise import Supervisor, run_supervised
 from ..wire import framing, reassembly, rpc
 from ..wire.buffers import BufferPool
 from ..wire.delta import DELTA_CODECS
@@ -234,11 +235,22 @@ class ShardLink(Outbound):
             self._threads.append(t)
 
     def _guard(self, target: Callable[[], None]) -> Callable[[], None]:
+        """A link thread never dies silently: a loop that raises is logged (its traceback once) and
+        started again after a backoff, until the client closes. The session is dropped first, as a
+        failed push drops it: work the thread held (a push in flight) is then resynced when the link
+        registers again, instead of being waited for forever."""
+        supervisor = Supervisor(f"link {self.address} {target.__name__.strip('_')} thread", log)
+
+        def step() -> bool:
+            target()
+            return False  # the loop returned: the link is closing
+
+        def pause(seconds: float) -> bool:
+            self.invalidate(self._session)
+            return not self.ctx.closing.wait(seconds)
+
         def run() -> None:
-            try:
-                target()
-            except Exception:  # a link thread must never die silently
-                log.exception("link %s thread crashed", self.address)
+            run_supervised(step, pause, supervisor)
 
         return run
 

@@ -5,4 +5,5 @@ runtime), atomic file writes, logging set-up, and interval accounting (so "uptim
     atomic      write-rename-fsync, so a crash leaves the old file or the new one
     logsetup    one line per record on stderr, tagged with the process's role
     intervals   the union of [start, end) intervals
+    supervise   background threads that log a failure (its traceback once) and retry it with backoff
 """

@@ -15,12 +15,12 @@ import logging
 import socket
 import ssl
 import threading
-import time
 from collections import Counter
 from typing import NoReturn, cast
 
 import grpc
 
+from ..records.supervise import Supervisor, run_supervised
 from ..wire import auth, framing, rpc
 from ..wire import sockets as wire_sockets
 from .handlers import CLIENT_ERRORS, Handlers
@@ -89,21 +89,26 @@ class BulkSocketServer:
         self.listener.close()
 
     def _accept_loop(self) -> None:
-        while not self._closing.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except (TimeoutError, BlockingIOError):
-                continue
-            except OSError:
-                if self._closing.is_set():
-                    return
-                log.warning("bulk socket accept failed", exc_info=True)
-                time.sleep(0.1)
-                continue
-            if not self._greeting.acquire(blocking=False):  # too many connections not yet authenticated
-                conn.close()
-                continue
-            threading.Thread(target=self._serve, args=(conn,), name="ddiloco-bulk-conn", daemon=True).start()
+        """Accepts until closed; anything else that goes wrong is logged and retried (`supervise`)."""
+        run_supervised(self._accept_one, lambda s: not self._closing.wait(s), Supervisor("bulk socket accept", log))
+
+    def _accept_one(self) -> bool:
+        """One connection accepted and handed to its thread (or refused); False once closing."""
+        if self._closing.is_set():
+            return False
+        try:
+            conn, _ = self.listener.accept()
+        except (TimeoutError, BlockingIOError):
+            return True
+        except OSError:
+            if self._closing.is_set():
+                return False
+            raise  # the descriptor limit, say: logged by the supervisor, retried after a backoff
+        if not self._greeting.acquire(blocking=False):  # too many connections not yet authenticated
+            conn.close()
+            return True
+        threading.Thread(target=self._serve, args=(conn,), name="ddiloco-bulk-conn", daemon=True).start()
+        return True
 
     def _serve(self, conn: socket.socket) -> None:
         """Hello and token first, holding only a greeting place (`MAX_GREETING`, for at most

@@ -13,7 +13,8 @@ lock every honest learner out. Every bulk stream is therefore tracked here:
             dead stream to time out)
 
 A watchdog thread checks the streams every half heartbeat and cancels the expired ones; gRPC then
-unblocks the handler, whose `finally` gives the slot back.
+unblocks the handler, whose `finally` gives the slot back. A check that raises is logged and retried
+(`records.supervise`): a dead watchdog would let stalled streams keep their slots for good.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..records.supervise import Supervisor, run_supervised
 from ..wire.timeouts import Timeouts
 
 log = logging.getLogger(__name__)
@@ -113,8 +115,15 @@ class StreamGuard:
                 log.debug("cancel of an ended %s stream", stream.method, exc_info=True)
 
     def _watch(self) -> None:
-        while not self._stop.wait(self.timeouts.heartbeat / 2):
-            self.check(time.monotonic())
+        supervisor = Supervisor("stream guard", log)
+        run_supervised(self._watch_once, lambda seconds: not self._stop.wait(seconds), supervisor)
+
+    def _watch_once(self) -> bool:
+        """Wait half a heartbeat and cancel what expired; False once shut down (a failure is retried)."""
+        if self._stop.wait(self.timeouts.heartbeat / 2):
+            return False
+        self.check(time.monotonic())
+        return True
 
     def check(self, now: float) -> list[str]:
         """Cancel the expired streams; returns why, one line each."""
