@@ -42,7 +42,10 @@ def run(
         help="Stop once the learners trained this many tokens (default 400000 unless --duration is given).",
     ),
     duration: float | None = typer.Option(
-        None, min=options.DURATION_MIN, max=options.DURATION_MAX, help="Stop after this many seconds."
+        None,
+        min=options.DURATION_MIN,
+        max=options.DURATION_MAX,
+        help="Stop this many seconds after the start (a restarted synchronizer keeps it).",
     ),
     seed: int = typer.Option(0, help="Seed of the model, the data order and the chaos schedule."),
     sync_shards: int = typer.Option(1, min=1, help="Synchronizer shard processes (fragments spread round-robin)."),

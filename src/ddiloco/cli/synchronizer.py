@@ -100,7 +100,10 @@ def synchronizer(
         help="Stop the run once the learners trained this many tokens.",
     ),
     duration: float | None = typer.Option(
-        None, min=options.DURATION_MIN, max=options.DURATION_MAX, help="Stop the run after this many seconds."
+        None,
+        min=options.DURATION_MIN,
+        max=options.DURATION_MAX,
+        help="Stop the run this many seconds after its first start (a restart from the checkpoint keeps it).",
     ),
     heartbeat: float = options.HEARTBEAT,
     failure_timeout: float | None = typer.Option(

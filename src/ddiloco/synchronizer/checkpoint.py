@@ -3,8 +3,9 @@
 Layout of a checkpoint folder (one per synchronizer shard):
 
     manifest.json                       seq, versions, which file holds each fragment, grace-window
-                                        estimates, rejection counts, the ledger (per-learner counters
-                                        and data positions), and the run's identity (plan, config)
+                                        estimates, rejection counts, the ledger (per-learner counters,
+                                        data positions, the run's first start, from which --duration
+                                        counts), and the run's identity (plan, config)
     fragments/p0003-v00000017.safetensors
                                         fragment 3 at version 17: its parameters under their names
                                         and the outer Nesterov buffers under "outer/<name>"

@@ -75,7 +75,6 @@ class SynchronizerService(Membership):
             t.drain + t.bulk(16 * sum(math.prod(v) for v in self.shapes.values())),
             lambda sid: self.session(sid) is not None,
         )
-        self.budget = RunBudget(settings.tokens, settings.duration, self.ledger.started_wall)
         self.stopping = False
         self.stop_reason = ""
         self.stop_mono = 0.0
@@ -97,6 +96,9 @@ class SynchronizerService(Membership):
         elif store is not None:
             # the manifest exists from the start; nothing serves yet, so the live tensors are written
             store.save(core, identity, self.ledger.state_dict(), copy=False)
+        # After the restore: --duration counts from the run's first start, which the checkpoint's ledger
+        # holds (a checkpoint without it falls back to this start).
+        self.budget = RunBudget(settings.tokens, settings.duration, self.ledger.started_wall)
         self.commit = (
             CommitLog(
                 store,

@@ -24,7 +24,7 @@ class ServiceSettings:
     tokens: int | None = None  # stop once the learners report this many tokens (see budget_counts)
     budget_counts: str = "trained"  # "trained": every token a learner trained; "merged": only those merged
     keep_versions: int = 2  # fragment versions a checkpoint keeps on disk
-    duration: float | None = None  # stop this many seconds after start
+    duration: float | None = None  # stop this many seconds after the run's first start (kept in the checkpoint)
     timeouts: Timeouts = field(default_factory=Timeouts)
     workers: int | None = None  # gRPC threads; default 4 per admissible learner + 16 (see `streams`)
     reserved_control_workers: int = 8
