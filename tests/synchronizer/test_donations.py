@@ -127,3 +127,53 @@ def test_hostile_donations_are_refused_and_never_reach_the_joiner(tiny_task):
             assert taken.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert not c.call("Donor", {"session": sessions[2], "op": "ask"})["ok"]  # both donors failed once
         c.close()
+
+
+def test_a_new_request_drops_the_joiners_older_tickets_and_status_lists_a_bounded_few():
+    """Issue 32, item 8: superseded tickets used to stay for their time-to-live, all listed in Status."""
+    d = desk()
+    for _ in range(2000):
+        last = d.ask(1, "s1", [(0, "s0", 5.0)])["ticket"]
+    assert list(d.tickets) == [last] and d.due_for("s0") == last
+    for joiner in range(100, 200):  # many joiners at once: Status counts them all, lists the newest
+        d.ask(joiner, f"s{joiner}", [(0, "s0", 5.0)])
+    summary = d.summary()
+    assert summary["tickets"] == 101 and len(summary["open"]) == 32
+
+
+def test_a_session_asking_in_a_loop_keeps_status_small_and_the_log_quiet(tiny_task, caplog):
+    """Over the wire: 2000 asks of one session leave one ticket, a small Status, a few log lines."""
+    import logging
+    import time
+
+    from ddiloco.wire import framing
+    from ddiloco.wire.protocol import signature
+    from ddiloco.wire.timeouts import Timeouts
+
+    from ..support.runtime import RawClient, synchronizer
+
+    sig = signature(dict(tiny_task.build_model(0).named_parameters()))
+    caplog.set_level(logging.INFO, logger="ddiloco.synchronizer.donation_rpc")
+    with synchronizer(tiny_task, timeouts=Timeouts.derive(3.0)) as (service, address):  # the issue's --heartbeat 3
+        c = RawClient(address)
+        try:
+            donor, joiner = (c.register(m, sig, incarnation=f"i{m}")["session"] for m in range(2))
+            c.call("Heartbeat", {"session": donor, "step": 10, "state": "training"})
+            started = time.monotonic()
+            for i in range(2000):
+                ask = c.call("Donor", {"session": joiner, "op": "ask"})
+                assert ask["ok"], ask
+                if i % 200 == 0:  # keep both sessions alive however slow the machine is
+                    c.call("Heartbeat", {"session": donor, "step": 10, "state": "training"})
+                    c.call("Heartbeat", {"session": joiner, "step": 0, "state": "joining"})
+            elapsed = time.monotonic() - started
+            assert list(service.donations.tickets) == [ask["ticket"]]
+            reply = c.stubs.call("Status", framing.message({}), 10)
+            assert len(reply) < 16 << 10, len(reply)  # the header limit is 1 MiB
+            assert framing.read_message(reply)["donations"]["tickets"] == 1
+            poll = c.call("Donor", {"session": joiner, "op": "poll", "ticket": ask["ticket"]})
+            assert poll["state"] == "asked"
+        finally:
+            c.close()
+    lines = [r for r in caplog.records if "asks for inner state" in r.getMessage()]
+    assert 1 <= len(lines) <= 10 + elapsed + 1  # the bucket: a burst of 10, then one a second

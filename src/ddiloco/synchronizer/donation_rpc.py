@@ -4,6 +4,7 @@ upload) and Recover (the joiner's download), on the bulk plane.
 Everything a client sends is checked where it enters: the ticket must be this session's, every
 state tensor must name a parameter of the model with its exact shape, scalars must be finite, the
 upload must stay within four times the model's fp32 size, and the checksum must match what arrived.
+A session may ask in a loop, so the lines its asks write are rate-limited.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Protocol, cast
 
 import grpc
 
+from ..records.ratelimit import RateLimit
 from ..wire import framing, reassembly
 from ..wire.protocol import state_checksum
 from .service import SynchronizerService
@@ -41,6 +43,7 @@ class DonationRpc:
         self.desk = handlers.service.donations
         model_bytes = sum(4 * _numel(s) for s in self.service.shapes.values())
         self.limit = 4 * model_bytes + (1 << 20)
+        self.ask_log = RateLimit(per_second=1.0, burst=10)  # one line per ask, but not one per loop turn
 
     def table(self) -> dict[str, Callable]:
         return {
@@ -57,11 +60,14 @@ class DonationRpc:
         op = head.get("op")
         if op == "ask":
             reply = self.desk.ask(session.learner, session.id, self.service.donor_candidates())
-            log.info(
-                "learner %d asks for inner state: %s",
-                session.learner,
-                f"donor learner {reply['donor']}" if reply["ok"] else reply["reason"],
-            )
+            dropped = self.ask_log.allow()
+            if dropped is not None:
+                log.info(
+                    "learner %d asks for inner state: %s%s",
+                    session.learner,
+                    f"donor learner {reply['donor']}" if reply["ok"] else reply["reason"],
+                    f" ({dropped} more asks not logged: rate limit)" if dropped else "",
+                )
             return framing.message(reply)
         if op == "poll":
             return framing.message(self.desk.poll(head.get("ticket"), session.id))

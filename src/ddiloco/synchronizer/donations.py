@@ -8,8 +8,10 @@ checksum and loads it. Only optimizer state moves this way, never parameters: th
 global parameters as any learner does, so a donation cannot drag the global model anywhere.
 
 A donor that dies, leaves or stalls fails its ticket (the joiner then asks again, or starts cold and
-says so). At most one donation is stored per joiner, and each is dropped once taken or after
-`ttl` seconds. Thread-safe with its own lock: nothing here waits on the service's lock.
+says so). At most one ticket is kept per joiner: a new request drops the joiner's older tickets at
+once (a session asking in a loop must not grow Status past its header limit, issue 32), and each is
+dropped once taken or after `ttl` seconds. Thread-safe with its own lock: nothing here waits on the
+service's lock.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 MAX_KEYS_PER_PARAM = 4
 MAX_SCALAR = float(2**53)
+SUMMARY_TICKETS = 32  # Status lists at most this many tickets (the newest), and counts them all
 
 
 @dataclass
@@ -61,6 +64,7 @@ class DonationDesk:
             self._expire()
             for t in [t for t in self.tickets.values() if t.joiner == joiner]:
                 self._fail(t, "superseded by a new request")
+                del self.tickets[t.id]  # dropped at once: its upload, if any, then fails as expired
             donors = sorted(
                 (c for c in candidates if c[0] != joiner and c[2] > 0 and c[1] not in self.bad_donors),
                 key=lambda c: -c[2],
@@ -172,11 +176,14 @@ class DonationDesk:
             return t.state if t is not None else None
 
     def summary(self) -> dict:
+        """Counts, and the newest tickets only: Status must stay far below the wire's header limit."""
         with self.lock:
+            newest = sorted(self.tickets.values(), key=lambda t: t.created)[-SUMMARY_TICKETS:]
             return {
                 "donated": self.donated,
                 "failed": self.failed,
-                "open": {t.id: {"joiner": t.joiner, "donor": t.donor, "state": t.state} for t in self.tickets.values()},
+                "tickets": len(self.tickets),
+                "open": {t.id: {"joiner": t.joiner, "donor": t.donor, "state": t.state} for t in newest},
             }
 
     def _ticket(self, ticket_id: object) -> Ticket | None:
