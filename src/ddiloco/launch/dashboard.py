@@ -4,6 +4,11 @@ server (no framework, no build step).
 It listens on loopback by default. The auth rule is the gRPC service's: any other address needs the
 run's token, sent as the `X-Ddiloco-Token` header or `?token=` in the page's address (the page
 passes it on to its own requests).
+
+Anyone who can reach the port can open connections before any token is checked, so the server
+bounds what they cost (issue 32): each connection is read with a timeout, at most `max_connections`
+are served at once (more are closed at once), a client that hangs up logs no traceback, and every
+line a client can trigger goes through one rate limit.
 """
 
 from __future__ import annotations
@@ -11,25 +16,104 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import socket
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import cast
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
+from ..records.ratelimit import RateLimit
 from .dashboard_page import PAGE
 
 log = logging.getLogger(__name__)
 
+HANDLER_THREAD = "ddiloco-dashboard-conn"  # the name of each connection's thread
+HANG_UPS = (ConnectionError, TimeoutError, socket.timeout)  # a client that left or went silent: no traceback
+
+
+class BoundedServer(ThreadingHTTPServer):
+    """The standard library's threaded server, with a cap on connections served at once and quiet errors."""
+
+    daemon_threads = True
+    block_on_close = False  # stop() must not wait for a client that holds its connection open
+    request_queue_size = 64
+
+    def __init__(self, address: tuple[str, int], handler: type, max_connections: int) -> None:
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.max_connections = max_connections
+        self.active = 0  # connections being served now (each on its own thread)
+        self.refused = 0  # connections closed at once because all slots were taken
+        self.log_limit = RateLimit(per_second=5.0, burst=20)
+        self._count = threading.Lock()
+        super().__init__(address, handler)
+
+    def note(self, level: int, msg: str, *args: object, exc_info: bool = False) -> None:
+        """A line a client triggered, if the rate limit lets it through."""
+        dropped = self.log_limit.allow()
+        if dropped is None:
+            return
+        if dropped:  # said on the same line: one line per token of the bucket
+            msg, args = msg + " (%d more lines not logged: rate limit)", (*args, dropped)
+        log.log(level, msg, *args, exc_info=exc_info)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            with self._count:
+                self.refused += 1
+            self.note(
+                logging.WARNING,
+                "dashboard: %d connections open; closed one from %s",
+                self.max_connections,
+                client_address[0],
+            )
+            self.shutdown_request(request)
+            return
+        with self._count:
+            self.active += 1
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: give its slot back
+            self._release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        threading.current_thread().name = HANDLER_THREAD
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, HANG_UPS):
+            self.note(logging.DEBUG, "dashboard: client %s went away: %r", client_address[0], exc)
+        else:
+            self.note(logging.WARNING, "dashboard: request from %s failed", client_address[0], exc_info=True)
+
+    def _release(self) -> None:
+        with self._count:
+            self.active -= 1
+        self.slots.release()
+
 
 class Dashboard:
     def __init__(
-        self, state: Callable[[], dict], host: str = "127.0.0.1", port: int = 0, token: str | None = None
+        self,
+        state: Callable[[], dict],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        read_timeout: float = 5.0,
+        max_connections: int = 64,
     ) -> None:
         self.state, self.token = state, token
         dashboard = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = read_timeout  # per socket operation: a silent client gives its slot back
+
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 url = urlsplit(self.path)
                 if not dashboard.allowed(self.headers.get("X-Ddiloco-Token"), parse_qs(url.query).get("token")):
@@ -56,10 +140,9 @@ class Dashboard:
                 self.wfile.write(body)
 
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's name
-                log.debug("dashboard: " + format, *args)
+                dashboard.server.note(logging.DEBUG, "dashboard: " + format, *args)
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.server.daemon_threads = True
+        self.server = BoundedServer((host, port), Handler, max_connections)
         self._thread = threading.Thread(target=self.server.serve_forever, name="ddiloco-dashboard", daemon=True)
 
     def allowed(self, header: str | None, query: list[str] | None) -> bool:

@@ -1,0 +1,89 @@
+"""The dashboard under clients that cost it without asking for anything (issue 32, item 6): silent
+connections are capped and timed out, and clients that hang up leave no tracebacks and few lines."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import ExitStack
+
+from ddiloco.launch.dashboard import HANDLER_THREAD, Dashboard
+
+from ..support.runtime import wait_for
+
+TOKEN = "s3cret"
+
+
+def handler_threads() -> int:
+    return sum(t.name == HANDLER_THREAD and t.is_alive() for t in threading.enumerate())
+
+
+def honest_get(url: str) -> int | None:
+    """The status of one GET of state.json with the token, or None if the connection was dropped."""
+    request = urllib.request.Request(url + "state.json", headers={"X-Ddiloco-Token": TOKEN})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+def test_silent_connections_are_capped_and_timed_out_and_an_honest_client_gets_in():
+    cap, silent = 8, 40
+    board = Dashboard(lambda: {"version": 1}, token=TOKEN, read_timeout=1.0, max_connections=cap)
+    url = board.start()
+    host, port = board.server.server_address[:2]
+    try:
+        with ExitStack() as stack:
+            for _ in range(silent):  # connect and say nothing
+                s = stack.enter_context(socket.create_connection((host, port), timeout=10))
+                s.settimeout(10)
+            wait_for(lambda: board.server.refused >= silent - cap, 30, 0.05, "the connections beyond the cap refused")
+            assert board.server.active <= cap and handler_threads() <= cap
+            # the silent ones time out and give their slots back: an honest client then gets its answer
+            deadline = time.monotonic() + 30
+            status = None
+            while status != 200 and time.monotonic() < deadline:
+                status = honest_get(url)
+                assert board.server.active <= cap and handler_threads() <= cap
+                if status != 200:
+                    time.sleep(0.2)
+            assert status == 200
+        wait_for(lambda: board.server.active == 0, 30, 0.05, "every connection's slot given back")
+    finally:
+        board.stop()
+
+
+def test_clients_that_hang_up_leave_no_traceback_and_few_lines(capfd, caplog):
+    caplog.set_level(logging.DEBUG, logger="ddiloco.launch.dashboard")
+    board = Dashboard(lambda: {"version": 1}, token=TOKEN)
+    board.start()
+    host, port = board.server.server_address[:2]
+    partial = b"GET /state.json HTTP/1.1\r\nHost: abc\r\n"  # 37 bytes: the headers never end
+    assert len(partial) == 37
+    sent = 0
+    try:
+        started = time.monotonic()
+        for _ in range(200):
+            with socket.create_connection((host, port), timeout=10) as s:
+                s.sendall(partial)
+                sent += len(partial)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
+        # every connection is served and gone: whatever it logs has been logged
+        wait_for(lambda: board.server.active == 0, 30, 0.05, "the hung-up connections served")
+        elapsed = time.monotonic() - started
+        assert honest_get(board.url) == 200
+    finally:
+        board.stop()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Traceback" not in caplog.text
+    lines = [r for r in caplog.records if r.name == "ddiloco.launch.dashboard"]
+    assert len(lines) <= 20 + 5 * elapsed + 2  # the rate limit: a burst of 20, then 5 a second
+    assert len(err.encode()) + len(caplog.text.encode()) < sent  # far less than the 42x the issue measured
