@@ -234,12 +234,16 @@ for i, parts in enumerate(framing.iter_frame_parts(head, {{"w": torch.ones({NUME
 
 def test_connections_beyond_the_bulk_slots_are_refused(served):
     service, server, _ = served
+    session = service.register(0, "inc0", True)["session"]
     taken = 0
     while service.bulk_slots.acquire(blocking=False):
         taken += 1
     try:
         with pytest.raises(grpc.RpcError) as err:
-            list(_client(server).fetch(10))
+            _client(server).push(
+                framing.iter_frame_parts(_head(session, 0), {"w": torch.zeros(NUMEL), "b": torch.zeros(3)}, "bf16"),
+                10,
+            )
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     finally:
         for _ in range(taken):
@@ -321,4 +325,36 @@ def test_a_refused_push_gives_its_slot_back_while_its_client_trickles_bytes(serv
         if trickler.is_alive():
             trickler.join(5)
         for sock in refused:
+            sock.close()
+
+
+def test_fetches_that_are_never_read_take_no_bulk_slot_and_pushes_go_on(served):
+    """A fetch holds one of a few fetch places, not a bulk slot (as over gRPC): fetches nobody reads,
+    however many, cannot refuse a learner's push (#32, item 5). Those beyond the places are refused."""
+    service, server, _ = served
+    from ddiloco.synchronizer.bulk_socket import MAX_FETCHING
+
+    free = service.bulk_slots._value
+    session = service.register(0, "inc0", True)["session"]
+    unread: list[socket.socket] = []
+    try:
+        for _ in range(free + 2):
+            sock = socket.create_connection(("127.0.0.1", server.handlers.bulk_port))
+            unread.append(sock)
+            sockets.send_small(sock, {"method": "Fetch", "token": "tok"}, sockets.Deadline(10))
+        _wait(lambda: server.bulk.served["Fetch"] >= MAX_FETCHING, 10)  # the first fetches are being served
+        assert service.bulk_slots._value == free
+        reply, _ = _client(server).push(
+            framing.iter_frame_parts(_head(session, 0), {"w": torch.zeros(NUMEL), "b": torch.zeros(3)}, "bf16"), 30
+        )
+        assert reply.get("ok"), reply
+        refused = 0
+        for sock in unread[MAX_FETCHING:]:
+            sock.settimeout(10)
+            with contextlib.suppress(OSError, framing.WireError):
+                head = sockets.recv_small(sock, sockets.Deadline(10))
+                refused += head.get("error") == "RESOURCE_EXHAUSTED"
+        assert refused == len(unread) - MAX_FETCHING
+    finally:
+        for sock in unread:
             sock.close()

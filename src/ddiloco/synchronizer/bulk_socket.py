@@ -2,7 +2,8 @@
 
 Everything a gRPC bulk call goes through applies here too, through the same code: the auth token
 (compared in constant time before anything else is read; until then a connection holds one of a
-few greeting places, never a bulk slot), a bulk slot per authenticated call, the stream guard's idle and total
+few greeting places, never a bulk slot), a bulk slot per authenticated push (a fetch, which over gRPC
+takes none, holds one of a few fetch places instead), the stream guard's idle and total
 deadlines and its limit of pushes per session, the message size limit checked before any buffer is
 reserved, and the handlers that take a contribution in or frame the model. A refusal is sent as an
 error message; a connection that breaks frees its slot.
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 
 
 MAX_GREETING = 32  # connections at once that have not yet said who they are
+# Fetches at once. A fetch takes no bulk slot, as over gRPC (whose fetches take none either): fetches
+# that are never read could otherwise hold every slot and refuse every learner's push.
+MAX_FETCHING = 4
 HELLO_SECONDS = 10.0  # at most this long to say it (less with a shorter failure timeout)
 
 
@@ -75,6 +79,7 @@ class BulkSocketServer:
         self.listener.settimeout(0.25)
         self.port: int = self.listener.getsockname()[1]
         self._greeting = threading.BoundedSemaphore(MAX_GREETING)
+        self._fetching = threading.BoundedSemaphore(MAX_FETCHING)
         self.served: Counter[str] = Counter()  # authenticated calls by method
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._accept_loop, name="ddiloco-bulk-accept", daemon=True)
@@ -113,7 +118,7 @@ class BulkSocketServer:
     def _serve(self, conn: socket.socket) -> None:
         """Hello and token first, holding only a greeting place (`MAX_GREETING`, for at most
         `HELLO_SECONDS`): a bulk slot goes only to an authenticated call."""
-        method, slot = "bulk socket", False
+        method, slot = "bulk socket", None
         try:
             try:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -134,21 +139,22 @@ class BulkSocketServer:
                     conn, {"error": "UNAUTHENTICATED", "details": "wrong or missing auth token"}, self.max_frame
                 )
                 return
-            if not self.service.bulk_slots.acquire(blocking=False):
+            places = self._fetching if method == "Fetch" else self.service.bulk_slots
+            if not places.acquire(blocking=False):
                 self._answer(
                     conn,
                     {"error": "RESOURCE_EXHAUSTED", "details": "too many bulk transfers at once; retry later"},
                     self.max_frame,
                 )
                 return
-            slot = True
+            slot = places
             self.served[method] += 1
             refusal = self._call(conn, method, hello)
             if refusal is not None:
                 # Refused: the slot goes back before the drain, which a client trickling bytes could
                 # stretch out for as long as its message is long.
-                slot = False
-                self.service.bulk_slots.release()
+                slot = None
+                places.release()
                 self._answer(conn, refusal, self.message_drain)
         except framing.WireError as exc:  # a bad hello
             self.service.refuse_rpc(method, f"bad {method} hello: {exc}")
@@ -161,8 +167,8 @@ class BulkSocketServer:
             try:
                 conn.close()
             finally:
-                if slot:
-                    self.service.bulk_slots.release()
+                if slot is not None:
+                    slot.release()
 
     def _call(self, conn: socket.socket, method: str, hello: dict) -> dict | None:
         """An authenticated call, holding a bulk slot. A refusal, or an answer given before the payload
