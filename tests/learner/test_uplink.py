@@ -66,24 +66,29 @@ def test_an_unreachable_bulk_port_falls_back_to_grpc():
         session = link.session
         dead = Uplink(None, None, 1 << 22, WanLink())
         dead.configure(link.address, {"bulk_port": _free_port()})
-        head = {
-            "kind": "contribution",
-            "session": session,
-            "fragment": 0,
-            "base_version": 0,
-            "steps": 1,
-            "tokens": 1,
-            "seconds": 0.1,
-            "step_time": 0.1,
-            "step": 1,
-            "position": 1,
-        }
+        head = _contribution_head(session)
         names = service.core.plan.names[0]
         grads = {n: torch.zeros(service.shapes[n]) for n in names}
         reply, sent = dead.push(link.bulk, head, grads, "bf16", framing.DEFAULT_CHUNK_BYTES, 30)
         assert dead.socket is None and sent > 0
         assert reply.get("ok") or "reason" in reply  # gRPC answered it
         assert service.traffic.bytes_received >= sent
+
+
+def _contribution_head(session: str | None) -> dict:
+    """The header of a one-step contribution to fragment 0 at version 0."""
+    return {
+        "kind": "contribution",
+        "session": session,
+        "fragment": 0,
+        "base_version": 0,
+        "steps": 1,
+        "tokens": 1,
+        "seconds": 0.1,
+        "step_time": 0.1,
+        "step": 1,
+        "position": 1,
+    }
 
 
 def _free_port() -> int:
@@ -113,18 +118,7 @@ def test_a_push_the_flooded_bulk_socket_drops_goes_over_grpc_and_the_socket_stay
         uplink = Uplink(None, None, 1 << 22, WanLink())  # the run has no token
         uplink.configure(link.address, link.info)
         assert uplink.socket is not None
-        head = {
-            "kind": "contribution",
-            "session": link.session,
-            "fragment": 0,
-            "base_version": 0,
-            "steps": 1,
-            "tokens": 1,
-            "seconds": 0.1,
-            "step_time": 0.1,
-            "step": 1,
-            "position": 1,
-        }
+        head = _contribution_head(link.session)
         grads = {n: torch.zeros(service.shapes[n]) for n in service.core.plan.names[0]}
         greeting = service.server.bulk._greeting
         taken = 0
