@@ -82,7 +82,7 @@ while True:
 WIRE_SERVER = r"""
 import sys, time, torch
 torch.set_num_threads(1)
-from ddiloco.wire import framing, rpc
+from ddiloco.wire import framing, reassembly, rpc
 from ddiloco.wire.buffers import BufferPool
 numel, chunk = int(sys.argv[1]), int(sys.argv[2])
 weights = torch.randn(numel)
