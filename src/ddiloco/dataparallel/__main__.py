@@ -1,0 +1,124 @@
+"""`python -m ddiloco.dataparallel run ...` (a data-parallel run) and `... worker ...` (one worker,
+as the launcher starts it). Until `ddiloco run --method ddp|elastic-ddp` is wired, this is the
+command line; its flags are spelled as `ddiloco run`'s."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from ..chaos.injector import ChaosSettings
+from ..records import logsetup
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--model", default="gpt")
+    p.add_argument("--model-size", default="default")
+    p.add_argument("--data")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--inner-lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokens", type=int)
+    p.add_argument("--duration", type=float)
+    p.add_argument("--checkpoint-every", type=int, default=24)
+    p.add_argument("--min-step-seconds", type=float, default=0.0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--collective-timeout", type=float, default=30.0)
+    p.add_argument("--join-timeout", type=float, default=300.0)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m ddiloco.dataparallel")
+    sub = top.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="M workers in one data-parallel job, supervised, with chaos")
+    _common(run)
+    run.add_argument("--method", choices=("ddp", "elastic-ddp"), default="ddp")
+    run.add_argument("--learners", type=int, default=4, help="workers M")
+    run.add_argument("--min-workers", type=int, default=1)
+    run.add_argument("--learner-mtbf", type=float)
+    run.add_argument("--learner-down", type=float, default=15.0)
+    run.add_argument("--chaos-trace", type=Path)
+    run.add_argument("--straggle", type=float, help="SIGSTOP a random worker for this many seconds now and then")
+    run.add_argument("--straggle-every", type=float, default=30.0)
+    run.add_argument("--eval-batches", type=int, default=20)
+    run.add_argument("--eval-every", type=float, default=20.0)
+    run.add_argument("--time-limit", type=float, default=24 * 3600.0)
+    run.add_argument("--json", action="store_true", dest="as_json")
+    worker = sub.add_parser("worker", help="one worker (started by the launcher)")
+    _common(worker)
+    worker.add_argument("--slot", type=int, required=True)
+    worker.add_argument("--store-port", type=int, required=True)
+    worker.add_argument("--workers", type=int, required=True)
+    worker.add_argument("--clock-origin", type=float, default=0.0)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "worker":
+        from .worker import Worker, WorkerSettings
+
+        logsetup.configure(f"worker{args.slot}", "info")
+        import torch
+
+        torch.set_num_threads(max(1, args.threads))
+        fields = {k: v for k, v in vars(args).items() if k not in ("command", "threads")}
+        return Worker(WorkerSettings(**fields)).run()
+    from ..chaos.trace import FailureTrace
+    from .config import DataParallelConfig
+    from .run import run_data_parallel
+
+    logsetup.configure("dataparallel", "warning")
+    trace = FailureTrace.load(args.chaos_trace) if args.chaos_trace else None
+    chaos = ChaosSettings(
+        learner_mtbf=args.learner_mtbf,
+        learner_down=args.learner_down,
+        straggle=args.straggle,
+        straggle_every=args.straggle_every,
+        trace=trace,
+        seed=args.seed,
+    )
+    config = DataParallelConfig(
+        run_dir=args.run_dir,
+        method=args.method,
+        model=args.model,
+        model_size=args.model_size,
+        data=args.data,
+        seq_len=args.seq_len,
+        workers=args.learners,
+        batch_size=args.batch_size,
+        inner_lr=args.inner_lr,
+        seed=args.seed,
+        tokens=args.tokens if args.tokens is not None or args.duration is not None else 400_000,
+        duration=args.duration,
+        checkpoint_every=args.checkpoint_every,
+        min_step_seconds=args.min_step_seconds,
+        min_workers=args.min_workers,
+        learner_down=args.learner_down,
+        eval_batches=args.eval_batches,
+        eval_every=args.eval_every,
+        threads=args.threads,
+        device=args.device,
+        collective_timeout=args.collective_timeout,
+        join_timeout=args.join_timeout,
+        time_limit=args.time_limit,
+        chaos=chaos,
+    )
+    result = run_data_parallel(config)
+    if args.as_json:
+        print(json.dumps(result, sort_keys=True), flush=True)
+    else:
+        keys = ("method", "tokens_trained", "tokens_merged", "tokens_lost", "goodput", "eval_loss", "run_seconds")
+        print("  ".join(f"{k}={result[k]}" for k in keys), flush=True)
+    logging.shutdown()
+    return 0 if result["error"] is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

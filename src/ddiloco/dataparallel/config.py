@@ -1,0 +1,140 @@
+"""What one data-parallel run is, and the command line of each of its workers.
+
+The model, data and inner-optimizer flags are those of `ddiloco run` (`launch.config.RunConfig`), so
+that a baseline and a ddiloco run given the same flags train the same model on the same shards with
+the same AdamW and schedule.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..chaos.injector import ChaosSettings
+
+METHODS = ("ddp", "elastic-ddp")
+
+
+@dataclass(frozen=True)
+class DataParallelConfig:
+    run_dir: Path
+    method: str = "ddp"  # ddp: a failure restarts the whole job; elastic-ddp: the survivors regroup
+    model: str = "gpt"
+    model_size: str = "default"
+    data: str | None = None
+    seq_len: int = 128
+    workers: int = 4  # M: the data is split into M shards, worker m trains shard m (as learner m does)
+    batch_size: int = 16  # per worker and step, as per learner and step
+    inner_lr: float = 3e-3
+    seed: int = 0
+    tokens: int | None = None
+    duration: float | None = None
+    checkpoint_every: int = 24  # steps between checkpoints (a learner saves its state every --sync-every)
+    min_step_seconds: float = 0.0
+    min_workers: int = 1  # elastic-ddp: the fewest workers a generation may have
+    learner_down: float = 15.0  # seconds before a worker that died (not by the trace) is started again
+    eval_batches: int = 20
+    eval_every: float = 20.0  # seconds between evaluations of the newest checkpoint (0: only the final)
+    threads: int = 1
+    device: str = "auto"
+    collective_timeout: float = 30.0  # a collective that waits longer than this fails (a frozen peer)
+    join_timeout: float = 300.0  # a worker that is given no generation within this exits with an error
+    time_limit: float = 24 * 3600.0  # the launcher ends a run that has not finished by then (an error)
+    chaos: ChaosSettings = field(default_factory=ChaosSettings)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"data-parallel methods are {', '.join(METHODS)}, got {self.method!r}")
+        if self.tokens is None and self.duration is None:
+            raise ValueError("give --tokens N or --duration S (or both): the run needs a budget")
+        if self.tokens is not None and self.tokens < 1 or self.duration is not None and self.duration <= 0:
+            raise ValueError("--tokens and --duration must be positive")
+        if self.workers < 1 or not 1 <= self.min_workers <= self.workers:
+            raise ValueError("need at least one worker, and 1 <= min_workers <= workers")
+        if self.checkpoint_every < 1 or self.batch_size < 1 or self.min_step_seconds < 0:
+            raise ValueError("checkpoint_every and batch_size must be >= 1, min_step_seconds >= 0")
+        if not (self.collective_timeout > 0 and self.join_timeout > 0 and self.learner_down >= 0):
+            raise ValueError("timeouts must be > 0 and learner_down >= 0")
+
+    @property
+    def elastic(self) -> bool:
+        return self.method == "elastic-ddp"
+
+    @property
+    def horizon(self) -> float:
+        """How far ahead chaos is drawn (as `RunConfig.horizon`)."""
+        return self.duration if self.duration is not None else 24 * 3600.0
+
+    def worker_dir(self, m: int) -> Path:
+        """The same folder name a learner gets, so reports find each worker's logs and journals."""
+        return self.run_dir / f"learner-{m}"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoint"
+
+    def worker_command(self, slot: int, store_port: int, clock_origin: float) -> list[str]:
+        """`python -m ddiloco.dataparallel worker ...` for worker `slot`."""
+        args = [
+            sys.executable,
+            "-m",
+            "ddiloco.dataparallel",
+            "worker",
+            "--slot",
+            str(slot),
+            "--store-port",
+            str(store_port),
+            "--run-dir",
+            str(self.run_dir),
+            "--clock-origin",
+            repr(clock_origin),
+            "--workers",
+            str(self.workers),
+            "--model",
+            self.model,
+            "--model-size",
+            self.model_size,
+            "--seq-len",
+            str(self.seq_len),
+            "--batch-size",
+            str(self.batch_size),
+            "--inner-lr",
+            repr(self.inner_lr),
+            "--seed",
+            str(self.seed),
+            "--checkpoint-every",
+            str(self.checkpoint_every),
+            "--min-step-seconds",
+            repr(self.min_step_seconds),
+            "--threads",
+            str(self.threads),
+            "--device",
+            self.device,
+            "--collective-timeout",
+            repr(self.collective_timeout),
+            "--join-timeout",
+            repr(self.join_timeout),
+        ]
+        if self.data is not None:
+            args += ["--data", self.data]
+        if self.tokens is not None:
+            args += ["--tokens", str(self.tokens)]
+        if self.duration is not None:
+            args += ["--duration", repr(self.duration)]
+        return args
+
+    def as_dict(self) -> dict:
+        """The method's settings in the keys `RunConfig.as_dict` uses, for summaries side by side."""
+        return {
+            "method": self.method,
+            "model": self.model,
+            "learners": self.workers,
+            "seed": self.seed,
+            "fragments": 1,
+            "sync_every": 1,  # every step is all-reduced
+            "overlap": 0,
+            "quorum": self.min_workers if self.elastic else self.workers,
+            "grace": 0.0,
+            "merge": "allreduce",
+        }

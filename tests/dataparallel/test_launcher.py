@@ -1,0 +1,76 @@
+"""The launcher's handling of chaos and crashes, on stand-in processes (`sleep`, `exit 1`) that it
+signals and ends by PID: a traced kill holds a worker down until its restart, SIGSTOP freezes one
+and SIGCONT resumes it, and a worker that keeps crashing at start ends the run with an error."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddiloco.chaos.injector import ChaosEvent, ChaosSettings
+from ddiloco.dataparallel.config import DataParallelConfig
+from ddiloco.dataparallel.launcher import MAX_CRASHES, Launcher
+
+
+@pytest.fixture()
+def launcher(tmp_path: Path):
+    config = DataParallelConfig(tmp_path, method="elastic-ddp", workers=2, tokens=1000, learner_down=0.0)
+    config = DataParallelConfig(**{**config.__dict__, "chaos": ChaosSettings(straggle=30.0)})
+    made = Launcher(config)
+    yield made
+    made.procs.stop_all(grace=2.0)
+    made.events.close()
+    made.log.close()
+
+
+def stand_in(launcher: Launcher, slot: int, code: str = "import time; time.sleep(60)") -> None:
+    s = launcher.slots[slot]
+    s.child = launcher.procs.start(f"stand-in-{slot}", [sys.executable, "-c", code])
+    s.state, s.restart_at, s.started_at = "running", None, launcher.elapsed()
+
+
+def wait_exit(launcher: Launcher, slot: int) -> None:
+    child = launcher.slots[slot].child
+    assert child is not None
+    child.popen.wait(timeout=10)
+
+
+def test_a_traced_kill_holds_the_worker_down_until_its_restart(launcher: Launcher, monkeypatch):
+    started: list[int] = []  # (worker 0 was never started here: it is due at once)
+    monkeypatch.setattr(launcher, "_start", lambda slot: started.append(slot.id))
+    stand_in(launcher, 1)
+    launcher._apply(ChaosEvent(0.0, "kill_learner", 1))
+    wait_exit(launcher, 1)
+    assert launcher.slots[1].child.poll() == -signal.SIGKILL
+    launcher._check_workers()
+    assert launcher.slots[1].state == "down" and launcher.slots[1].restart_at is None and 1 not in started
+    launcher._apply(ChaosEvent(1.0, "restart_learner", 1))
+    launcher._check_workers()
+    assert 1 in started
+
+
+def test_sigstop_freezes_a_worker_and_it_is_not_ready_until_resumed(launcher: Launcher):
+    stand_in(launcher, 0)
+    launcher._apply(ChaosEvent(0.0, "sigstop", -1))
+    assert launcher.slots[0].state == "straggling" and not launcher._ready(launcher.slots[0])
+    assert launcher._alive(launcher.slots[0])  # still a member of its generation until its peers time out
+    launcher.straggling[0] = 0.0
+    launcher._resume_stragglers()
+    assert launcher.slots[0].state == "running" and not launcher.straggling
+
+
+def test_a_worker_that_keeps_crashing_at_start_ends_the_run(launcher: Launcher, monkeypatch):
+    monkeypatch.setattr(launcher, "_start", lambda slot: stand_in(launcher, slot.id, "raise SystemExit(3)"))
+    stand_in(launcher, 0, "raise SystemExit(3)")
+    for _ in range(MAX_CRASHES * 20):  # bounded: each round waits for the stand-in's exit
+        wait_exit(launcher, 0)
+        launcher._check_workers()
+        if launcher.error is not None:
+            break
+        time.sleep(0.01)
+    assert launcher.error is not None and "keeps crashing" in launcher.error
+    assert launcher.slots[0].state == "failed"
