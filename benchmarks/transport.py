@@ -269,7 +269,7 @@ class OursSocket(Ours):
 
     def pull(self) -> int:
         got = {}
-        for msg in self.client.fetch(300, self.arrivals):
+        for msg in self.client.fetch(300, self.arrivals, session=self.sessions[0]):
             got.update(msg.tensors({"w": (self.numel,)}))
         assert got["w"].shape == (self.numel,)
         return 4 * self.numel

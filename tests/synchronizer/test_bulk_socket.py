@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from ddiloco.core import AlgorithmConfig
+from ddiloco.synchronizer.bulk_greeting import MAX_WAITING_PER_PEER
 from ddiloco.synchronizer.server import SynchronizerServer, build_service
 from ddiloco.synchronizer.settings import ServiceSettings
 from ddiloco.wire import framing, reassembly, rpc, sockets
@@ -105,9 +106,10 @@ def test_pushes_over_the_socket_merge_exactly_into_reused_buffers(served):
 
 def test_a_fetch_over_the_socket_is_the_model_gRPC_fetches(served):
     service, server, address = served
+    session = service.register(0, "inc0", True)["session"]
     with service.lock:
         service.core.params["w"].copy_(torch.randn(NUMEL))
-    msgs = list(_client(server).fetch(30))
+    msgs = list(_client(server).fetch(30, session=session))
     assert [m.head["fragment"] for m in msgs] == [0] and msgs[0].head["version"] == 0
     bulk = rpc.Stubs(rpc.open_channel(address, "bulk", framing.DEFAULT_CHUNK_BYTES + rpc.FRAME_MARGIN), "tok")
     via_grpc = list(
@@ -169,7 +171,9 @@ def test_a_silent_connection_takes_no_bulk_slot_and_is_closed(served):
     deadline; honest pushes meanwhile find their slots."""
     service, server, _ = served
     free = service.bulk_slots._value
-    silent = [socket.create_connection(("127.0.0.1", server.handlers.bulk_port)) for _ in range(free + 2)]
+    # fewer than the cap per peer: the honest push below comes from the same address (more: test_bulk_socket_greeting)
+    n = MAX_WAITING_PER_PEER - 2
+    silent = [socket.create_connection(("127.0.0.1", server.handlers.bulk_port)) for _ in range(n)]
     try:
         time.sleep(0.1)
         assert service.bulk_slots._value == free
@@ -265,7 +269,7 @@ def test_a_fixed_bulk_port_is_taken_again_after_a_restart_but_never_twice_at_onc
     service, server, _ = served
     port = server.bulk.port
     client = _client(server)
-    list(client.fetch(30))  # a connection that leaves TIME_WAIT behind on one side
+    list(client.fetch(30, session=service.register(0, "inc0", True)["session"]))  # leaves TIME_WAIT behind
     params = {"w": torch.zeros(NUMEL), "b": torch.ones(3)}
     other = SynchronizerServer(
         build_service(params, AlgorithmConfig(fragments=1), ServiceSettings(timeouts=FAST)),
@@ -294,6 +298,9 @@ def test_a_refused_push_gives_its_slot_back_while_its_client_trickles_bytes(serv
     """A push refused for a bad frame is answered at once and its bulk slot freed before the drain:
     clients that keep trickling bytes after their refusal cannot hold every slot (#32, item 4)."""
     service, server, _ = served
+    reserved = 0  # all slots but a few taken here, so that the refused pushes could hold every one left
+    while service.bulk_slots._value > 4 and service.bulk_slots.acquire(blocking=False):
+        reserved += 1
     free = service.bulk_slots._value
     session = service.register(0, "inc0", True)["session"]
     refused: list[socket.socket] = []
@@ -326,6 +333,8 @@ def test_a_refused_push_gives_its_slot_back_while_its_client_trickles_bytes(serv
             trickler.join(5)
         for sock in refused:
             sock.close()
+        for _ in range(reserved):
+            service.bulk_slots.release()
 
 
 def test_fetches_that_are_never_read_take_no_bulk_slot_and_pushes_go_on(served):
@@ -335,13 +344,17 @@ def test_fetches_that_are_never_read_take_no_bulk_slot_and_pushes_go_on(served):
     from ddiloco.synchronizer.bulk_socket import MAX_FETCHING
 
     free = service.bulk_slots._value
-    session = service.register(0, "inc0", True)["session"]
+    sessions = [service.register(m, f"inc{m}", True)["session"] for m in range(2)]
+    session = sessions[0]
     unread: list[socket.socket] = []
     try:
-        for _ in range(free + 2):
+        for i in range(free + 2):
             sock = socket.create_connection(("127.0.0.1", server.handlers.bulk_port))
             unread.append(sock)
-            sockets.send_small(sock, {"method": "Fetch", "token": "tok"}, sockets.Deadline(10))
+            hello = {"method": "Fetch", "token": "tok", "session": sessions[i % 2]}
+            sockets.send_small(sock, hello, sockets.Deadline(10))
+            if i < MAX_FETCHING:  # in order: the fetch places go to the first ones
+                _wait(lambda n=i + 1: server.bulk.served["Fetch"] >= n, 10)
         _wait(lambda: server.bulk.served["Fetch"] >= MAX_FETCHING, 10)  # the first fetches are being served
         assert service.bulk_slots._value == free
         reply, _ = _client(server).push(

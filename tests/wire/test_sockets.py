@@ -148,3 +148,56 @@ def test_an_unreachable_port_is_a_connect_failure():
     client = sockets.BulkSocketClient("127.0.0.1", port, None, 1 << 20)
     with pytest.raises(sockets.ConnectFailed):
         client.push(iter([]), timeout=5)
+
+
+def test_a_small_message_is_read_as_it_trickles_in_and_never_past_its_end(pair):
+    """`SmallReader` (the synchronizer reads every hello with it, on one thread for all connections):
+    a message sent a byte at a time, then what follows it, which it must leave in the socket."""
+    client, server = pair
+    server.setblocking(False)
+    reader = sockets.SmallReader()
+    data = sockets.small_bytes({"method": "Push", "token": "t"})
+    head = None
+    for i in range(len(data)):
+        assert head is None
+        client.sendall(data[i : i + 1] + (b"NEXT" if i == len(data) - 1 else b""))
+        for _ in range(1000):  # until this byte has arrived (bounded)
+            head = reader.read(server)
+            if head is not None or len(reader.buffer) == i + 1:
+                break
+            time.sleep(0.001)
+    assert head == {"method": "Push", "token": "t", "nbytes": 0}
+    server.setblocking(True)
+    server.settimeout(10)
+    assert server.recv(4) == b"NEXT"
+
+
+@pytest.mark.parametrize(
+    "data,match",
+    [
+        (struct.pack("<I", 1 << 20) + b"DDL\x01\x00\x00\x00\x00", "at most"),
+        (struct.pack("<I", 100) + b"XYZ\x01\x00\x00\x00\x00", "magic"),
+        (struct.pack("<I", 100) + b"DDL\x01\x05\x00\x00\x00", "does not fit"),
+    ],
+)
+def test_a_small_message_with_a_bad_length_or_prefix_is_refused_before_the_rest_arrives(pair, data, match):
+    client, server = pair
+    server.setblocking(False)
+    client.sendall(data)
+    reader = sockets.SmallReader()
+    with pytest.raises(framing.WireError, match=match):
+        for _ in range(1000):
+            assert reader.read(server) is None
+            time.sleep(0.001)
+
+
+def test_a_peer_that_closes_before_its_small_message_is_complete_is_an_error(pair):
+    client, server = pair
+    server.setblocking(False)
+    client.sendall(sockets.small_bytes({"method": "Push"})[:7])
+    client.close()
+    reader = sockets.SmallReader()
+    with pytest.raises(ConnectionError):
+        for _ in range(1000):
+            assert reader.read(server) is None
+            time.sleep(0.001)

@@ -1,12 +1,14 @@
 """The synchronizer's end of the bulk socket plane (`wire.sockets`): pushes and fetches over plain TCP.
 
 Everything a gRPC bulk call goes through applies here too, through the same code: the auth token
-(compared in constant time before anything else is read; until then a connection holds one of a
-few greeting places, never a bulk slot), a bulk slot per authenticated push (a fetch, which over gRPC
-takes none, holds one of a few fetch places instead), the stream guard's idle and total
-deadlines and its limit of pushes per session, the message size limit checked before any buffer is
-reserved, and the handlers that take a contribution in or frame the model. A refusal is sent as an
-error message; a connection that breaks frees its slot.
+(compared in constant time before anything else is read; until then a connection waits, with no
+thread of its own, in `bulk_greeting`'s selector, within its caps and deadline), a bulk slot per
+authenticated push (a fetch, which over gRPC takes none, holds one of a few fetch places instead,
+and must name a live session, at most `MAX_FETCHES_PER_SESSION` of whose fetches run at once), the
+stream guard's idle and total deadlines and its limit of pushes per session, the message size limit
+checked before any buffer is reserved, and the handlers that take a contribution in or frame the
+model. A refusal is sent as an error message (by the greeter, which also drains what follows); a
+connection that breaks frees its slot.
 """
 
 from __future__ import annotations
@@ -24,16 +26,17 @@ import grpc
 from ..records.supervise import Supervisor, run_supervised
 from ..wire import auth, framing, rpc
 from ..wire import sockets as wire_sockets
+from .bulk_greeting import HELLO_SECONDS, Greeter, Refusal
 from .handlers import CLIENT_ERRORS, Handlers
+from .streams import MAX_PUSHES_PER_SESSION
 
 log = logging.getLogger(__name__)
 
 
-MAX_GREETING = 32  # connections at once that have not yet said who they are
 # Fetches at once. A fetch takes no bulk slot, as over gRPC (whose fetches take none either): fetches
 # that are never read could otherwise hold every slot and refuse every learner's push.
 MAX_FETCHING = 4
-HELLO_SECONDS = 10.0  # at most this long to say it (less with a shorter failure timeout)
+MAX_FETCHES_PER_SESSION = MAX_PUSHES_PER_SESSION  # a fetch names a live session and counts against it
 
 
 class Abort(Exception):
@@ -76,13 +79,21 @@ class BulkSocketServer:
             self.listener.close()
             raise OSError(f"cannot listen for bulk sockets on {host}:{port}: {exc}") from None
         self.listener.listen(64)
-        self.listener.settimeout(0.25)
         self.port: int = self.listener.getsockname()[1]
-        self._greeting = threading.BoundedSemaphore(MAX_GREETING)
+        hello_seconds = min(HELLO_SECONDS, self.service.settings.timeouts.failure)
+        self.greeter = Greeter(self.listener, tls, hello_seconds, self._admit, self._bad_hello)
+        self._greeting = self.greeter.places  # the places of connections not yet authenticated
         self._fetching = threading.BoundedSemaphore(MAX_FETCHING)
+        self._lock = threading.Lock()
+        self.fetches: Counter[str] = Counter()  # fetches in flight by session id
         self.served: Counter[str] = Counter()  # authenticated calls by method
         self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._accept_loop, name="ddiloco-bulk-accept", daemon=True)
+        self._thread = threading.Thread(target=self._greet_loop, name="ddiloco-bulk-accept", daemon=True)
+
+    @property
+    def closed(self) -> Counter[str]:
+        """Connections closed before a call, by reason: caps, hello deadline, failed TLS handshakes."""
+        return self.greeter.closed
 
     def start(self) -> int:
         self._thread.start()
@@ -90,87 +101,101 @@ class BulkSocketServer:
 
     def stop(self) -> None:
         self._closing.set()
+        self.greeter.wake()
         self._thread.join(timeout=5.0)
+        if not self._thread.is_alive():
+            self.greeter.close()
         self.listener.close()
 
-    def _accept_loop(self) -> None:
-        """Accepts until closed; anything else that goes wrong is logged and retried (`supervise`)."""
-        run_supervised(self._accept_one, lambda s: not self._closing.wait(s), Supervisor("bulk socket accept", log))
+    def _greet_loop(self) -> None:
+        """Accepts and greets until closed; anything else that goes wrong is logged and retried (`supervise`)."""
+        run_supervised(
+            lambda: not self._closing.is_set() and self.greeter.step(),
+            lambda s: not self._closing.wait(s),
+            Supervisor("bulk socket accept", log),
+        )
 
-    def _accept_one(self) -> bool:
-        """One connection accepted and handed to its thread (or refused); False once closing."""
-        if self._closing.is_set():
-            return False
-        try:
-            conn, _ = self.listener.accept()
-        except (TimeoutError, BlockingIOError):
-            return True
-        except OSError:
-            if self._closing.is_set():
-                return False
-            raise  # the descriptor limit, say: logged by the supervisor, retried after a backoff
-        if not self._greeting.acquire(blocking=False):  # too many connections not yet authenticated
-            conn.close()
-            return True
-        threading.Thread(target=self._serve, args=(conn,), name="ddiloco-bulk-conn", daemon=True).start()
-        return True
-
-    def _serve(self, conn: socket.socket) -> None:
-        """Hello and token first, holding only a greeting place (`MAX_GREETING`, for at most
-        `HELLO_SECONDS`): a bulk slot goes only to an authenticated call."""
-        method, slot = "bulk socket", None
-        try:
+    def _admit(self, conn: socket.socket, hello: dict) -> Refusal | None:
+        """A complete hello, in the greeter's thread (nothing here waits): the token, then for a fetch
+        its session, then a place (a bulk slot, or a fetch place). The call then runs on a thread of
+        its own, so there are at most as many such threads as places; None means it was taken."""
+        method = cast(str, hello.get("method")) if hello.get("method") in wire_sockets.BULK_METHODS else "bulk socket"
+        if self.token is not None and not auth.token_matches(self.token, _text(hello.get("token"))):
+            self.service.refuse_rpc(method, "missing auth token" if hello.get("token") is None else "wrong auth token")
+            return {"error": "UNAUTHENTICATED", "details": "wrong or missing auth token"}, self.max_frame
+        if method not in wire_sockets.BULK_METHODS:
+            details = f"unknown bulk method {str(hello.get('method'))[:40]!r}"
+            self.service.refuse_rpc(method, details)
+            return {"error": "UNIMPLEMENTED", "details": details}, self.max_frame
+        session = None
+        if method == "Fetch":
+            sid = _text(hello.get("session"))
+            session = self.service.session(sid) if sid is not None else None
+            if session is None:
+                self.service.refuse_rpc(method, "unknown session")
+                return {"error": "NOT_FOUND", "details": "unknown session: register again"}, self.max_frame
+            with self._lock:
+                if self.fetches[session.id] >= MAX_FETCHES_PER_SESSION:
+                    details = f"{MAX_FETCHES_PER_SESSION} fetches of this session are in flight; retry later"
+                    return {"error": "RESOURCE_EXHAUSTED", "details": details}, self.max_frame
+                self.fetches[session.id] += 1
+        places = self._fetching if method == "Fetch" else self.service.bulk_slots
+        if places.acquire(blocking=False):
             try:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                hello_deadline = wire_sockets.Deadline(min(HELLO_SECONDS, self.service.settings.timeouts.failure))
-                if self.tls is not None:
-                    hello_deadline.arm(conn)
-                    conn = self.tls.wrap_socket(conn, server_side=True)
-                hello = wire_sockets.recv_small(conn, hello_deadline)
-            finally:
-                self._greeting.release()
-            method = (
-                cast(str, hello.get("method")) if hello.get("method") in wire_sockets.BULK_METHODS else "bulk socket"
-            )
-            if self.token is not None and not auth.token_matches(self.token, _text(hello.get("token"))):
-                reason = "missing auth token" if hello.get("token") is None else "wrong auth token"
-                self.service.refuse_rpc(method, reason)
-                self._answer(
-                    conn, {"error": "UNAUTHENTICATED", "details": "wrong or missing auth token"}, self.max_frame
-                )
-                return
-            places = self._fetching if method == "Fetch" else self.service.bulk_slots
-            if not places.acquire(blocking=False):
-                self._answer(
-                    conn,
-                    {"error": "RESOURCE_EXHAUSTED", "details": "too many bulk transfers at once; retry later"},
-                    self.max_frame,
-                )
-                return
-            slot = places
-            self.served[method] += 1
-            refusal = self._call(conn, method, hello)
-            if refusal is not None:
-                # Refused: the slot goes back before the drain, which a client trickling bytes could
-                # stretch out for as long as its message is long.
-                slot = None
+                threading.Thread(
+                    target=self._serve,
+                    args=(conn, method, places, session.id if session is not None else None),
+                    name="ddiloco-bulk-call",
+                    daemon=True,
+                ).start()
+                self.served[method] += 1
+                return None
+            except RuntimeError:  # no thread to be had
                 places.release()
-                self._answer(conn, refusal, self.message_drain)
-        except framing.WireError as exc:  # a bad hello
-            self.service.refuse_rpc(method, f"bad {method} hello: {exc}")
-            self._answer(conn, {"error": "INVALID_ARGUMENT", "details": f"bad hello: {exc}"}, self.max_frame)
+        if session is not None:
+            self._unbook(session.id)
+        return {"error": "RESOURCE_EXHAUSTED", "details": "too many bulk transfers at once; retry later"}, (
+            self.message_drain
+        )
+
+    def _bad_hello(self, exc: Exception) -> Refusal:
+        self.service.refuse_rpc("bulk socket", f"bad bulk socket hello: {exc}")
+        return {"error": "INVALID_ARGUMENT", "details": f"bad hello: {exc}"}, self.max_frame
+
+    def _unbook(self, session_id: str) -> None:
+        with self._lock:
+            self.fetches[session_id] -= 1
+            if self.fetches[session_id] <= 0:
+                del self.fetches[session_id]
+
+    def _serve(self, conn: socket.socket, method: str, slot: threading.Semaphore, session_id: str | None) -> None:
+        """An authenticated call, holding its place (`slot`) until it ends or is refused."""
+        held: threading.Semaphore | None = slot
+        owned: socket.socket | None = conn
+        try:
+            refusal = self._call(conn, method)
+            if refusal is not None:
+                # Refused: the slot goes back at once, and the greeter answers and drains, so a client
+                # trickling bytes after its refusal holds neither a slot nor a thread.
+                held = None
+                slot.release()
+                owned = None  # the greeter's from now on
+                self.greeter.drain(conn, refusal, self.message_drain)
         except OSError as exc:  # the peer went away or stalled (ssl.SSLError is one too)
             log.debug("bulk socket %s ended: %s", method, exc)
         except Exception:  # noqa: BLE001 - our bug: logged, and the service goes on
             log.exception("bulk socket %s failed", method)
         finally:
             try:
-                conn.close()
+                if owned is not None:
+                    owned.close()
             finally:
-                if slot is not None:
-                    slot.release()
+                if held is not None:
+                    held.release()
+                if session_id is not None:
+                    self._unbook(session_id)
 
-    def _call(self, conn: socket.socket, method: str, hello: dict) -> dict | None:
+    def _call(self, conn: socket.socket, method: str) -> dict | None:
         """An authenticated call, holding a bulk slot. A refusal, or an answer given before the payload
         was read, is returned for the caller to send once it has given the slot back."""
         context = SocketContext(conn)
@@ -181,10 +206,8 @@ class BulkSocketServer:
                     if isinstance(reply, dict):
                         return reply
                     wire_sockets.send_frame(conn, [reply], wire_sockets.Deadline(self.service.settings.timeouts.rpc))
-                elif method == "Fetch":
-                    self._fetch(conn, context)
                 else:
-                    raise Abort(grpc.StatusCode.UNIMPLEMENTED, f"unknown bulk method {str(hello.get('method'))[:40]!r}")
+                    self._fetch(conn, context)
             except framing.WireError as exc:
                 code = "RESOURCE_EXHAUSTED" if "exceeds the limit" in str(exc) else "INVALID_ARGUMENT"
                 self.service.refuse_rpc(method, f"bad {method}: {exc}")
@@ -196,25 +219,6 @@ class BulkSocketServer:
         except Abort as abort:
             return {"error": abort.code.name, "details": abort.details}
         return None
-
-    def _answer(self, conn: socket.socket, head: dict, drain: int) -> None:
-        """Send a reply while the peer may still be sending, then take and drop up to `drain` bytes
-        it still sends, while they keep coming: closing with unread bytes would reset the connection
-        before the peer read the reply."""
-        try:
-            wire_sockets.send_small(conn, head, wire_sockets.Deadline(self.service.settings.timeouts.rpc))
-            if not isinstance(conn, ssl.SSLSocket):
-                conn.shutdown(socket.SHUT_WR)  # TLS needs its write side to read on
-            left = drain
-            sink = memoryview(bytearray(1 << 16))
-            conn.settimeout(min(HELLO_SECONDS, self.service.settings.timeouts.failure))
-            while left > 0:
-                n = conn.recv_into(sink)
-                if not n:
-                    return
-                left -= n
-        except (OSError, ValueError):
-            pass
 
     def _push(self, conn: socket.socket, context: SocketContext) -> bytes | dict:
         """The reply frame to a push, or the answer to give before reading its payload (an unknown

@@ -8,14 +8,16 @@ pieces go out with one `sendmsg` from the tensors' own memory, and each body is 
 are touched once on each side. Control stays on gRPC; this carries only bulk tensors.
 
 A connection carries one call. Every frame is a u32 length and then the frame. The client opens with
-a hello message {"method", "token"}; the server answers a push with one reply message, a fetch with
-its messages and then {"end": true}, and any refusal with {"error": CODE, "details"}, which the client
-raises as a `SocketRpcError` (a `grpc.RpcError`, so callers handle both planes alike). Every receive
-is bounded by a deadline and every length is checked before anything is read or reserved.
+a hello message {"method", "token"} (a fetch's names its "session" too); the server answers a push
+with one reply message, a fetch with its messages and then {"end": true}, and any refusal with
+{"error": CODE, "details"}, which the client raises as a `SocketRpcError` (a `grpc.RpcError`, so
+callers handle both planes alike). Every receive is bounded by a deadline and every length is
+checked before anything is read or reserved.
 """
 
 from __future__ import annotations
 
+import errno
 import select
 import socket
 import ssl
@@ -151,6 +153,65 @@ def send_small(sock: socket.socket, head: Mapping[str, object], deadline: Deadli
     send_frame(sock, [framing.message(head)], deadline)
 
 
+def small_bytes(head: Mapping[str, object]) -> bytes:
+    """A small message as it goes on the wire (its length, then the frame): what `send_small` sends."""
+    frame = framing.message(head)
+    return _LENGTH.pack(len(frame)) + frame
+
+
+# What a non-blocking socket raises when it would wait (TLS: its records need more bytes, or a write).
+WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+
+class SmallReader:
+    """A small message (what `recv_small` reads) taken from a non-blocking socket as its bytes arrive,
+    so that one thread can wait on many connections at once (the synchronizer reads every hello this
+    way). It asks the socket for exactly the bytes the message still needs, never more: what the peer
+    sent after it stays in the socket for whoever serves the connection next. The sizes are checked as
+    soon as they arrive, before anything more is read."""
+
+    def __init__(self, max_frame: int = MAX_HELLO_BYTES) -> None:
+        self.max_frame = max_frame
+        self.buffer = bytearray()
+        self.need = _LENGTH.size + framing.PREFIX_BYTES  # a frame is at least its prefix
+
+    def read(self, sock: socket.socket) -> dict[str, Any] | None:
+        """The message's head once it is complete; None while more must arrive. WireError for a bad
+        frame, ConnectionError when the peer closes first."""
+        while True:
+            want = self.need - len(self.buffer)
+            if want <= 0:
+                if self.need == _LENGTH.size + framing.PREFIX_BYTES:
+                    self.need = self._frame_bytes()
+                    continue
+                return self._head()
+            try:
+                chunk = sock.recv(want)
+            except WOULD_BLOCK:
+                return None
+            if not chunk:
+                raise ConnectionError(errno.ECONNRESET, "the peer closed the connection before its message")
+            self.buffer += chunk
+
+    def _frame_bytes(self) -> int:
+        """From the length and the prefix: the bytes of the whole message, checked."""
+        view = memoryview(self.buffer)
+        n = int(_LENGTH.unpack(view[: _LENGTH.size])[0])
+        if not framing.PREFIX_BYTES <= n <= self.max_frame:
+            raise framing.WireError(f"frame of {n} bytes (at most {self.max_frame})")
+        length = framing.header_length(view[_LENGTH.size :])
+        if framing.PREFIX_BYTES + length != n:
+            raise framing.WireError(f"header length {length} does not fit a message of {n} bytes without payload")
+        return _LENGTH.size + n
+
+    def _head(self) -> dict[str, Any]:
+        frame = framing.parse_header(memoryview(self.buffer)[_LENGTH.size + framing.PREFIX_BYTES :])
+        head = frame.get("head")
+        if frame.get("parts") != 1 or not isinstance(head, dict):
+            raise framing.WireError("expected a single-frame message")
+        return head
+
+
 def raise_if_error(head: dict[str, Any]) -> dict[str, Any]:
     if "error" in head:
         code = getattr(grpc.StatusCode, str(head["error"]), None)
@@ -170,14 +231,17 @@ class BulkSocketClient:
             raise ValueError(f"bad bulk socket port {port!r}")
         self.host, self.port, self.token, self.max_frame, self.tls = host.strip("[]"), int(port), token, max_frame, tls
 
-    def _connect(self, method: str, deadline: Deadline) -> socket.socket:
+    def _connect(self, method: str, deadline: Deadline, session: str | None = None) -> socket.socket:
         try:
             left = max(0.001, deadline.end - time.monotonic())
             sock = socket.create_connection((self.host, self.port), timeout=min(left, CONNECT_SECONDS))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock = self.tls.wrap_socket(sock, server_hostname=self.host)
-            send_small(sock, {"method": method, "token": self.token}, deadline)
+            hello = {"method": method, "token": self.token}
+            if session is not None:
+                hello["session"] = session
+            send_small(sock, hello, deadline)
             return sock
         except OSError as exc:
             raise ConnectFailed(grpc.StatusCode.UNAVAILABLE, f"bulk socket {self.host}:{self.port}: {exc}") from None
@@ -206,11 +270,12 @@ class BulkSocketClient:
             sock.close()
 
     def fetch(
-        self, timeout: float, pool: BufferPool | None = None, limit: int = 1 << 40
+        self, timeout: float, pool: BufferPool | None = None, limit: int = 1 << 40, session: str | None = None
     ) -> Iterator[reassembly.Message]:
-        """The messages a fetch returns, each received straight into its buffer."""
+        """The messages a fetch returns, each received straight into its buffer. The synchronizer serves
+        a fetch on this plane only to a registered `session` (gRPC's `Fetch` needs none)."""
         deadline = Deadline(timeout)
-        sock = self._connect("Fetch", deadline)
+        sock = self._connect("Fetch", deadline, session)
         try:
             reassembler = reassembly.Reassembler(limit, max_open=1, pool=pool)
             while True:
