@@ -202,9 +202,11 @@ def test_base_copy_lives_on_the_base_device_in_fp32():
     assert params["a"].dtype == torch.bfloat16 and torch.equal(params["a"], torch.ones(3, dtype=torch.bfloat16))
 
 
-def rebasing(rebase: bool):
+def rebasing(rebase: bool, late_merged: bool = True):
     params = {"a": torch.zeros(2)}
-    core = LearnerCore(0, params, balanced_fragments([("a", 2)], 1), Schedule(1, 2, 1), rebase=rebase)
+    core = LearnerCore(
+        0, params, balanced_fragments([("a", 2)], 1), Schedule(1, 2, 1), rebase=rebase, late_merged=late_merged
+    )
     core.join([FragmentUpdate(0, 0, {"a": torch.tensor([1.0, 1.0])}, (0,))])
     return core, params
 
@@ -227,9 +229,12 @@ def test_rebase_keeps_the_steps_taken_since_the_snapshot_by_hand():
 
 
 def test_rebase_keeps_a_snapshot_the_merge_left_out_and_sends_it_with_the_next_contribution_by_hand():
-    # the update's `merged` says who made version 1: us, someone else (ours was stale), or not known
-    for merged, expected, steps in (((0,), [2.0, 2.3], 2), ((1,), [2.1, 2.3], 3), (None, [2.0, 2.3], 2)):
-        core, params = rebasing(True)
+    # late work refused: the update's `merged` says who made version 1: us, someone else (ours was
+    # stale), or not known. Late work merged: the snapshot is on its way whatever `merged` says.
+    cases = [(False, (0,), [2.0, 2.3], 2), (False, (1,), [2.1, 2.3], 3), (False, None, [2.0, 2.3], 2)]
+    cases += [(True, (1,), [2.0, 2.3], 2)]
+    for late_merged, merged, expected, steps in cases:
+        core, params = rebasing(True, late_merged)
         params["a"] += torch.tensor([0.1, 0.0])
         [c] = core.after_step(10, 1.0)  # snapshot at [1.1, 1.0] against version 0 (Theta_0 = [1, 1])
         params["a"] += torch.tensor([0.0, 0.2])
@@ -291,3 +296,21 @@ def test_acknowledge_ends_a_leaving_learners_pending_work_without_values():
     assert core.flush() == []  # the acknowledged work is not sent again; fragment 1 is still in flight
     assert core.acknowledge(1, 3)  # merged into a later version (other learners' rounds came first)
     assert core.pending == [None, None] and core.flush() == []
+
+
+def test_tokens_sent_and_overwritten_are_counted_once_by_hand():
+    for rebase, overwritten in ((False, 20.0), (True, 0.0)):
+        core, params = rebasing(rebase)
+        core.after_step(10, 1.0)  # snapshot: 10 tokens sent
+        assert core.tokens_sent == 10.0 and core.tokens_overwritten == 0.0
+        core.begin_step(10, 1.0)
+        core.begin_step(10, 1.0)  # 20 tokens trained since the snapshot
+        core.receive(FragmentUpdate(0, 1, {"a": torch.tensor([2.0, 2.0])}, (0,), (0,)))
+        core.begin_step(0, 1.0)
+        assert core.tokens_overwritten == overwritten, rebase  # overwrite loses what was not sent
+        assert core.tokens_sent == 10.0
+    core, params = rebasing(False)
+    core.after_step(10, 1.0)
+    assert core.retry(0, 0) and core.tokens_sent == 0.0  # refused or lost: it goes again, counted then
+    [again] = core.after_step(10, 1.0)
+    assert again.tokens == 20 and core.tokens_sent == 20.0

@@ -1,5 +1,6 @@
 """Deferred merges (`defer_merges`): the round's tensor work as a job a driver computes off its lock."""
 
+import itertools
 import math
 
 import pytest
@@ -16,9 +17,11 @@ from ddiloco.core.merge_job import MergeDue, MergeResult
 from ddiloco.core.outer import NesterovOuterOptimizer
 from ddiloco.core.round_sum import RoundSum
 
+_snapshots = itertools.count(1)  # a learner's step count only grows: each snapshot gets a new one
+
 
 def contribution(learner, grad, tokens=100, version=0):
-    return Contribution(learner, 0, version, {"w": torch.tensor(grad)}, 4, tokens, 4.0, 1.0, 4)
+    return Contribution(learner, 0, version, {"w": torch.tensor(grad)}, 4, tokens, 4.0, 1.0, next(_snapshots))
 
 
 def make(defer, momentum=0.5, merge="rda"):
@@ -48,10 +51,11 @@ def test_a_deferred_merge_is_a_job_whose_result_matches_the_direct_merge_by_hand
     assert [type(a).__name__ for a in out] == ["MergeDue"] and deferred.versions[0] == 0
     job = out[0].job
     assert job.fragment == 0 and job.version == 0 and job.weights == (2500.0, 22500.0)
-    # busy: a contribution against the version being merged is stale, and no new round opens
+    # busy: a contribution against the version being merged is late for it; no new round opens, it
+    # waits for the next round, one version late
     late = deferred.receive(contribution(0, [1.0, 1.0]), now=1.5)
-    assert [type(a).__name__ for a in late] == ["Rejected"] and "being merged" in late[0].reason
-    assert deferred.rounds == {}
+    assert late == [] and deferred.rounds == {}
+    assert [(w.contribution.learner, w.staleness) for w in deferred.carries[0].work] == [(0, 1)]
     result = job.compute()
     finished = deferred.finish_merge(job, result, now=2.0)
     direct_out = direct.receive(contribution(1, [0.0, -1.0], tokens=300), now=1.0)

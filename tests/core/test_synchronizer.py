@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 import torch
 
@@ -9,14 +11,24 @@ from ddiloco.core import (
     balanced_fragments,
 )
 
+_snapshots = itertools.count(1)  # a learner's step count only grows: each snapshot gets a new one
+
 
 def contribution(learner, grad, steps=4, tokens=100, version=0, step_time=1.0, fragment=0, name="w"):
     return Contribution(
-        learner, fragment, version, {name: torch.tensor(grad)}, steps, tokens, float(steps), step_time, steps
+        learner,
+        fragment,
+        version,
+        {name: torch.tensor(grad)},
+        steps,
+        tokens,
+        float(steps),
+        step_time,
+        next(_snapshots),
     )
 
 
-def make(quorum=2, grace=0.5, learners=3, merge="mean", momentum=0.0, max_ratio=0.0):
+def make(quorum=2, grace=0.5, learners=3, merge="mean", momentum=0.0, max_ratio=0.0, late="merge", staleness=4):
     """The hand examples move a zero fragment by unit steps: the norm bound is off unless a test sets it."""
     config = AlgorithmConfig(
         fragments=1,
@@ -29,6 +41,8 @@ def make(quorum=2, grace=0.5, learners=3, merge="mean", momentum=0.0, max_ratio=
         merge=merge,
         ema=1.0,
         max_outer_norm_ratio=max_ratio,
+        late=late,
+        max_staleness=staleness,
     )
     plan = balanced_fragments([("w", 2)], 1)
     core = SynchronizerCore(config, plan, {"w": torch.zeros(2)})
@@ -113,7 +127,7 @@ def test_quorum_is_capped_at_live_learners_so_k_equal_m_waits_for_every_live_one
 
 
 def test_rejoining_learner_gets_current_global_and_stale_work_is_refused():
-    core = make(quorum=1, grace=0.0, learners=2)
+    core = make(quorum=1, grace=0.0, learners=2, late="refuse")
     for v in range(3):
         core.receive(contribution(0, [-1.0, -1.0], version=v), now=float(v))
     assert core.versions[0] == 3
@@ -128,7 +142,7 @@ def test_rejoining_learner_gets_current_global_and_stale_work_is_refused():
 
 
 def test_every_update_says_which_learners_made_its_version_and_a_restart_says_it_does_not_know():
-    core = make(quorum=1, grace=0.0, learners=2)
+    core = make(quorum=1, grace=0.0, learners=2, late="refuse")
     assert core.current_update(0, (0,)).merged == ()  # version 0: nobody's work
     *_, merged, update = core.receive(contribution(0, [-1.0, -1.0]), now=0.0)  # after its request to 1
     assert merged.version == 1 and update.merged == (0,) and update.learners == (0, 1)
@@ -276,8 +290,8 @@ def test_k1_without_grace_admits_every_contribution_queued_at_the_quorum_by_hand
     # weights tokens^2/steps: 2500, 2500, 10000 -> delta = (2500*[-1,0] + 2500*[0,-1] + 10000*[-1,-1]) / 15000
     delta = torch.tensor([-12500.0, -12500.0]) / 15000
     assert torch.allclose(update.tensors["w"], -0.7 * delta)
-    # without hold the first one merges alone and the others are refused as stale, as before
-    core = make(quorum=1, grace=0.0)
+    # without hold the first one merges alone and the others are refused as stale (the paper's rule)
+    core = make(quorum=1, grace=0.0, late="refuse")
     assert kinds(core.receive(contribution(0, [-1.0, 0.0]), now=1.0)) == ["FragmentRequest", "Merged", "FragmentUpdate"]
     assert kinds(core.receive(contribution(1, [0.0, -1.0]), now=1.0))[0] == "Rejected"
 

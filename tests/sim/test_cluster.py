@@ -15,17 +15,19 @@ from .helpers import sim_config
 HETERO = StepTimeModel(speeds=half_slow(4, 1.2), jitter=0.1)
 
 
-def run(task, quorum, grace, steps=HETERO, failures=None, learners=4):
-    algorithm = AlgorithmConfig(fragments=2, sync_every=8, overlap=2, quorum=quorum, grace=grace)
+def run(task, quorum, grace, steps=HETERO, failures=None, learners=4, **knobs):
+    algorithm = AlgorithmConfig(fragments=2, sync_every=8, overlap=2, quorum=quorum, grace=grace, **knobs)
     kw = {} if failures is None else {"failures": failures}
     config = sim_config(learners=learners, steps_per_learner=40, algorithm=algorithm, steps=steps, **kw)
     return DecoupledCluster(config, task).run()
 
 
 def test_k1_alone_merges_the_opener_grace_admits_the_slower_learners_and_k_m_admits_all(tiny_task):
-    k1 = run(tiny_task, quorum=1, grace=0.0)
-    k1_grace = run(tiny_task, quorum=1, grace=0.5)
-    km = run(tiny_task, quorum=4, grace=0.0)
+    paper = dict(late="refuse", arrival="overwrite")  # late work thrown away, as the paper has it
+    k1 = run(tiny_task, quorum=1, grace=0.0, **paper)
+    k1_grace = run(tiny_task, quorum=1, grace=0.5, **paper)
+    km = run(tiny_task, quorum=4, grace=0.0, **paper)
+    k1_late_merged = run(tiny_task, quorum=1, grace=0.0)
     per_merge = {
         name: s["contributions"] / s["outer_steps"] for name, s in [("k1", k1), ("k1_grace", k1_grace), ("km", km)]
     }
@@ -35,8 +37,10 @@ def test_k1_alone_merges_the_opener_grace_admits_the_slower_learners_and_k_m_adm
     # Nobody waits in any of them: the learners compute all the time...
     for stats in (k1, k1_grace, km):
         assert stats["utilization"] > 0.9
-    # ...but K=1 alone throws most of that work away, which is what the grace window recovers.
+    # ...but K=1 alone throws most of that work away, which is what the grace window recovers, and
+    # what merging late work (the default) keeps without one.
     assert k1["goodput"] < 0.45 < 0.8 < k1_grace["goodput"]
+    assert k1_late_merged["goodput"] > 0.8 and k1_late_merged["rejected_contributions"] == 0
 
 
 def test_k1_without_grace_admits_every_contribution_that_arrives_with_the_quorum(tiny_task):
@@ -131,8 +135,10 @@ def test_rebase_keeps_work_refused_as_stale_and_merges_every_token_once(tiny_tas
     trained tokens reach the model, and the ledger (which raises on a step merged twice) shows none
     of it is counted twice."""
     runs = {}
-    for arrival in ("overwrite", "rebase"):
-        algorithm = AlgorithmConfig(fragments=2, sync_every=8, overlap=2, quorum=1, grace=0.0, arrival=arrival)
+    for arrival, late in (("overwrite", "refuse"), ("rebase", "refuse"), ("rebase", "merge")):
+        algorithm = AlgorithmConfig(
+            fragments=2, sync_every=8, overlap=2, quorum=1, grace=0.0, arrival=arrival, late=late
+        )
         config = sim_config(
             learners=4,
             steps_per_learner=40,
@@ -140,9 +146,11 @@ def test_rebase_keeps_work_refused_as_stale_and_merges_every_token_once(tiny_tas
             steps=HETERO,
             link=LinkModel(latency=0.3, bandwidth=1e15, merge_rate=1e15),
         )
-        runs[arrival] = DecoupledCluster(config, tiny_task).run()
+        runs[arrival if late == "refuse" else "late-merged"] = DecoupledCluster(config, tiny_task).run()
     share = {k: s["tokens_merged"] / s["tokens_trained"] for k, s in runs.items()}
-    assert all(s["rejected_contributions"] >= 5 for s in runs.values())  # stale work in both
+    assert all(runs[k]["rejected_contributions"] >= 5 for k in ("overwrite", "rebase"))  # late work refused
     assert share["overwrite"] < 0.5 and share["rebase"] > 0.85, share  # without keeping it: 0.43
     assert runs["rebase"]["tokens_merged"] <= runs["rebase"]["tokens_trained"]
     assert runs["rebase"]["goodput"] > runs["overwrite"]["goodput"] + 0.3
+    # merged late instead: nothing refused, and (the ledger raises on a step merged twice) once
+    assert runs["late-merged"]["rejected_contributions"] == 0 and share["late-merged"] > 0.85, share

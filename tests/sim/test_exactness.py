@@ -56,7 +56,14 @@ def test_k_equals_m_blocking_one_fragment_is_classic_synchronous_diloco(tiny_tas
         learners=learners,
         steps_per_learner=period * rounds,
         algorithm=AlgorithmConfig(
-            fragments=1, sync_every=period, overlap=0, quorum=learners, merge="mean", outer_lr=0.7, outer_momentum=0.9
+            fragments=1,
+            sync_every=period,
+            overlap=0,
+            quorum=learners,
+            merge="mean",
+            outer_lr=0.7,
+            outer_momentum=0.9,
+            final_momentum=True,  # classic DiLoCo: every outer step the same Nesterov step
         ),
     )
     cluster = DecoupledCluster(config, tiny_task)
@@ -175,7 +182,16 @@ def test_several_fragments_overlap_unequal_learners_and_rda_match_a_replay_writt
         steps=StepTimeModel(speeds=(1.0, 1.5, 2.2)),
         batch_sizes=batches,
         algorithm=AlgorithmConfig(
-            fragments=2, sync_every=4, overlap=1, quorum=2, grace=0.5, merge="rda", outer_lr=lr, outer_momentum=mu
+            fragments=2,
+            sync_every=4,
+            overlap=1,
+            quorum=2,
+            grace=0.5,
+            merge="rda",
+            outer_lr=lr,
+            outer_momentum=mu,
+            arrival="overwrite",  # the replay below overwrites, as the paper's learner does
+            final_momentum=True,
         ),
     )
     cluster = DecoupledCluster(config, tiny_task)

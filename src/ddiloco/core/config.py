@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 MergeMode = Literal["rda", "mean"]
 ArrivalMode = Literal["overwrite", "rebase"]
+LateMode = Literal["merge", "refuse"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,14 @@ class AlgorithmConfig:
     quorum is capped at the number of live learners, so K >= M means "wait for every live learner".
     overlap 0 means blocking syncs: a learner waits at the boundary for the fragment it just sent
     (classic synchronous DiLoCo).
+    overlap_auto: each learner widens its tau beyond `overlap` by the steps its link takes (the
+    measured time to push a fragment and get the update back), so Eq. 3's slack stays positive behind
+    a long link (`learner.overlap`); off, tau is `overlap` everywhere.
+    late: what the synchronizer does with a contribution that missed its round (based on an older
+    version than the current one). "merge" (ours, the default) adds it to the fragment's next round,
+    counted once with its token weight divided by (1 + staleness_discount * s), s the versions it
+    missed; one more than max_staleness (S) versions behind, it is refused. "refuse" is the paper's
+    behaviour: late work is dropped and the learner overwritten (kept for the ablation).
     """
 
     fragments: int = 24
@@ -45,8 +54,12 @@ class AlgorithmConfig:
     merge: MergeMode = "rda"
     ema: float = 0.2
     max_outer_norm_ratio: float = 10.0
-    final_momentum: bool = True
-    arrival: ArrivalMode = "overwrite"
+    final_momentum: bool = False  # measured: docs/results.md, "The end of a run"
+    arrival: ArrivalMode = "rebase"  # measured: docs/results.md, "Long links"
+    overlap_auto: bool = True
+    late: LateMode = "merge"
+    max_staleness: int = 4
+    staleness_discount: float = 0.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -73,6 +86,14 @@ class AlgorithmConfig:
             problems.append(f"merge must be 'rda' or 'mean', got {self.merge!r}")
         if self.arrival not in ("overwrite", "rebase"):
             problems.append(f"arrival must be 'overwrite' or 'rebase', got {self.arrival!r}")
+        if self.late not in ("merge", "refuse"):
+            problems.append(f"late must be 'merge' or 'refuse', got {self.late!r}")
+        if not 1 <= self.max_staleness <= 1000:
+            problems.append(f"max_staleness (S) must be in [1, 1000], got {self.max_staleness}")
+        if not (0 <= self.staleness_discount < float("inf")):
+            problems.append(f"staleness_discount must be a finite number >= 0, got {self.staleness_discount}")
+        if not isinstance(self.overlap_auto, bool):
+            problems.append(f"overlap_auto must be true or false, got {self.overlap_auto!r}")
         if not isinstance(self.final_momentum, bool):
             problems.append(f"final_momentum must be true or false, got {self.final_momentum!r}")
         if not 0 < self.ema <= 1:

@@ -67,12 +67,15 @@ class LearnerCore:
         ema: float = 0.2,
         rebase: bool = False,
         stage: Callable[[int, Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]] | None = None,
+        late_merged: bool = True,
     ) -> None:
         """`ema`: smoothing of the step time sent with each contribution (`AlgorithmConfig.ema`);
         `rebase`: keep local progress when a global value arrives (`AlgorithmConfig.arrival`);
         `stage(fragment, base)`: the outer gradients Theta - theta of a snapshot, from the fragment's
         base values; a driver passes one that copies now and subtracts later, in another thread
-        (`learner.staging`). Default: computed here."""
+        (`learner.staging`). Default: computed here. `late_merged`: the synchronizer merges work that
+        missed its round into a later one (`AlgorithmConfig.late` "merge"), so a snapshot an update did
+        not take is still on its way, not unsent work to keep."""
         missing = set(plan.all_names()) - set(params)
         if missing:
             raise KeyError(f"model lacks parameters named in the fragment plan: {sorted(missing)[:5]}")
@@ -99,6 +102,14 @@ class LearnerCore:
         self.step_time = Ema(ema)
         self.stopped = False  # flushed at the end of training: requests are answered or declined
         self.rebase = rebase
+        self.late_merged = late_merged
+        # Token accounting by cause (each weighed by its fragment's share of the parameters, as merged
+        # tokens are): what left in contributions, and what an arriving value overwrote unsent.
+        self.tokens_sent = 0.0
+        self.tokens_overwritten = 0.0
+        self._snapshot_tokens = [0] * num  # the tokens of the pending contribution, per fragment
+        self.overlap = schedule.overlap  # tau; a driver with `--overlap auto` changes it (`learner.overlap`)
+        self.link_seconds = 0.0  # the driver's measured link time, sent with each contribution
         self.stage = stage
         self.at_snapshot: list[tuple[dict[str, torch.Tensor], FragmentCounters] | None] = [None] * num
         self.forced: set[int] = set()  # repairs always overwrite (the local value may be broken)
@@ -111,7 +122,7 @@ class LearnerCore:
             raise ValueError(f"join needs every fragment once, got {sorted(got)}")
         for update in updates:
             self._overwrite(update)
-            self.anchors[update.fragment] = self.schedule.initial_anchor(update.fragment, self.step)
+            self.anchors[update.fragment] = self.step + self.schedule.offset(update.fragment) - self.overlap
         # Requests that reached us while the state was in flight are kept: they are answered at the
         # first boundary (declined if we have not stepped, so a fresh learner never drags the model).
         self.inbox.clear()
@@ -146,6 +157,7 @@ class LearnerCore:
         if self.pending[fragment] != version:
             return False
         self.pending[fragment] = None
+        self.tokens_sent -= self._snapshot_tokens[fragment] * self.plan.share(fragment)  # it goes again
         self.anchors[fragment] = self.step - self.schedule.period
         return True
 
@@ -184,7 +196,7 @@ class LearnerCore:
             self.forced.discard(fragment)
             if not contributed:
                 # Align with the cadence of those who did contribute: as if we had sent tau steps ago.
-                self.anchors[fragment] = self.step - self.schedule.overlap
+                self.anchors[fragment] = self.step - self.overlap
             applied.append(fragment)
         return applied
 
@@ -199,17 +211,20 @@ class LearnerCore:
     def _rebase(self, update: FragmentUpdate) -> None:
         """theta <- Theta_new + (theta - reference): the reference is theta at our pending snapshot
         (its work went into the global value), else the last global value (all our work is unsent).
-        A snapshot the merge that made `update` did not take (refused as stale, or too late for its
-        round) is unsent work too: it is kept and goes with the next contribution, re-based onto the
+        Where late work is refused (`late_merged` False), a snapshot the merge that made `update` did
+        not take is unsent work too: it is kept and goes with the next contribution, re-based onto the
         version it missed, its tokens counted once. Where that is not known, the snapshot counts as sent."""
         p, names = update.fragment, self._checked_names(update)
         pending = self.pending[p]
         missed = (
-            pending is not None
+            not self.late_merged
+            and pending is not None
             and update.merged is not None
             and update.version == pending + 1
             and self.id not in update.merged
         )
+        if missed:  # the refused snapshot's work goes again with the next contribution
+            self.tokens_sent -= self._snapshot_tokens[p] * self.plan.share(p)
         snap = self.at_snapshot[p] if pending is not None and not missed else None
         reference = snap[0] if snap is not None else self.base[p]
         if snap is None:
@@ -232,6 +247,8 @@ class LearnerCore:
 
     def _overwrite(self, update: FragmentUpdate) -> None:
         p, names = update.fragment, self._checked_names(update)
+        sent = self._snapshot_tokens[p] if self.pending[p] is not None else 0
+        self.tokens_overwritten += max(0, self.counters[p].tokens - sent) * self.plan.share(p)
         with torch.no_grad():
             for name in names:
                 value = update.tensors[name]
@@ -330,6 +347,8 @@ class LearnerCore:
             )
         self.pending[p] = self.versions[p]
         self.anchors[p] = self.step
+        self._snapshot_tokens[p] = c.tokens
+        self.tokens_sent += c.tokens * self.plan.share(p)
         return Contribution(
             learner=self.id,
             fragment=p,
@@ -340,6 +359,8 @@ class LearnerCore:
             seconds=c.seconds,
             step_time=self.step_time.get(),
             step=self.step,
+            overlap=self.overlap,
+            link_seconds=self.link_seconds,
         )
 
     def must_wait(self) -> bool:

@@ -32,6 +32,8 @@ class Contribution:
     seconds: float
     step_time: float
     step: int
+    overlap: int = -1  # the tau the learner uses (`learner.overlap`); -1: the config's
+    link_seconds: float = 0.0  # its measured link time, snapshot to update back less the merge
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class AdmittedWork:
     tokens: int
     seconds: float
     weight: float
+    base_version: int = -1  # the version it was computed against (-1: the merge's own, on time)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,16 @@ from .messages import Contribution
 from .round_sum import RoundSum
 
 
+@dataclass(frozen=True)
+class LateWork:
+    """One late contribution inside a round or carry: its counters (tensors already summed)."""
+
+    contribution: Contribution = field(repr=False)
+    norms: Mapping[str, float] = field(repr=False)
+    staleness: int  # versions between its base and the version its round merges from (>= 1)
+    weight: float
+
+
 @dataclass
 class Round:
     """Collection of contributions for one (fragment, version)."""
@@ -22,6 +32,9 @@ class Round:
     declined: set[int] = field(default_factory=set)
     quorum_at: float | None = None
     deadline: float | None = None
+    late: list[LateWork] = field(default_factory=list)  # work that missed earlier rounds (`late`)
+    overlap: int = -1  # the largest tau of the learners that formed the quorum (-1: the config's)
+    link: float = 0.0  # and their largest link time (`timing.GraceWindow.slack`)
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,7 @@ class RoundView:
     declined: tuple[int, ...]
     waiting_for: tuple[int, ...]
     live: tuple[int, ...]
+    late: tuple[int, ...] = ()  # learners whose late work this round also merges
 
     def describe(self, now: float) -> str:
         state = (

@@ -33,6 +33,8 @@ class SyncState:
     outer: dict[int, NesterovOuterOptimizer]
     grace: GraceWindow
     rounds: dict[int, Round]
+    carries: dict[int, Any]  # fragment -> `late.Carry`
+    merged_steps: dict[tuple[int, int], int]
     rejections: dict[str, int]
 
     def global_params(self) -> dict[str, torch.Tensor]:
@@ -74,3 +76,5 @@ class SyncState:
         self.grace.load_state_dict(state.get("grace", {}))
         self.rejections = dict(state.get("rejections", {}))
         self.rounds.clear()
+        self.carries.clear()  # late work is held like an open round's: not saved
+        self.merged_steps.clear()

@@ -3,7 +3,8 @@
 Per fragment it runs rounds: the first contribution for the current version opens a round and pulls
 the fragment from every other live learner; once the quorum (K, capped at the live learners asked)
 is in, the adaptive grace window admits more; then it merges with token weights (RDA), applies the
-outer Nesterov step and sends the new version to every live learner. Time is an argument; nothing
+outer Nesterov step and sends the new version to every live learner. Work that missed its round is
+merged into a later one, or refused past a bound (`late`). Time is an argument; nothing
 here sleeps, reads a clock or touches the network, so the virtual-clock cluster and the networked
 service drive exactly this code. The checks a contribution must pass are in `checks`, the state saved
 and restored in `sync_state`.
@@ -19,6 +20,7 @@ import torch
 from .checks import ContributionChecks
 from .config import AlgorithmConfig
 from .fragments import FragmentPlan
+from .late import Carry, LateRounds
 from .merge_job import MergeDue, MergeJob, MergeResult
 from .messages import (
     AdmittedWork,
@@ -39,7 +41,7 @@ from .timing import GraceWindow
 from .weights import token_weight
 
 
-class SynchronizerCore(ContributionChecks, SyncState):
+class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
     """Global parameters, outer optimizer states and rounds for the fragments this shard owns."""
 
     def __init__(
@@ -77,6 +79,10 @@ class SynchronizerCore(ContributionChecks, SyncState):
         self.grace = GraceWindow(config.overlap, config.grace, config.ema)
         self.live: set[int] = set()
         self.rounds: dict[int, Round] = {}
+        self.carries: dict[int, Carry] = {}  # late work waiting for its fragment's next round (`late`)
+        # (learner, fragment) -> the learner step of its newest merged snapshot: a contribution sent
+        # again after it was merged (a push whose reply was lost, retried) must not be merged twice
+        self.merged_steps: dict[tuple[int, int], int] = {}
         self.rejections: dict[str, int] = {}
         self._holding = False  # see receive(hold=...)
         self.defer_merges = defer_merges
@@ -90,6 +96,8 @@ class SynchronizerCore(ContributionChecks, SyncState):
     def join(self, learner: int, now: float) -> list[SyncAction]:
         """A new or returning learner gets every owned fragment at its current version."""
         self.live.add(learner)
+        for key in [k for k in self.merged_steps if k[0] == learner]:  # a new life counts its steps anew
+            del self.merged_steps[key]
         return [self._update(p, (learner,)) for p in self.owned]
 
     def leave(self, learner: int, now: float, hold: bool = False) -> list[SyncAction | MergeDue]:
@@ -144,18 +152,13 @@ class SynchronizerCore(ContributionChecks, SyncState):
         reason = self._invalid(c, norms)
         if reason is not None:
             return self._reject(c.learner, c.fragment, reason)
+        merged_step = self.merged_steps.get((c.learner, c.fragment))
+        if merged_step is not None and c.step <= merged_step:
+            return self._reject(c.learner, c.fragment, f"duplicate: the snapshot at step {c.step} was merged already")
+        late = self._late(c, norms, now)
+        if late is not None:
+            return late
         current_version = self.versions[c.fragment]
-        if c.fragment in self.merging and c.base_version == current_version:
-            # its round is closed and being merged: this work is stale against the coming version,
-            # which every live learner receives anyway
-            return self._reject(
-                c.learner, c.fragment, f"stale: version {current_version} of fragment {c.fragment} is being merged"
-            )
-        if c.base_version < current_version:
-            # Work against an older global value: merging it would apply a stale outer gradient.
-            return self._reject(
-                c.learner, c.fragment, f"stale: based on version {c.base_version}, current is {current_version}"
-            ) + [self._update(c.fragment, (c.learner,))]
         if c.base_version > current_version:
             return self._reject(
                 c.learner, c.fragment, f"unknown version {c.base_version}: current is {current_version}"
@@ -163,11 +166,13 @@ class SynchronizerCore(ContributionChecks, SyncState):
         current = self.rounds.get(c.fragment)
         requests: list[SyncAction] = []
         if current is None:
+            carry = self._take_carry(c.fragment)
             current = Round(
                 version=current_version,
                 opened_at=now,
                 expected=set(self.live),
-                total=RoundSum(self._rda_names(c.fragment), self.sums),
+                total=carry.total if carry is not None else RoundSum(self._rda_names(c.fragment), self.sums),
+                late=carry.work if carry is not None else [],
             )
             self.rounds[c.fragment] = current
             others = tuple(sorted(current.expected - {c.learner}))
@@ -175,8 +180,10 @@ class SynchronizerCore(ContributionChecks, SyncState):
                 requests.append(FragmentRequest(c.fragment, current_version, others))
         elif c.learner in current.contributions:
             return self._reject(c.learner, c.fragment, "duplicate contribution for this round")
-        if current.quorum_at is None:  # xi_step: the learners that form quorums (see `timing`)
+        if current.quorum_at is None:  # xi_step, tau, link: the learners that form quorums (see `timing`)
             self.grace.step_time.update(c.step_time)
+            current.overlap = max(current.overlap, c.overlap)
+            current.link = max(current.link, c.link_seconds)
         current.total.add(c.outer_gradient, token_weight(c.tokens, c.steps), norms)  # one pass per tensor
         current.contributions[c.learner] = dataclasses.replace(c, outer_gradient={})  # its tensors are summed
         current.norms[c.learner] = norms
@@ -199,9 +206,11 @@ class SynchronizerCore(ContributionChecks, SyncState):
 
     def next_deadline(self) -> float | None:
         deadlines = [r.deadline for r in self.rounds.values() if r.deadline is not None]
+        deadlines += self._carry_deadlines()
         return min(deadlines) if deadlines else None
 
     def _advance_all(self, now: float) -> list[SyncAction | MergeDue]:
+        self._open_due_carries(now)
         actions: list[SyncAction | MergeDue] = []
         for p in sorted(self.rounds):
             actions += self._advance(p, now)
@@ -232,6 +241,7 @@ class SynchronizerCore(ContributionChecks, SyncState):
                 declined=tuple(sorted(r.declined)),
                 waiting_for=tuple(sorted(self._waiting_for(r))),
                 live=tuple(sorted(self.live)),
+                late=tuple(sorted(w.contribution.learner for w in r.late)),
             )
             for p, r in sorted(self.rounds.items())
         ]
@@ -242,15 +252,16 @@ class SynchronizerCore(ContributionChecks, SyncState):
         need = self._need(r)
         if r.quorum_at is None and len(r.contributions) >= need:
             r.quorum_at = now
-            r.deadline = now + self.grace.length(now - r.opened_at)
+            r.deadline = now + self.grace.length(now - r.opened_at, r.overlap, r.link)
         due = r.quorum_at is not None and (not waiting_for or (r.deadline is not None and now >= r.deadline))
         return self._merge(p, now) if due and not self._holding else []
 
     def _merge(self, p: int, now: float) -> list[SyncAction | MergeDue]:
         r = self.rounds.pop(p)
         learners = sorted(r.contributions)
-        contributions = tuple(r.contributions[m] for m in learners)
-        weights = [token_weight(c.tokens, c.steps) for c in contributions]
+        contributions = tuple(r.contributions[m] for m in learners) + tuple(w.contribution for w in r.late)
+        weights = [token_weight(c.tokens, c.steps) for c in contributions[: len(learners)]]
+        weights += [w.weight for w in r.late]
         if r.total.equal_weights:  # every contributor trained on zero tokens: nothing to learn from
             weights = [1.0] * len(contributions)
         names = self.plan.names[p]
@@ -259,7 +270,7 @@ class SynchronizerCore(ContributionChecks, SyncState):
             version=r.version,
             contributions=contributions,
             weights=tuple(weights),
-            norms=tuple(r.norms[m] for m in learners),
+            norms=tuple(r.norms[m] for m in learners) + tuple(w.norms for w in r.late),
             total=r.total,
             use_momentum=self.config.final_momentum or not self.final_flush,
             params={n: self.params[n] for n in names},
@@ -289,9 +300,12 @@ class SynchronizerCore(ContributionChecks, SyncState):
         self.outer[p].apply(self.params, result.scaled, job.use_momentum)
         job.total.release()
         self.versions[p] += 1
-        self.merged_into[p] = tuple(c.learner for c in job.contributions)
+        self.merged_into[p] = tuple(sorted({c.learner for c in job.contributions}))
+        for c in job.contributions:
+            key = (c.learner, p)
+            self.merged_steps[key] = max(c.step, self.merged_steps.get(key, c.step))
         admitted = tuple(
-            AdmittedWork(c.learner, c.step, c.steps, c.tokens, c.seconds, w)
+            AdmittedWork(c.learner, c.step, c.steps, c.tokens, c.seconds, w, c.base_version)
             for c, w in zip(job.contributions, job.weights, strict=True)
         )
         record = Merged(

@@ -1,6 +1,6 @@
 """Online estimates of step and sync times, and the adaptive grace window built on them.
 
-    slack = tau * step_time - (quorum_time + sync_time);  grace = gamma * max(0, slack)
+    slack = tau * step_time - link - (quorum_time + sync_time);  grace = gamma * max(0, slack)
 
 Inside that window more learners are admitted without any learner ever waiting: the merged fragment
 still reaches the learners within tau steps of the snapshot. What each term means here:
@@ -11,6 +11,8 @@ still reaches the learners within tau steps of the snapshot. What each term mean
 * quorum_time (xi_quorum): this round's own time from opening to quorum, known exactly when the
   window opens, so it is used as measured rather than averaged.
 * sync_time (xi_sync): an EMA of merge + outer step + send, measured by the driver.
+* tau and link: the quorum-forming learners' own tau and measured link time (snapshot to update
+  back, the wire's part), when they send them (`learner.overlap`); else the config's tau and 0.
 """
 
 from __future__ import annotations
@@ -49,14 +51,18 @@ class GraceWindow:
         self.step_time = Ema(self.alpha)
         self.sync_time = Ema(self.alpha)
 
-    def slack(self, quorum_time: float) -> float:
-        return self.overlap * self.step_time.get() - (quorum_time + self.sync_time.get())
+    def slack(self, quorum_time: float, overlap: int | None = None, link: float = 0.0) -> float:
+        """`overlap`: the round's tau where its learners chose their own (`--overlap auto`), else the
+        config's; `link`: their link time, snapshot to update back less the merge, which the tau
+        steps must also cover."""
+        tau = self.overlap if overlap is None or overlap < 0 else overlap
+        return tau * self.step_time.get() - link - (quorum_time + self.sync_time.get())
 
-    def length(self, quorum_time: float) -> float:
+    def length(self, quorum_time: float, overlap: int | None = None, link: float = 0.0) -> float:
         """gamma * max(0, slack); zero until a step time has been observed."""
         if self.step_time.value is None:
             return 0.0
-        return self.gamma * max(0.0, self.slack(quorum_time))
+        return self.gamma * max(0.0, self.slack(quorum_time, overlap, link))
 
     def state_dict(self) -> dict[str, float | None]:
         return {"step": self.step_time.value, "sync": self.sync_time.value}

@@ -144,6 +144,7 @@ class DecoupledCluster:
             self.schedule,
             ema=self.algorithm.ema,
             rebase=self.algorithm.arrival == "rebase",
+            late_merged=self.algorithm.late == "merge",
         )
         if now > 0:
             learner.optimizer = self._rejoin_optimizer(learner)
@@ -358,5 +359,6 @@ class DecoupledCluster:
         self._last_merge_time = now
         share = self.plan.share(merged.fragment)
         for work in merged.admitted:
-            incarnation = self._senders.pop((work.learner, merged.fragment, merged.version - 1))
+            base = work.base_version if work.base_version >= 0 else merged.version - 1
+            incarnation = self._senders.pop((work.learner, merged.fragment, base))
             self.ledger.reached_model(work.learner, incarnation, work.step, work.steps, share)

@@ -1,0 +1,150 @@
+"""Late work (`core.late`): merged once into a later round, discounted by staleness, refused past S."""
+
+import pytest
+import torch
+
+from ddiloco.core import AlgorithmConfig, SynchronizerCore, balanced_fragments
+
+from .test_synchronizer import contribution, kinds
+
+
+def make(quorum=1, learners=2, late="merge", staleness=4, discount=0.0, defer=False):
+    """Mean merge, no momentum, lr 0.7, H = 4, no grace: each step below is worked by hand."""
+    config = AlgorithmConfig(
+        fragments=1,
+        sync_every=4,
+        overlap=2,
+        quorum=quorum,
+        grace=0.0,
+        outer_lr=0.7,
+        outer_momentum=0.0,
+        merge="mean",
+        ema=1.0,
+        max_outer_norm_ratio=0.0,
+        late=late,
+        max_staleness=staleness,
+        staleness_discount=discount,
+    )
+    core = SynchronizerCore(config, balanced_fragments([("w", 2)], 1), {"w": torch.zeros(2)}, defer_merges=defer)
+    for m in range(learners):
+        core.join(m, 0.0)
+    return core
+
+
+@pytest.mark.parametrize("discount, expected", [(0.0, [1.05, 1.05]), (1.0, [0.7 + 0.7 * 2 / 3, 0.7 * 4 / 3])])
+def test_work_that_missed_its_round_is_merged_once_into_the_next_by_hand(discount, expected):
+    core = make(discount=discount)
+    # learner 0 alone makes version 1: w = 0 - 0.7 * (-1, 0) = (0.7, 0)
+    assert kinds(core.receive(contribution(0, [-1.0, 0.0]), now=0.0))[-2:] == ["Merged", "FragmentUpdate"]
+    # learner 1's work against version 0 arrives after that merge: kept, nothing sent back, nothing merged yet
+    assert core.receive(contribution(1, [0.0, -2.0], version=0), now=0.1) == []
+    assert core.versions[0] == 1 and torch.allclose(core.params["w"], torch.tensor([0.7, 0.0]))
+    # the next round takes it with weight 2500 / (1 + discount * 1) beside learner 0's 2500:
+    # discount 0: mean((-1, -1), (0, -2)) = (-0.5, -1.5), w = (0.7, 0) + 0.7 * (0.5, 1.5) = (1.05, 1.05)
+    # discount 1: (2500 (-1, -1) + 1250 (0, -2)) / 3750 = (-2/3, -4/3)
+    out = core.receive(contribution(0, [-1.0, -1.0], version=1), now=1.0)
+    merged = next(a for a in out if kinds([a]) == ["Merged"])
+    assert [(w.learner, w.base_version) for w in merged.admitted] == [(0, 1), (1, 0)]
+    assert [w.weight for w in merged.admitted] == [2500.0, 2500.0 / (1 + discount)]
+    assert torch.allclose(core.params["w"], torch.tensor(expected))
+    assert core.carries == {} and core.versions[0] == 2
+    # counted once: the next merge admits only what is sent for it
+    out = core.receive(contribution(0, [-1.0, 0.0], version=2), now=2.0)
+    merged = next(a for a in out if kinds([a]) == ["Merged"])
+    assert [w.learner for w in merged.admitted] == [0]
+
+
+def test_late_work_joins_the_round_that_is_open_beside_the_same_learners_on_time_work():
+    core = make(quorum=2)
+    core.receive(contribution(0, [-1.0, 0.0]), now=0.0)
+    core.receive(contribution(1, [-1.0, 0.0]), now=0.1)  # quorum 2: version 1
+    core.receive(contribution(0, [0.0, -1.0], version=1), now=1.0)  # opens version 1's round
+    assert core.receive(contribution(0, [0.0, -1.0], version=0), now=1.1) == []  # late: joins it
+    assert core.rounds[0].late[0].contribution.learner == 0 and 0 not in core.carries
+    assert core.open_rounds()[0].late == (0,) and core.open_rounds()[0].need == 2  # not counted for K
+    out = core.receive(contribution(1, [0.0, -1.0], version=1), now=1.2)
+    merged = next(a for a in out if kinds([a]) == ["Merged"])
+    assert sorted((w.learner, w.base_version) for w in merged.admitted) == [(0, 0), (0, 1), (1, 1)]
+
+
+def test_work_more_than_s_versions_late_is_refused_and_the_learner_gets_the_current_value():
+    core = make(staleness=2)
+    for v in range(3):
+        core.receive(contribution(0, [-1.0, 0.0], version=v), now=float(v))
+    assert core.versions[0] == 3
+    out = core.receive(contribution(1, [5.0, 5.0], version=0), now=3.1)  # 3 versions late
+    assert kinds(out) == ["Rejected", "FragmentUpdate"] and out[1].version == 3
+    assert "3 versions late" in out[0].reason and "max_staleness S=2" in out[0].reason
+    assert core.carries == {}
+    assert core.receive(contribution(1, [0.0, -1.0], version=1), now=3.2) == []  # 2 late: kept
+    assert [w.staleness for w in core.carries[0].work] == [2]
+    dup = core.receive(contribution(1, [0.0, -1.0], version=1), now=3.3)
+    assert kinds(dup) == ["Rejected"] and "duplicate" in dup[0].reason
+
+
+def test_a_carry_no_round_takes_is_merged_alone_after_one_sync_period():
+    core = make()
+    core.receive(contribution(0, [-1.0, 0.0], step_time=0.5), now=0.0)  # version 1
+    assert core.receive(contribution(1, [0.0, -1.0], version=0), now=0.2) == []
+    due = 0.2 + 4 * 0.5  # H steps at the smoothed step time (ema 1: the last one seen)
+    assert core.next_deadline() == pytest.approx(due)
+    assert core.poll(due - 0.01) == []
+    out = core.poll(due)
+    assert kinds(out) == ["Merged", "FragmentUpdate"] and out[1].learners == (0, 1)
+    assert [(w.learner, w.base_version) for w in out[0].admitted] == [(1, 0)]
+    assert torch.allclose(core.params["w"], torch.tensor([0.7, 0.7])) and core.versions[0] == 2
+    assert core.next_deadline() is None
+
+
+@pytest.mark.parametrize("late", ["merge", "refuse"])
+def test_work_sent_while_its_version_is_being_merged_waits_for_the_next_round_or_is_refused(late):
+    core = make(defer=True, late=late)
+    [due] = [a for a in core.receive(contribution(0, [-1.0, 0.0]), now=0.0) if kinds([a]) == ["MergeDue"]]
+    out = core.receive(contribution(1, [0.0, -1.0]), now=0.1)  # against version 0, whose merge is computing
+    if late == "merge":
+        assert out == [] and core.carries[0].work[0].staleness == 1  # one version late once it is applied
+    else:
+        assert kinds(out) == ["Rejected"] and "being merged" in out[0].reason and core.carries == {}
+    core.finish_merge(due.job, due.job.compute(), now=0.2)
+    assert core.versions[0] == 1 and core.rounds == {}
+
+
+def test_refuse_mode_drops_late_work_and_resets_the_learner():
+    core = make(late="refuse")
+    core.receive(contribution(0, [-1.0, 0.0]), now=0.0)
+    out = core.receive(contribution(1, [0.0, -2.0], version=0), now=0.1)
+    assert kinds(out) == ["Rejected", "FragmentUpdate"] and "stale" in out[0].reason
+    assert core.carries == {}
+
+
+def test_late_config_is_validated():
+    with pytest.raises(ValueError, match="late must be"):
+        AlgorithmConfig(late="keep")
+    with pytest.raises(ValueError, match="max_staleness"):
+        AlgorithmConfig(max_staleness=0)
+    with pytest.raises(ValueError, match="staleness_discount"):
+        AlgorithmConfig(staleness_discount=-1.0)
+
+
+def test_in_the_final_flush_a_carry_merges_at_once():
+    core = make()
+    core.receive(contribution(0, [-1.0, 0.0], step_time=0.5), now=0.0)
+    core.receive(contribution(1, [0.0, -1.0], version=0), now=0.2)
+    core.begin_final_flush()
+    assert core.next_deadline() == pytest.approx(0.2)
+    assert kinds(core.poll(0.3)) == ["Merged", "FragmentUpdate"] and core.carries == {}
+
+
+def test_work_sent_again_after_it_was_merged_is_refused_as_a_duplicate_not_merged_twice():
+    # a push whose reply was lost is sent again (over gRPC): by then its work was merged, and late
+    # merging would otherwise merge it a second time
+    core = make()
+    first = contribution(1, [0.0, -1.0], steps=4)  # learner 1's snapshot at its step 4
+    core.receive(first, now=0.0)
+    assert core.versions[0] == 1
+    again = core.receive(first, now=0.5)  # the same snapshot, now one version late
+    assert kinds(again) == ["Rejected"] and "merged already" in again[0].reason and core.carries == {}
+    later = contribution(1, [0.0, -1.0], version=0)  # its next snapshot (a higher step), one version late
+    assert core.receive(later, now=0.6) == [] and core.carries[0].work[0].contribution.step == later.step
+    core.join(1, now=1.0)  # a new life: its step count starts again
+    assert core.merged_steps.get((1, 0)) is None
