@@ -128,13 +128,14 @@ def test_a_deadline_already_passed_times_out_at_once_without_reading():
     assert inbound.qsize() == 1
 
 
-def test_rebase_is_refused_for_sharded_learners_but_built_otherwise():
+def test_a_sharded_learner_overwrites_with_a_warning_where_the_run_rebases(caplog):
     params = model_params()
     plan = plan_for_model(params, 2)
     config = AlgorithmConfig(fragments=2, sync_every=4, overlap=1, arrival="rebase")
-    with pytest.raises(SynchronizerError, match="arrival 'rebase' is not supported with FSDP"):
-        make_core(0, params, plan, config, sharded=True)
-    assert make_core(0, params, plan, config, sharded=False) is not None
+    with caplog.at_level("WARNING"):
+        assert make_core(0, params, plan, config, sharded=True).rebase is False
+    assert "arrival 'rebase' is not supported with FSDP" in caplog.text
+    assert make_core(0, params, plan, config, sharded=False).rebase is True
     overwrite = dataclasses.replace(config, arrival="overwrite")
     assert make_core(0, params, plan, overwrite, sharded=True) is not None
 

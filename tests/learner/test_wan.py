@@ -1,12 +1,13 @@
 """The emulated wide-area link: its pacing by hand with a fake clock, then a real learner through it."""
 
 import math
+import threading
 import time
 from dataclasses import replace
 
 import pytest
 
-from ddiloco.learner.wan import TokenBucket, WanLink, WanSettings
+from ddiloco.learner.wan import DelayLine, TokenBucket, WanLink, WanSettings
 
 from ..support.runtime import ALGORITHM, LearnerThread, synchronizer, wait_for
 
@@ -44,6 +45,7 @@ def test_every_message_waits_the_latency_plus_a_jitter_within_its_bound():
     assert link.up is None and list(link.paced_up([b"x" * 10])) == [b"x" * 10]  # no cap: frames pass
     capped = WanLink(WanSettings(bandwidth=1e6), clock=t.clock, sleep=t.sleep)
     assert capped.transfer_seconds(3_000_000) == pytest.approx(3.0)
+    assert link.transfer_seconds(0) == pytest.approx(6 * 0.15)  # TLS's two round trips, there and back
 
 
 @pytest.mark.parametrize("bad", [dict(latency=-1.0), dict(bandwidth=math.inf), dict(jitter=math.nan)])
@@ -79,3 +81,46 @@ def test_a_learner_behind_a_slow_link_trains_and_its_uploads_take_at_least_bytes
     assert elapsed >= (pushed - burst) / rate and elapsed >= (received - burst) / rate
     assert slow.ctx.wan.up.waited > 0 and slow.ctx.wan.down.waited > 0
     assert learners[1].client.ctx.wan.up is None  # the other learner's link is not emulated
+
+
+def test_latency_is_propagation_messages_put_together_are_due_together_and_in_order_by_hand():
+    t = FakeTime()
+    link = WanLink(WanSettings(latency=0.1), clock=t.clock, sleep=t.sleep)
+    line = DelayLine(link, lambda item: None, threading.Event(), clock=t.clock)
+    line._thread = threading.Thread()  # no delivery thread: only the due times are looked at
+    for item in range(3):
+        line.put(item)
+    assert [due for due, _ in line._queue.queue] == [pytest.approx(0.1)] * 3  # not 0.1, 0.2, 0.3
+    jittery = DelayLine(WanLink(WanSettings(latency=0.1, jitter=0.05), seed=3), lambda i: None, threading.Event())
+    jittery._thread = threading.Thread()
+    for item in range(20):
+        jittery.put(item)
+    dues = [due for due, _ in jittery._queue.queue]
+    assert dues == sorted(dues)  # jitter never reorders one stream
+
+
+def test_a_delay_line_hands_items_on_in_order_no_sooner_than_the_latency():
+    got, closing = [], threading.Event()
+    line = DelayLine(
+        WanLink(WanSettings(latency=0.05, jitter=0.02), seed=1), lambda i: got.append((i, time.monotonic())), closing
+    )
+    put_at = {}
+    for item in range(5):
+        put_at[item] = time.monotonic()
+        line.put(item)
+    wait_for(lambda: len(got) == 5, 10, message="the delayed items")
+    closing.set()
+    assert [i for i, _ in got] == list(range(5))
+    assert all(at - put_at[i] >= 0.05 for i, at in got)
+    now = []
+    DelayLine(WanLink(), now.append, closing).put("now")  # no emulated link: handed on at once, in this thread
+    assert now == ["now"]
+
+
+def test_opening_a_connection_costs_a_round_trip_and_one_more_with_tls_by_hand():
+    t = FakeTime()
+    link = WanLink(WanSettings(latency=0.1), clock=t.clock, sleep=t.sleep)
+    link.handshake()
+    assert t.slept == [pytest.approx(0.2)]
+    link.handshake(tls=True)
+    assert t.slept[1:] == [pytest.approx(0.2)] * 2

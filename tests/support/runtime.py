@@ -23,14 +23,14 @@ ALGORITHM = AlgorithmConfig(fragments=2, sync_every=4, overlap=2, quorum=1, grac
 
 
 @contextmanager
-def mlp_run(width: int = 16, bulk_socket: bool = True, **settings):
+def mlp_run(width: int = 16, bulk_socket: bool = True, arrival: str = "rebase", **settings):
     """A small MLP, an in-process synchronizer of it (2 fragments, H = 4) and a client of that model."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     service = build_service(
         params,
-        AlgorithmConfig(fragments=2, sync_every=4, overlap=1),
+        AlgorithmConfig(fragments=2, sync_every=4, overlap=1, arrival=arrival),
         ServiceSettings(timeouts=FAST, tokens=10**9, **settings),
     )
     server = SynchronizerServer(service, bulk_socket=bulk_socket)
@@ -90,6 +90,11 @@ class LearnerThread(threading.Thread):
         self.result, self.error, self.start_position = None, None, None
         self.joined = threading.Event()
         self.halt = threading.Event()
+
+    def links_measured(self) -> bool:
+        """Each link has timed a push and a heartbeat (`learner.overlap.LinkTime`)."""
+        links = self.client.links
+        return bool(links) and all(link.link_time.push.value is not None for link in links)
 
     def run(self):
         try:

@@ -51,6 +51,7 @@ from .joining import await_global, check_replies, make_core, register_fresh
 from .journal import Journal
 from .leader import LeaderSide
 from .link import LinkContext, ShardLink
+from .overlap import OverlapChooser
 from .wan import WanLink, WanSettings
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,7 @@ class LearnerClient(LeaderSide):
         self.names: list[list[str]] = []
         self.owner: dict[int, int] = {}
         self.config: AlgorithmConfig | None = None
+        self.overlap: OverlapChooser | None = None  # tau, chosen from the link with --overlap auto (rank 0)
         self.journal = (
             Journal(f"{journal_dir}/journal-{self.incarnation}.json") if journal_dir and self.is_leader else None
         )
@@ -176,6 +178,7 @@ class LearnerClient(LeaderSide):
         self.timeouts = self.links[0].timeouts
         self.names = [list(n) for n in plan.names]
         self._blocking = self.config.overlap == 0
+        self.overlap = OverlapChooser(self.config.overlap, self.config.sync_every, self.config.overlap_auto)
         held = self.fanout.algorithm_params() if self.fanout is not None else self.params
         sharded = bool(self.fanout and self.fanout.sharded)
         self.core = make_core(self.learner, held, plan, self.config, sharded, self.base_device)
@@ -301,6 +304,10 @@ class LearnerClient(LeaderSide):
             core.apply_arrivals()
             self._send(core.collect() + core.flush(), everything)
         core.apply_arrivals()
+        # a push still on its way (behind a long link a value can come back before our own push
+        # lands): leaving now would have it refused for want of a session
+        while any(link.pending_pushes() for link in self.links) and time.monotonic() < deadline:
+            time.sleep(0.02)
         unmerged = sum(1 for v in core.pending if v is not None)
         if unmerged:
             log.warning("learner %d leaves with %d contributions not yet merged", self.learner, unmerged)

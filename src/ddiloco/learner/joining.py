@@ -101,15 +101,24 @@ def make_core(
     """The algorithm's learner side, as the run's config says (`sharded`: an FSDP learner). With the
     base copy on the host (the default) snapshots go through reused host buffers (`staging`)."""
     rebase = config.arrival == "rebase"
-    if rebase and sharded:
-        raise SynchronizerError(
-            "arrival 'rebase' is not supported with FSDP-sharded learners yet (rank 0's copy of "
-            "a fragment is current only when it is snapshotted): run with 'overwrite'"
+    if rebase and sharded:  # rank 0's copy of a fragment is current only when it is snapshotted
+        log.warning(
+            "arrival 'rebase' is not supported with FSDP-sharded learners yet: this learner overwrites its "
+            "fragments when a global value arrives (the steps since the snapshot are lost)"
         )
+        rebase = False
     schedule = Schedule(config.fragments, config.sync_every, config.overlap)
     stage = SnapshotStager(held).stage if torch.device(base_device).type == "cpu" else None
     return LearnerCore(
-        learner, held, plan, schedule, ema=config.ema, rebase=rebase, base_device=base_device, stage=stage
+        learner,
+        held,
+        plan,
+        schedule,
+        ema=config.ema,
+        rebase=rebase,
+        base_device=base_device,
+        stage=stage,
+        late_merged=config.late == "merge",
     )
 
 

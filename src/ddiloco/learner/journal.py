@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-RECORD_BYTES = 512
+RECORD_BYTES = 1024  # room for a version per fragment and the token counts by cause
 
 
 class Journal:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ..wire.timeouts import Timeouts
     from .fanout import RankFanout
     from .link import LinkContext, ShardLink
+    from .overlap import OverlapChooser
 
 
 class LeaderSide:
@@ -38,6 +39,7 @@ class LeaderSide:
     links: list[ShardLink]
     owner: dict[int, int]
     core: LearnerCore | None  # made by `start`, before any step boundary
+    overlap: OverlapChooser | None  # made by `start` with the core
     donations: list[str]
     _donate_to: list[tuple[int, str]]
     _force: dict[int, int]
@@ -58,6 +60,9 @@ class LeaderSide:
         self._drain()
         core = cast("LearnerCore", self.core)  # made by `start`
         applied = core.begin_step(tokens, seconds)
+        if self.overlap is not None:  # tau from the slowest link (`overlap`); fixed unless --overlap auto
+            core.link_seconds = max((link.link_time.seconds() for link in self.links), default=0.0)
+            core.overlap = self.overlap.update(core.step_time.get(), core.link_seconds)
         self._mark_spans(applied)
         self._stop = self.ctx.stop_requested.is_set()
         self._progress = max(self._progress, self.ctx.global_progress)

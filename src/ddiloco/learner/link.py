@@ -37,9 +37,10 @@ from ..wire.timeouts import Timeouts
 from . import addresses, staging
 from .held import HeldValues
 from .initial import InitialValues, kept
-from .outbound import PERMANENT, Outbound
+from .outbound import MAX_IN_FLIGHT, PERMANENT, Outbound
+from .overlap import LinkTime
 from .uplink import Uplink
-from .wan import WanLink
+from .wan import DelayLine, WanLink
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,11 @@ class ShardLink(Outbound):
         self.stats = LinkStats()
         self.control, self.bulk = self._open(self.address)
         self.uplink = Uplink(ctx.token, ctx.credentials, ctx.max_frame, ctx.wan)
+        self._line = DelayLine(ctx.wan, self._hand_on, ctx.closing)  # updates' latency, pipelined
+        self._in_flight = threading.Semaphore(MAX_IN_FLIGHT)
+        self._pushing = 0
+        self._stats_lock = threading.Lock()
+        self.link_time = LinkTime()
         self.info: dict = {}
         self.held = HeldValues()  # the values differences apply to (`codec_down` int8 / int4)
         self._session: str | None = None
@@ -293,7 +299,10 @@ class ShardLink(Outbound):
                 delay = min(2 * delay, self.timeouts.backoff_max)
 
     def _deliver(self, msg: reassembly.Message) -> None:
-        self.ctx.delay()
+        """Decode a message as it is read (in stream order, beside `held`), and hand its event on after
+        the emulated link's latency (`wan.DelayLine`: at once without one)."""
+        if self.ctx.net_delay:
+            time.sleep(self.ctx.net_delay)
         head = msg.head
         kind = head.get("kind")
         if kind == "update":
@@ -307,17 +316,22 @@ class ShardLink(Outbound):
             update = FragmentUpdate(
                 p, version, tensors, (self.ctx.learner,), merged_learners(head.get("admitted")), owned=True
             )
-            self.ctx.inbound.put(("update", self.index, update, bool(head.get("force")), head.get("merged") or {}))
+            self._line.put(("update", self.index, update, bool(head.get("force")), head.get("merged") or {}))
         elif kind == "merged":  # our final work went into this version; a leaving learner takes no values
-            self.ctx.inbound.put(
+            self._line.put(
                 ("merged", self.index, int(head["fragment"]), int(head["version"]), head.get("merged") or {})
             )
         elif kind == "request":
             request = FragmentRequest(int(head["fragment"]), int(head["version"]), (self.ctx.learner,))
-            self.ctx.inbound.put(("request", self.index, request))
+            self._line.put(("request", self.index, request))
         elif kind == "stop":
+            self._line.put(("stop", self.index))
+
+    def _hand_on(self, event: object) -> None:
+        event = cast("tuple", event)
+        if event[0] == "stop":
             self.ctx.stop_requested.set()
-            self.ctx.inbound.put(("stop", self.index))
+        self.ctx.inbound.put(event)
 
     def leave(self, tokens: int) -> None:
         sid = self._session

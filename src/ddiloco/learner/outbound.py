@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import grpc
@@ -19,6 +21,7 @@ import grpc
 from ..core import Contribution, Decline
 from ..wire import framing
 from . import staging
+from .overlap import LinkTime
 
 if TYPE_CHECKING:
     import threading
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("ddiloco.learner.link")  # the link's own logger, as before this module split off
+MAX_IN_FLIGHT = 8  # pushes one link sends side by side behind an emulated long link
 PERMANENT = (
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.FAILED_PRECONDITION,
@@ -78,6 +82,10 @@ class Outbound:
     _session: str | None
     _pushq: queue.Queue
     _ctrlq: queue.Queue
+    _in_flight: threading.Semaphore  # pushes under way, at most MAX_IN_FLIGHT
+    _pushing: int  # how many, for `pending_pushes`
+    _stats_lock: threading.Lock
+    link_time: LinkTime  # this link's measured round trips and pushes (`overlap`)
 
     if TYPE_CHECKING:  # the session methods of `ShardLink`
 
@@ -91,81 +99,123 @@ class Outbound:
         self._ctrlq.put(decline)
 
     def _pusher(self) -> None:
-        while not self.ctx.closing.is_set():
-            try:
-                item = self._pushq.get(timeout=self.timeouts.heartbeat)
-            except queue.Empty:
-                continue
-            if item is None:
-                return
-            c, extra = item
-            sid = self._wait_session(self.timeouts.failure)
-            if sid is None:
-                self.stats.lost_in_transit += 1  # the resync after registering retries it
-                staging.release(c.outer_gradient)
-                continue
-            head = {
-                "kind": "contribution",
-                "session": sid,
-                "fragment": c.fragment,
-                "base_version": c.base_version,
-                "steps": c.steps,
-                "tokens": c.tokens,
-                "seconds": c.seconds,
-                "step_time": c.step_time,
-                "step": c.step,
-                **extra,
-            }
-            nbytes = framing.payload_nbytes(c.outer_gradient, self.ctx.codec)
-            self.ctx.delay()
-            try:
-                reply, sent = self.uplink.push(
-                    self.bulk,
-                    head,
-                    c.outer_gradient,
-                    self.ctx.codec,
-                    self.chunk_bytes,
-                    self.timeouts.bulk(nbytes) + self.ctx.wan.transfer_seconds(nbytes),
-                )
-            except grpc.RpcError as exc:
-                if self.ctx.closing.is_set():
+        """Pushes one at a time; behind an emulated long link, side by side (at most MAX_IN_FLIGHT),
+        as a real link pipelines them: its latency is propagation, not a queue (`wan`)."""
+        pool: ThreadPoolExecutor | None = None
+        try:
+            while not self.ctx.closing.is_set():
+                try:
+                    item = self._pushq.get(timeout=self.timeouts.heartbeat)
+                except queue.Empty:
+                    continue
+                if item is None:
                     return
-                self.stats.lost_in_transit += 1
-                log.info(
-                    "push of fragment %d to %s failed (%s): %s",
-                    c.fragment,
-                    self.address,
-                    exc.code().name,
-                    exc.details(),
-                )
-                if exc.code() in PERMANENT:
-                    self.stats.rejected += 1
-                    self.stats.last_rejection = exc.details() or exc.code().name
-                    self.ctx.inbound.put(("rejected", self.index, c.fragment, c.base_version, exc.details(), "retry"))
-                else:
-                    self.invalidate(sid)
-                continue
-            finally:
-                staging.release(c.outer_gradient)
-            self.stats.pushed += 1
-            self.stats.bytes_pushed += sent
-            if reply.get("ok"):
-                self.stats.accepted += 1
-                continue
-            self.stats.rejected += 1
-            self.stats.last_rejection = reply.get("reason", "")
-            action = reply.get("action", "reset")
-            log.log(
-                logging.INFO if action == "none" else logging.WARNING,
-                "synchronizer %s rejected fragment %d: %s (%s)",
-                self.address,
-                c.fragment,
-                reply.get("reason"),
-                action,
+                c, extra = item
+                if not self.ctx.wan.settings.active:
+                    self._pushing = 1
+                    try:
+                        self._push_one(c, extra)
+                    finally:
+                        self._pushing = 0
+                    continue
+                if pool is None:
+                    pool = ThreadPoolExecutor(MAX_IN_FLIGHT, thread_name_prefix=f"ddiloco-push-{self.index}")
+                self._in_flight.acquire()  # bounded: a link that cannot keep up still pushes back
+                with self._stats_lock:
+                    self._pushing += 1
+                pool.submit(self._push_in_flight, c, extra)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+
+    def _push_in_flight(self, c: Contribution, extra: dict) -> None:
+        try:
+            self._push_one(c, extra)
+        except Exception:  # the pool would keep it in a future nobody reads
+            log.exception("pushing fragment %d to %s failed", c.fragment, self.address)
+        finally:
+            with self._stats_lock:
+                self._pushing -= 1
+            self._in_flight.release()
+
+    def _push_one(self, c: Contribution, extra: dict) -> None:
+        sid = self._wait_session(self.timeouts.failure)
+        if sid is None:
+            self._count("lost_in_transit")  # the resync after registering retries it
+            staging.release(c.outer_gradient)
+            return
+        head = {
+            "kind": "contribution",
+            "session": sid,
+            "fragment": c.fragment,
+            "base_version": c.base_version,
+            "steps": c.steps,
+            "tokens": c.tokens,
+            "seconds": c.seconds,
+            "step_time": c.step_time,
+            "step": c.step,
+            "overlap": c.overlap,
+            "link_seconds": round(c.link_seconds, 6),
+            **extra,
+        }
+        nbytes = framing.payload_nbytes(c.outer_gradient, self.ctx.codec)
+        started = time.monotonic()
+        self.ctx.delay()
+        try:
+            reply, sent = self.uplink.push(
+                self.bulk,
+                head,
+                c.outer_gradient,
+                self.ctx.codec,
+                self.chunk_bytes,
+                self.timeouts.bulk(nbytes) + self.ctx.wan.transfer_seconds(nbytes),
             )
-            self.ctx.inbound.put(("rejected", self.index, c.fragment, c.base_version, reply.get("reason"), action))
-            if action == "reregister":
+            self.ctx.wan.delay()  # the reply's way back
+        except grpc.RpcError as exc:
+            if self.ctx.closing.is_set():
+                return
+            self._count("lost_in_transit")
+            log.info(
+                "push of fragment %d to %s failed (%s): %s",
+                c.fragment,
+                self.address,
+                exc.code().name,
+                exc.details(),
+            )
+            if exc.code() in PERMANENT:
+                self._count("rejected", exc.details() or exc.code().name)
+                self.ctx.inbound.put(("rejected", self.index, c.fragment, c.base_version, exc.details(), "retry"))
+            else:
                 self.invalidate(sid)
+            return
+        finally:
+            staging.release(c.outer_gradient)
+        self.link_time.observe_push(time.monotonic() - started)
+        self._count("pushed", sent=sent)
+        if reply.get("ok"):
+            self._count("accepted")
+            return
+        self._count("rejected", reply.get("reason", ""))
+        action = reply.get("action", "reset")
+        log.log(
+            logging.INFO if action == "none" else logging.WARNING,
+            "synchronizer %s rejected fragment %d: %s (%s)",
+            self.address,
+            c.fragment,
+            reply.get("reason"),
+            action,
+        )
+        self.ctx.inbound.put(("rejected", self.index, c.fragment, c.base_version, reply.get("reason"), action))
+        if action == "reregister":
+            self.invalidate(sid)
+
+    def _count(self, what: str, rejection: str | None = None, sent: int = 0) -> None:
+        """Book one push outcome; pushes may finish side by side (`_pusher`)."""
+        with self._stats_lock:
+            setattr(self.stats, what, getattr(self.stats, what) + 1)
+            self.stats.bytes_pushed += sent
+            if rejection is not None:
+                self.stats.last_rejection = rejection
 
     def _heartbeater(self) -> None:
         next_beat = 0.0
@@ -199,6 +249,7 @@ class Outbound:
                 self.ctx.inbound.put(("donate", self.index, reply["donate"]))
 
     def _call(self, method: str, head: dict, sid: str) -> dict | None:
+        started = time.monotonic()
         self.ctx.delay()
         try:
             reply = framing.read_message(self.control.call(method, framing.message(head), self.timeouts.rpc))
@@ -206,9 +257,12 @@ class Outbound:
             if not self.ctx.closing.is_set():
                 log.debug("%s to %s failed: %s", method, self.address, exc.code().name)
             return None
+        self.ctx.wan.delay()  # the reply's way back
+        self.link_time.observe_round_trip(time.monotonic() - started)
         if not reply.get("ok") and reply.get("action") == "reregister":
             self.invalidate(sid)
         return reply
 
     def pending_pushes(self) -> int:
-        return self._pushq.qsize()
+        """Contributions queued or under way on this link."""
+        return self._pushq.qsize() + self._pushing

@@ -21,6 +21,8 @@ def progress(c: LearnerClient) -> dict:
         "state": c.state,
         "step_time": c.core.step_time.get() if c.core else 0.0,
         "loss": c.loss,
+        "overlap": c.core.overlap if c.core else None,
+        "link_seconds": round(c.core.link_seconds, 4) if c.core else 0.0,
     }
 
 
@@ -40,6 +42,11 @@ def write_journal(c: LearnerClient) -> None:
             "versions": list(c.core.versions) if c.core is not None else [],
             "bytes_pushed": sum(link.stats.bytes_pushed for link in c.links),
             "bytes_received": sum(link.stats.bytes_received for link in c.links),
+            # share-weighted tokens (as merged tokens are): sent in contributions, overwritten unsent
+            "tokens_sent": round(c.core.tokens_sent, 1) if c.core is not None else 0.0,
+            "tokens_overwritten": round(c.core.tokens_overwritten, 1) if c.core is not None else 0.0,
+            "overlap": c.overlap.tau if c.overlap is not None else None,
+            "overlap_why": c.overlap.reason()[:120] if c.overlap is not None else None,
         }
     )
 
@@ -72,6 +79,7 @@ def stats(c: LearnerClient) -> dict:
         "rejections": list(c.rejected[-5:]),
         "recovered": c.recovered,
         "donations": len(c.donations),
+        "overlap": c.overlap.summary() if c.overlap is not None else None,
     }
 
 

@@ -53,6 +53,7 @@ class Uplink:
         """Send one contribution; (the synchronizer's reply, frame bytes sent). Raises grpc.RpcError."""
         client = self.socket
         if client is not None:
+            self.wan.handshake(tls=client.tls is not None)  # one connection per push on this plane
             try:
                 return client.push(framing.iter_frame_parts(head, tensors, codec, chunk), timeout, self.wan.sent)
             except sockets.ConnectFailed as exc:

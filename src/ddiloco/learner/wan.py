@@ -1,20 +1,32 @@
 """An emulated wide-area link in the learner's link layer: latency, jitter and a bandwidth cap.
 
-So that a real run on one machine shows what distant data centres do to training. Every message,
-control or bulk, waits the latency (plus a uniform jitter) once; bulk frames (contributions and
-donations up, updates down) also pass a token bucket per direction. Control messages (heartbeats,
-registration, declines) are exempt from the cap, as on a real network where they are tiny next to
-the tensors. Pacing the download blocks the reading thread, so gRPC's flow control pushes back on
-the synchronizer as a slow link would.
+So that a real run on one machine shows what distant data centres do to training, charging what a
+real link charges:
+
+* latency is propagation, not occupancy: a message waits the one-way latency (plus a uniform
+  jitter) without holding up the messages behind it. Pushes are sent side by side (`Outbound`), and
+  updates pass a delay line (`DelayLine`) that hands each on a latency after it was read, in order,
+  as one TCP stream keeps them;
+* every call pays the way back too: a push's or heartbeat's reply waits its own one-way latency;
+* opening a connection costs a round trip (two with TLS), which the bulk socket plane pays once per
+  push (`uplink`); gRPC keeps its channel open and pays it once;
+* bulk frames (contributions and donations up, updates down) pass a token bucket per direction.
+  Control messages (heartbeats, registration, declines) are exempt from the cap, as on a real
+  network where they are tiny next to the tensors. Pacing the download blocks the reading thread, so
+  gRPC's flow control pushes back on the synchronizer as a slow link would.
 """
 
 from __future__ import annotations
 
+import logging
+import queue
 import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -85,12 +97,23 @@ class WanLink:
         self.up = TokenBucket(rate, burst, clock, sleep) if rate else None
         self.down = TokenBucket(rate, burst, clock, sleep) if rate else None
 
-    def delay(self) -> None:
-        """The latency of one message (any kind)."""
+    def one_way(self) -> float:
+        """One message's latency: the latency plus a uniform jitter."""
         s = self.settings
-        wait = s.latency + (self._rng.uniform(0.0, s.jitter) if s.jitter else 0.0)
+        return s.latency + (self._rng.uniform(0.0, s.jitter) if s.jitter else 0.0)
+
+    def delay(self) -> None:
+        """Wait one message's latency (any kind), in the calling thread."""
+        wait = self.one_way()
         if wait > 0:
             self._sleep(wait)
+
+    def handshake(self, tls: bool = False) -> None:
+        """Opening a connection: a round trip before the first byte can go (TCP), one more for TLS."""
+        for _ in range(2 if tls else 1):
+            wait = self.one_way() + self.one_way()
+            if wait > 0:
+                self._sleep(wait)
 
     def paced_up(self, frames: Iterable[bytes]) -> Iterator[bytes]:
         for frame in frames:
@@ -106,6 +129,55 @@ class WanLink:
             self.down.take(nbytes)
 
     def transfer_seconds(self, nbytes: int) -> float:
-        """What the link adds to a bulk transfer of `nbytes`, for its deadline."""
+        """What the link adds to a bulk transfer of `nbytes`, for its deadline: two round trips to
+        open a TLS connection, the way there and back, and the bytes at the capped rate."""
         s = self.settings
-        return s.latency + s.jitter + (nbytes / s.bandwidth if s.bandwidth else 0.0)
+        return 6 * (s.latency + s.jitter) + (nbytes / s.bandwidth if s.bandwidth else 0.0)
+
+
+class DelayLine:
+    """Hands each item on one latency after it was put, in order, on a thread of its own: the
+    propagation delay of a stream, which never makes the reader wait (`WanLink`). Without an active
+    link it hands items on at once, in the caller's thread."""
+
+    def __init__(
+        self,
+        link: WanLink,
+        deliver: Callable[[object], None],
+        closing: threading.Event,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.link, self.deliver, self.closing, self._clock = link, deliver, closing, clock
+        self._queue: queue.Queue[tuple[float, object]] = queue.Queue()
+        self._last = 0.0
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def put(self, item: object) -> None:
+        if not self.link.settings.active:
+            self.deliver(item)
+            return
+        with self._lock:
+            due = max(self._last, self._clock() + self.link.one_way())  # jitter never reorders a stream
+            self._last = due
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ddiloco-wan-delay", daemon=True)
+                self._thread.start()
+        self._queue.put((due, item))
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    def _run(self) -> None:
+        while not self.closing.is_set():
+            try:
+                due, item = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            wait = due - self._clock()
+            if wait > 0 and self.closing.wait(wait):
+                return
+            try:
+                self.deliver(item)
+            except Exception:  # one bad message must not stop the line: the link logs and goes on
+                log.exception("delivering a delayed message failed")
