@@ -95,6 +95,7 @@ def test_a_budget_of_merged_tokens_outlasts_one_of_trained_tokens(tiny_task, tmp
             tokens=4 * 64 * 12,
             heartbeat=0.1,
             budget_counts=counts,
+            arrival="overwrite",  # in-flight steps are lost: merged tokens trail trained ones
         )
         address = sync.start()
         thread = threading.Thread(target=train, args=(tiny_task, address, 0, 400, []), daemon=True)

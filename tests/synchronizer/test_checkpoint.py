@@ -47,9 +47,9 @@ def test_only_changed_fragments_are_written_and_old_versions_are_collected(tmp_p
     store.save(core, {}, {})
     snap = store.snapshot(core, {}, {})
     assert snap.tensors == {}  # nothing changed since the last checkpoint
-    for _ in range(3):
+    for i in range(3):
         grads = {n: torch.full_like(core.params[n], 0.1) for n in core.plan.names[0]}
-        core.receive(Contribution(0, 0, core.versions[0], grads, 2, 20, 0.2, 0.1, 9), 9.0)
+        core.receive(Contribution(0, 0, core.versions[0], grads, 2, 20, 0.2, 0.1, 9 + 2 * i), 9.0 + i)
         snap = store.snapshot(core, {}, {})
         assert set(snap.tensors) == {0}
         store.write(snap)

@@ -1,5 +1,7 @@
 """Merges computed off the service lock, and heartbeats that never wait for it (real gRPC on loopback)."""
 
+import dataclasses
+import itertools
 import threading
 
 import pytest
@@ -14,12 +16,13 @@ from ..support.runtime import synchronizer, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
+SNAPSHOTS = itertools.count(4)  # each push a new snapshot (a learner's step count only grows)
 ALGORITHM = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=2, grace=0.0)
 
 
 def push(service, session, learner, version=0):
     grads = {n: torch.full(service.shapes[n], 1e-3) for n in service.core.plan.names[0]}
-    c = Contribution(learner, 0, version, grads, steps=4, tokens=256, seconds=1.0, step_time=0.25, step=4)
+    c = Contribution(learner, 0, version, grads, steps=4, tokens=256, seconds=1.0, step_time=0.25, step=next(SNAPSHOTS))
     return service.contribute(session, c, PendingWork(4, f"inc{learner}", 0.0, 1.0), None)
 
 
@@ -37,8 +40,9 @@ def test_a_heartbeat_is_answered_while_the_service_lock_is_held_and_its_tokens_b
         assert service.sessions.get(session).progress["step"] == 3
 
 
-def test_the_merge_runs_off_the_lock_and_its_fragment_refuses_work_against_the_version_being_merged(
-    tiny_task, tmp_path, monkeypatch
+@pytest.mark.parametrize("late", ["refuse", "merge"])
+def test_the_merge_runs_off_the_lock_and_work_against_the_version_being_merged_waits_or_is_refused(
+    tiny_task, tmp_path, monkeypatch, late
 ):
     computing, release = threading.Event(), threading.Event()
     compute = MergeJob.compute
@@ -49,17 +53,22 @@ def test_the_merge_runs_off_the_lock_and_its_fragment_refuses_work_against_the_v
         return compute(job)
 
     monkeypatch.setattr(MergeJob, "compute", slow_compute)
-    with synchronizer(tiny_task, tmp_path, algorithm=ALGORITHM, max_learners=3) as (service, _):
+    algorithm = dataclasses.replace(ALGORITHM, late=late)
+    with synchronizer(tiny_task, tmp_path, algorithm=algorithm, max_learners=3) as (service, _):
         sessions = [service.session(service.register(m, f"inc{m}", True)["session"]) for m in range(3)]
         assert push(service, sessions[0], 0) == {"ok": True}
         assert push(service, sessions[1], 1) == {"ok": True}  # K = 2: the round closes, its merge is due
         assert computing.wait(10)
         assert service.lock.acquire(timeout=5)  # the lock is free while the merge computes
         service.lock.release()
-        late = push(service, sessions[2], 2)
-        assert late["ok"] is False and "being merged" in late["reason"] and late["action"] == "none"
+        reply = push(service, sessions[2], 2)
+        if late == "refuse":
+            assert reply["ok"] is False and "being merged" in reply["reason"] and reply["action"] == "none"
+        else:  # kept for the fragment's next round (here none comes: it merges alone after H steps)
+            assert reply == {"ok": True} and [w.staleness for w in service.core.carries[0].work] == [1]
         assert service.core.versions[0] == 0 and service.status()["merges"] == 0
         release.set()
-        wait_for(lambda: service.core.versions[0] == 1, 10, message="the merge to be applied")
+        merges = 1 if late == "refuse" else 2
+        wait_for(lambda: service.core.versions[0] == merges, 30, message="the merges to be applied")
         status = service.status()
-    assert status["merges"] == 1 and status["contributions"] == 2
+    assert status["merges"] == merges and status["contributions"] == merges + 1

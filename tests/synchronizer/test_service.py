@@ -1,6 +1,7 @@
 """The synchronizer service and learner clients in one process, over real loopback gRPC."""
 
 import contextlib
+import itertools
 import math
 
 import pytest
@@ -14,21 +15,23 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @contextlib.contextmanager
-def k1_sessions(tiny_task, tmp_path, learners: int = 2, **settings):
+def k1_sessions(tiny_task, tmp_path, learners: int = 2, late: str = "refuse", **settings):
     """A K = 1, no-grace synchronizer with `learners` registered sessions, and push(m): learner m's
-    small outer gradient against version 0, contributed in this thread."""
+    small outer gradient against version 0, contributed in this thread. Late work is refused (the
+    paper's rule) unless `late` says "merge"."""
     import torch
 
     from ddiloco.core import AlgorithmConfig, Contribution
     from ddiloco.synchronizer.ledger import PendingWork
 
-    algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=1, grace=0.0)
+    algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=1, grace=0.0, late=late)
     with synchronizer(tiny_task, tmp_path, algorithm=algorithm, max_learners=learners, **settings) as (service, _):
         sessions = [service.session(service.register(m, f"inc{m}", True)["session"]) for m in range(learners)]
         grads = {n: torch.full(service.shapes[n], 1e-3) for n in service.core.plan.names[0]}
+        snapshots = itertools.count(4)  # each push a new snapshot (a learner's step count only grows)
 
         def push(m: int, final: bool = False) -> dict:
-            c = Contribution(m, 0, 0, grads, steps=4, tokens=256, seconds=1.0, step_time=0.25, step=4)
+            c = Contribution(m, 0, 0, grads, steps=4, tokens=256, seconds=1.0, step_time=0.25, step=next(snapshots))
             return service.contribute(sessions[m], c, PendingWork(4, f"inc{m}", 0.0, 1.0, final), None)
 
         yield service, sessions, push
@@ -185,6 +188,24 @@ def test_updates_tell_each_learner_whether_the_merge_took_its_work(tiny_task, tm
     assert heads[0] and all(merged_learners(h.get("admitted")) == (0,) for h in heads[0] + heads[1])
     assert heads[1]  # the broadcast and the reply to its stale work: neither took learner 1's
     assert merged_learners([0, "x"]) is None and merged_learners(None) is None and merged_learners([True]) is None
+
+
+def test_late_work_is_merged_once_in_a_later_round_and_booked_once(tiny_task, tmp_path):
+    """With late work merged (the default) a push against a version already merged is accepted,
+    goes into the fragment's next merge with its tokens, and the ledger books it once."""
+    with k1_sessions(tiny_task, tmp_path, late="merge") as (service, sessions, push):
+        assert push(0) == {"ok": True}
+        wait_for(lambda: service.core.versions[0] == 1, 10, message="the merge of learner 0's work")
+        assert push(1) == {"ok": True}  # against version 0: late, kept
+        assert push(1) == {"ok": False, "reason": "duplicate contribution for this round", "action": "none"}
+        # nobody else contributes: the carry merges alone after H steps at the step time (4 x 0.25 s)
+        wait_for(lambda: service.core.versions[0] == 2, 30, message="the late work's merge")
+        status = service.status()
+        books = service.ledger.books
+    assert status["merges"] == 2 and status["contributions"] == 2
+    share = 1.0  # one fragment
+    assert books[0].tokens_merged == books[1].tokens_merged == 256 * share
+    assert service.ledger.double_merged_steps == 0
 
 
 def test_a_finishing_learner_is_told_its_final_work_was_merged_without_the_values(tiny_task, tmp_path):

@@ -217,6 +217,8 @@ class Handlers:
             span_start = intake.wall_time(head, "span_start", now)
             snapshot_wall = intake.wall_time(head, "snapshot_wall", now)
             final = intake.flag(head, "final")
+            overlap = intake.count(head, "overlap", high=service.core.config.sync_every - 1, default=-1)
+            link_seconds = intake.number(head, "link_seconds", high=intake.MAX_LINK_SECONDS, default=0.0)
         except intake.BadField as exc:
             return framing.message(service.reject(session, None, f"malformed contribution header: {exc}"))
         if session is None:
@@ -251,6 +253,8 @@ class Handlers:
             seconds=seconds,
             step_time=step_time,
             step=step,
+            overlap=overlap,
+            link_seconds=link_seconds,
         )
         work = PendingWork(
             position=position,

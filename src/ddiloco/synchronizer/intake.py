@@ -20,6 +20,8 @@ MAX_ID_CHARS = 64  # session ids, incarnations
 MAX_REASON_CHARS = 200
 MAX_STATE_CHARS = 32
 MAX_LEARNER_ID = 2**31 - 1  # the service's --max-learners bounds ids further
+MAX_OVERLAP = 100_000  # a tau in steps (a contribution's is checked against its run's H instead)
+MAX_LINK_SECONDS = 3600.0  # a learner's measured link time (snapshot to update back)
 
 
 class BadField(ValueError):
@@ -100,6 +102,10 @@ def progress(head: dict) -> dict:
         out["step_time"] = number(head, "step_time")
     if head.get("loss") is not None:
         out["loss"] = number(head, "loss", high=1e6)
+    if head.get("overlap") is not None:  # the learner's tau (`learner.overlap`)
+        out["overlap"] = count(head, "overlap", high=MAX_OVERLAP)
+    if head.get("link_seconds") is not None:
+        out["link_seconds"] = number(head, "link_seconds", high=MAX_LINK_SECONDS)
     if head.get("state") is not None:
         out["state"] = text(head, "state", MAX_STATE_CHARS)
     return out

@@ -64,6 +64,7 @@ class MergeLedger:
         self.contributions = 0
         self.rejected = 0
         self.tokens_merged = 0.0
+        self.tokens_refused = 0.0  # share-weighted tokens of contributions refused (not duplicates)
         self.useful_seconds = 0.0
         self.double_merged_steps = 0
         self.last_merge_wall: float | None = None
@@ -105,8 +106,10 @@ class MergeLedger:
         self.stall_max = max(self.stall_max, wall - (self.last_merge_wall or self.first_join_wall or wall))
         self.last_merge_wall = wall
         records = []
-        for w in merged.admitted:
-            info = self.pending.pop((w.learner, p, merged.version - 1), None)
+        # oldest work first: a learner's late work precedes its on-time work in its data stream
+        for w in sorted(merged.admitted, key=lambda w: w.base_version if w.base_version >= 0 else merged.version - 1):
+            base = w.base_version if w.base_version >= 0 else merged.version - 1
+            info = self.pending.pop((w.learner, p, base), None)
             book = self.book(w.learner)
             book.tokens_merged += w.tokens * share
             book.useful_seconds += w.seconds * share
@@ -122,6 +125,7 @@ class MergeLedger:
                 "seconds": w.seconds,
                 "weight": w.weight,
                 "share": share,
+                "late": merged.version - 1 - base,  # versions it missed (0: merged on time)
             }
             if info is not None:
                 start = info.position - w.steps
@@ -161,6 +165,7 @@ class MergeLedger:
             "contributions": self.contributions,
             "rejected": self.rejected,
             "tokens_merged": self.tokens_merged,
+            "tokens_refused": self.tokens_refused,
             "useful_seconds": self.useful_seconds,
             "double_merged_steps": self.double_merged_steps,
             "last_merge_wall": self.last_merge_wall,
@@ -185,7 +190,9 @@ class MergeLedger:
                     floats=(b.tokens_merged, b.useful_seconds),
                 )
             counts = {k: int(state.get(k, 0)) for k in ("merges", "contributions", "rejected", "double_merged_steps")}
-            reals = {k: float(state.get(k, 0.0)) for k in ("tokens_merged", "useful_seconds", "stall_max")}
+            reals = {
+                k: float(state.get(k, 0.0)) for k in ("tokens_merged", "tokens_refused", "useful_seconds", "stall_max")
+            }
             _check("ledger", *counts.values(), floats=reals.values())
             started = float(state.get("started_wall", self.started_wall))
             last = state.get("last_merge_wall")

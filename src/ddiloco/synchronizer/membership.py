@@ -147,7 +147,9 @@ class Membership:
             }
         s.last_seen = time.monotonic()
         s.progress = {
-            k: progress[k] for k in ("step", "tokens", "position", "step_time", "state", "loss") if k in progress
+            k: progress[k]
+            for k in ("step", "tokens", "position", "step_time", "state", "loss", "overlap", "link_seconds")
+            if k in progress
         }
         if isinstance(progress.get("tokens"), int):
             s.unbooked_tokens = progress["tokens"]

@@ -28,7 +28,10 @@ class MergeWorkers:
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="ddiloco-merge")
 
     def submit(self, job: MergeJob) -> None:
-        self._pool.submit(self._run, job, time.perf_counter())
+        try:
+            self._pool.submit(self._run, job, time.perf_counter())
+        except RuntimeError:  # closed: a round that came due while the last merges finished stays open
+            log.info("merge of fragment %d version %d not started: stopping", job.fragment, job.version)
 
     def _run(self, job: MergeJob, due: float) -> None:
         try:

@@ -239,6 +239,8 @@ class SynchronizerService(Membership):
             actions = self.core.receive(c, now, hold, norms)
             mine = [a for a in actions if isinstance(a, Rejected) and a.learner == c.learner]
             if mine:
+                if not mine[0].reason.startswith("duplicate"):  # a duplicate's work is booked once already
+                    self.ledger.tokens_refused += c.tokens * self.core.plan.share(c.fragment)
                 if previous is None:
                     self.ledger.forget(*key)
                 else:

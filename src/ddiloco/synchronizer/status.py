@@ -57,6 +57,7 @@ def status(service: ServiceView) -> dict:
         "refused_calls": service.refused_rpcs,
         "tokens_reported": ledger.tokens_reported,
         "tokens_merged": ledger.tokens_merged,
+        "tokens_refused": ledger.tokens_refused,
         "useful_seconds": ledger.useful_seconds,
         "double_merged_steps": ledger.double_merged_steps,
         "started_wall": ledger.started_wall,
