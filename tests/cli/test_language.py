@@ -37,6 +37,7 @@ PER_COMMAND = {
     "--step-time",  # goodput: the paper's cluster step; sim: one virtual-clock step
     "--reconfigure-seconds",  # 5 steps in both: goodput's steps are 2 s, the simulator's 1 s
     "--codec",  # real learners send bf16; the simulator is exact unless asked (its quality rows compare exactly)
+    "--overlap",  # runs choose tau from the measured link (auto); the goodput model has no link to measure
 }
 
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from ddiloco.launch.summary import bandwidth, summarize
+from ddiloco.launch.summary import bandwidth, overlap_chosen, summarize, tokens_by_cause
 from ddiloco.learner.journal import Journal
 
 
@@ -64,3 +64,36 @@ def test_bytes_per_step_against_a_ring_all_reduce_by_hand():
     assert b["bandwidth_ratio_up"] == pytest.approx(75) and b["bandwidth_ratio_down"] == pytest.approx(25)
     assert b["bandwidth_ratio_both_ways"] == pytest.approx(2 * 3000 / (40 + 120))  # 37.5: between the two
     assert bandwidth([{"params": 10}], steps=0, learners=4)["bandwidth_ratio_up"] is None
+
+
+def test_every_trained_token_has_one_cause_by_hand():
+    journals = [
+        {"tokens": 1000, "tokens_sent": 900.0, "tokens_overwritten": 60.0},  # 40 never left: killed
+        {"tokens": 500, "tokens_sent": 500.0, "tokens_overwritten": 0.0},
+    ]
+    statuses = [{"tokens_refused": 100.0}, {"tokens_refused": 50.0}]  # two shards
+    causes = tokens_by_cause(journals, statuses, trained=1500, merged=1200.0)
+    assert causes == {
+        "trained": 1500,
+        "merged": 1200.0,
+        "overwritten": 60.0,
+        "refused": 150.0,
+        "unsent": 40.0,
+        "in_transit": 1400.0 - 1200.0 - 150.0,  # sent, neither merged nor refused
+        "sent": 1400.0,
+    }
+    parts = ("merged", "overwritten", "refused", "unsent", "in_transit")
+    assert sum(causes[k] for k in parts) == pytest.approx(causes["trained"])
+    # a journal from before 0.4 says nothing of what it sent: the split is not guessed
+    assert tokens_by_cause([{"tokens": 10}], statuses, 10, 5.0) == {"trained": 10, "merged": 5.0, "sent": None}
+
+
+def test_each_learners_last_tau_and_why_are_in_the_summary(tmp_path):
+    for name, records in {"learner-0": [(1.0, 2, "x"), (5.0, 7, "tau_0 2 + ceil(...)")], "learner-1": []}.items():
+        for i, (updated, tau, why) in enumerate(records):
+            j = Journal(tmp_path / name / f"journal-{i}.json")
+            j.write({"updated": updated, "overlap": tau, "overlap_why": why})
+            j.close()
+        (tmp_path / name).mkdir(exist_ok=True)
+    chosen = overlap_chosen([tmp_path / "learner-0", tmp_path / "learner-1"])
+    assert chosen == {"learner-0": {"tau": 7, "why": "tau_0 2 + ceil(...)"}}

@@ -24,7 +24,32 @@ FRAGMENTS = typer.Option(
     "parameter tensors or H if fewer; ignored by --method diloco).",
 )
 SYNC_EVERY = typer.Option(_D.sync_every, "--sync-every", "-H", help="Steps H between two syncs of a fragment.")
-OVERLAP = typer.Option(_D.overlap, "--overlap", help="Steps tau a sync overlaps with compute (0 = blocking).")
+OVERLAP = typer.Option(
+    "auto",
+    "--overlap",
+    help=f"Steps tau a sync overlaps with compute: auto (tau_0 = {_D.overlap} plus the steps each learner's "
+    "measured link takes, at most H - 1), or a number that fixes it (0 = blocking).",
+)
+LATE = typer.Option(
+    _D.late,
+    "--late",
+    help="Work that missed its round: merge (into the fragment's next round, counted once) or refuse "
+    "(the paper's: dropped, the learner overwritten).",
+)
+MAX_STALENESS = typer.Option(
+    _D.max_staleness,
+    "--max-staleness",
+    min=1,
+    max=1000,
+    help="S: late work more than this many versions behind is refused.",
+)
+STALENESS_DISCOUNT = typer.Option(
+    _D.staleness_discount,
+    "--staleness-discount",
+    min=0.0,
+    max=1e6,
+    help="lambda: late work's token weight is divided by 1 + lambda * (versions it missed).",
+)
 QUORUM = typer.Option(_D.quorum, "--quorum", "-K", help="Minimum quorum K (capped at the live learners).")
 GRACE = typer.Option(
     _D.grace, "--grace", help="Grace factor gamma in [0, 1); 0 disables the grace window (docs/algorithm.md: why 0.9)."
@@ -127,6 +152,13 @@ class RuntimeMethod(str, enum.Enum):
     diloco = "diloco"
 
 
+class RunMethod(str, enum.Enum):  # ddiloco run: the runtime's methods and the data-parallel baselines
+    decoupled = "decoupled"
+    diloco = "diloco"
+    ddp = "ddp"
+    elastic_ddp = "elastic-ddp"
+
+
 class Backend(str, enum.Enum):
     local = "local"
     slurm = "slurm"
@@ -150,6 +182,22 @@ class BudgetCounts(str, enum.Enum):  # synchronizer.settings.BUDGET_COUNTS
 class Arrival(str, enum.Enum):  # core.config.ArrivalMode
     overwrite = "overwrite"
     rebase = "rebase"
+
+
+class Late(str, enum.Enum):  # core.config.LateMode
+    merge = "merge"
+    refuse = "refuse"
+
+
+def parse_overlap(value: str | int) -> tuple[int, bool]:
+    """`--overlap`: "auto" -> (tau_0, True); a number n -> (n, False)."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return _D.overlap, True
+    try:
+        return int(text), False
+    except ValueError:
+        raise typer.BadParameter(f"--overlap takes 'auto' or a number of steps, got {value!r}") from None
 
 
 def plain(*values: object) -> tuple:

@@ -65,6 +65,9 @@ def print_summary(result: dict, title: str) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in result.items():
+        if key == "tokens_by_cause" and isinstance(value, dict):  # one row per cause: they add up to trained
+            for cause, tokens in value.items():
+                table.add_row(f"tokens {cause}", _fmt(tokens))
         if isinstance(value, (dict, list)):
             continue
         table.add_row(key, _fmt(value))

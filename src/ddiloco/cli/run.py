@@ -15,8 +15,10 @@ from . import app, options
 
 @app.command("run")
 def run(
-    method: options.RuntimeMethod = typer.Option(
-        "decoupled", help="decoupled, or diloco (synchronous baseline: every learner waits at every outer step)."
+    method: options.RunMethod = typer.Option(
+        "decoupled",
+        help="decoupled, diloco (synchronous baseline: every learner waits at every outer step), or the "
+        "data-parallel baselines ddp and elastic-ddp (docs/dataparallel.md).",
     ),
     model: options.Model = typer.Option("gpt", help="The model to train."),
     model_size: options.ModelSize = typer.Option("default", help="default (~1M parameters) or tiny."),
@@ -25,7 +27,7 @@ def run(
     learners: int = options.LEARNERS,
     fragments: int | None = options.FRAGMENTS,
     sync_every: int = options.SYNC_EVERY,
-    overlap: int = options.OVERLAP,
+    overlap: str = options.OVERLAP,
     quorum: int = options.QUORUM,
     grace: float = options.GRACE,
     merge: options.Merge | None = options.MERGE,
@@ -33,6 +35,9 @@ def run(
     outer_momentum: float = options.OUTER_MOMENTUM,
     arrival: options.Arrival = options.ARRIVAL,
     final_momentum: bool = options.FINAL_MOMENTUM,
+    late: options.Late = options.LATE,
+    max_staleness: int = options.MAX_STALENESS,
+    staleness_discount: float = options.STALENESS_DISCOUNT,
     inner_lr: float = typer.Option(3e-3, min=0.0, help="Peak inner AdamW learning rate."),
     batch_size: int = typer.Option(16, min=1, help="Sequences (or images) per learner step."),
     tokens: int | None = typer.Option(
@@ -194,6 +199,34 @@ def run(
         from ..train.tasks import make_task
 
         task = make_task(model, data, seq_len=seq_len, model_size=model_size)
+        if method in ("ddp", "elastic-ddp"):  # the data-parallel baselines have their own launcher
+            from ._dataparallel import run_baseline
+
+            if options.plain(backend)[0] != "local" or kill_synchronizer_at is not None:
+                raise ValueError(f"--method {method}: local backend only, and there is no synchronizer to kill")
+            if net_latency or net_bandwidth or net_jitter or net_delay:
+                raise ValueError(f"--method {method}: the emulated link does not reach the all-reduce yet")
+            return run_baseline(
+                method=method,
+                model=model,
+                model_size=model_size,
+                data=data,
+                seq_len=seq_len,
+                learners=learners,
+                batch_size=batch_size,
+                inner_lr=inner_lr,
+                seed=seed,
+                tokens=tokens,
+                duration=duration,
+                sync_every=sync_every,
+                min_step_seconds=min_step_seconds,
+                eval_batches=eval_batches,
+                eval_every=eval_every,
+                threads=threads,
+                chaos=chaos,
+                run_dir=run_dir,
+                as_json=as_json,
+            )
         fragments = fit_fragments(len(list(task.build_model(seed).parameters())), fragments, sync_every)
         config = RunConfig(
             run_dir=run_dir or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"),
@@ -205,7 +238,11 @@ def run(
             learners=learners,
             fragments=fragments,
             sync_every=sync_every,
-            overlap=overlap,
+            overlap=options.parse_overlap(overlap)[0],
+            overlap_auto=options.parse_overlap(overlap)[1],
+            late=options.plain(late)[0],
+            max_staleness=max_staleness,
+            staleness_discount=staleness_discount,
             quorum=quorum,
             grace=grace,
             merge=merge,

@@ -72,7 +72,7 @@ def sim(
     learners: int = options.LEARNERS,
     fragments: int | None = options.FRAGMENTS,
     sync_every: int = options.SYNC_EVERY,
-    overlap: int = options.OVERLAP,
+    overlap: str = options.OVERLAP,
     quorum: int = options.QUORUM,
     grace: float = options.GRACE,
     merge: options.Merge | None = options.MERGE,
@@ -80,6 +80,9 @@ def sim(
     outer_momentum: float = options.OUTER_MOMENTUM,
     arrival: options.Arrival = options.ARRIVAL,
     final_momentum: bool = options.FINAL_MOMENTUM,
+    late: options.Late = options.LATE,
+    max_staleness: int = options.MAX_STALENESS,
+    staleness_discount: float = options.STALENESS_DISCOUNT,
     inner_lr: float = typer.Option(3e-3, help="Inner AdamW learning rate (peak; cosine decay over the run)."),
     batch_size: int = typer.Option(16, help="Sequences (or images) per learner step."),
     tokens: int = typer.Option(
@@ -139,8 +142,9 @@ def sim(
     from ..sim.run import build_task, run_sim
 
     options.set_threads(threads)
+    tau, _ = options.parse_overlap(overlap)  # auto: tau_0 (the virtual clock has no measured link)
     if method == "diloco":  # synchronous DiLoCo: one fragment, blocking syncs, everyone waits (P, tau, K ignored)
-        fragments, overlap, quorum = 1, 0, learners
+        fragments, tau, quorum = 1, 0, learners
     probe = None  # the task, when building it first tells the default number of fragments
     try:
         if fragments is None:
@@ -154,7 +158,10 @@ def sim(
         algorithm = AlgorithmConfig(
             fragments=fragments,
             sync_every=sync_every,
-            overlap=overlap,
+            overlap=tau,
+            late=options.plain(late)[0],
+            max_staleness=max_staleness,
+            staleness_discount=staleness_discount,
             quorum=quorum,
             grace=grace,
             outer_lr=outer_lr,

@@ -24,6 +24,10 @@ class RunConfig:
     fragments: int = _D.fragments
     sync_every: int = _D.sync_every
     overlap: int = _D.overlap
+    overlap_auto: bool = True  # --overlap auto: each learner widens tau by its link's steps (`learner.overlap`)
+    late: str = _D.late
+    max_staleness: int = _D.max_staleness
+    staleness_discount: float = _D.staleness_discount
     quorum: int = _D.quorum
     grace: float = _D.grace
     merge: str | None = None
@@ -107,7 +111,13 @@ class RunConfig:
             "--sync-every",
             str(self.sync_every),
             "--overlap",
-            str(self.overlap),
+            "auto" if self.overlap_auto else str(self.overlap),
+            "--late",
+            self.late,
+            "--max-staleness",
+            str(self.max_staleness),
+            "--staleness-discount",
+            str(self.staleness_discount),
             "--quorum",
             str(self.quorum),
             "--grace",
@@ -190,7 +200,8 @@ class RunConfig:
             "seed": self.seed,
             "fragments": 1 if self.method == "diloco" else self.fragments,
             "sync_every": self.sync_every,
-            "overlap": 0 if self.method == "diloco" else self.overlap,
+            "overlap": 0 if self.method == "diloco" else ("auto" if self.overlap_auto else self.overlap),
+            "late": self.late,
             "quorum": self.learners if self.method == "diloco" else self.quorum,
             "grace": self.grace,
             "merge": self.merge or ("mean" if self.method == "diloco" else "rda"),

@@ -29,7 +29,7 @@ svg { border: 1px solid #ddd; background: #fafafa; }
 </div>
 <div id="error"></div>
 <table id="learners"><thead><tr><th>learner</th><th>state</th><th>pid</th><th>restarts</th><th>step</th>
-<th>tokens trained</th><th>merged tokens</th><th>train loss</th></tr></thead><tbody></tbody></table>
+<th>tokens trained</th><th>merged tokens</th><th>train loss</th><th title="overlap: steps a sync overlaps with compute (--overlap auto: 2 + the steps its link takes)">tau</th><th>link s</th></tr></thead><tbody></tbody></table>
 <h2>Loss against tokens</h2>
 <svg id="curve" width="640" height="260" viewBox="0 0 640 260"></svg>
 <p>eval loss of the global model (blue), learners' training loss (orange).
@@ -74,7 +74,7 @@ async function refresh() {
     document.querySelector("#learners tbody").innerHTML = s.learners.map(l =>
       `<tr><td>${l.id}</td><td class="state ${l.state}">${l.state}</td><td>${l.pid ?? "-"}</td><td>${l.restarts ?? "-"}</td>` +
       `<td>${l.step ?? "-"}</td><td>${l.tokens_trained || "-"}</td><td>${fmt(l.tokens_merged, 0)}</td>` +
-      `<td>${fmt(l.loss, 3)}</td></tr>`).join("");
+      `<td>${fmt(l.loss, 3)}</td><td>${l.overlap ?? "-"}</td><td>${fmt(l.link_seconds, 3)}</td></tr>`).join("");
     draw(s.history || []);
   } catch (e) {
     document.getElementById("error").textContent = "no answer from the run: " + e.message;

@@ -75,6 +75,8 @@ def summarize(
         "tokens_trained": tokens_trained,
         "tokens_merged": tokens_merged,
         "tokens_lost": max(0.0, tokens_trained - tokens_merged),
+        "tokens_by_cause": tokens_by_cause(journals, statuses, tokens_trained, tokens_merged),
+        "overlap_chosen": overlap_chosen(learner_dirs),
         "goodput": useful / allocated,
         "uptime": min(1.0, union_length([i for i in intervals if i[1] > i[0]]) / window),
         "utilization": busy / allocated,
@@ -94,6 +96,45 @@ def summarize(
         "window_start": start,
         "window_stop": stop,
         **bandwidth(statuses, sum(int(j.get("steps", 0)) for j in journals), learners),
+    }
+
+
+def overlap_chosen(learner_dirs: list[Path]) -> dict:
+    """Each learner's tau at its end and why (`--overlap auto` chooses it from the link), from the
+    journal of its last process."""
+    chosen = {}
+    for d in learner_dirs:
+        last = max(read_journals(d, "journal-*.json"), key=lambda j: j.get("updated", 0.0), default=None)
+        if last is not None and last.get("overlap") is not None:
+            chosen[d.name] = {"tau": last["overlap"], "why": last.get("overlap_why")}
+    return chosen
+
+
+def tokens_by_cause(journals: list[dict], statuses: list[dict], trained: int, merged: float) -> dict:
+    """Every trained token by where it went (share-weighted, as merged tokens are):
+
+        trained = merged + overwritten + refused + unsent + in_transit
+
+    overwritten: trained since a snapshot and lost when the next global value overwrote it
+    (`--arrival overwrite`); refused: in contributions the synchronizer refused (past S versions
+    late, or invalid); unsent: never left its learner (a kill -9, or the end of the run); in transit:
+    sent but neither merged nor refused (a broken connection, a synchronizer crash). The first four
+    are measured where they happen (the learners' journals, the shards' ledgers); the last is what
+    was sent less what arrived, so a learner that never reported what it sent (an older journal)
+    leaves `sent` null and the rest unsplit."""
+    if any("tokens_sent" not in j for j in journals):
+        return {"trained": trained, "merged": merged, "sent": None}
+    sent = sum(float(j["tokens_sent"]) for j in journals)
+    overwritten = sum(float(j.get("tokens_overwritten", 0.0)) for j in journals)
+    refused = sum(float(s.get("tokens_refused", 0.0)) for s in statuses)
+    return {
+        "trained": trained,
+        "merged": merged,
+        "overwritten": overwritten,
+        "refused": refused,
+        "unsent": trained - sent - overwritten,
+        "in_transit": sent - merged - refused,
+        "sent": sent,
     }
 
 

@@ -350,6 +350,8 @@ class Supervisor:
                     "tokens_trained": max((b.get("tokens_trained", 0) for b in books), default=0),  # all incarnations
                     "tokens_merged": sum(b.get("tokens_merged", 0.0) for b in books),
                     "loss": info.get("loss"),
+                    "overlap": info.get("overlap"),  # the tau it uses (`--overlap auto` chooses it)
+                    "link_seconds": info.get("link_seconds"),
                     "last_merge_wall": info.get("last_merge_wall"),
                 }
             )
