@@ -1,4 +1,4 @@
-"""`ddiloco demo`: both methods on one failure trace, side by side, with the report written."""
+"""`ddiloco demo`: four methods on one failure trace and one link, side by side, with the report written."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import pytest
 from typer.testing import CliRunner
 
 from ddiloco.cli import _register, app
-from ddiloco.cli.demo import interpretation, loss_at
+from ddiloco.cli.demo import METHODS, interpretation, loss_at, scaled_link
 from ddiloco.records.rundir import load_run
 
 _register()
 
 
-def test_demo_compares_both_methods_on_the_same_failures(shakespeare, tmp_path):
+def test_demo_compares_four_methods_on_the_same_failures_and_link(shakespeare, tmp_path):
     out = tmp_path / "demo"
     result = CliRunner().invoke(
         app,
@@ -34,15 +34,23 @@ def test_demo_compares_both_methods_on_the_same_failures(shakespeare, tmp_path):
         catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
-    both = json.loads(result.stdout.strip().splitlines()[-1])
-    d, e = both["decoupled"], both["elastic-ddp"]
-    assert d["method"] == "decoupled" and e["method"] == "elastic-ddp"
-    assert d["tokens"] >= 12000 and e["tokens"] >= 12000
-    runs = [load_run(out / m) for m in ("decoupled", "elastic-ddp")]
-    traces = [r.config["settings"]["failures"] for r in runs]
-    assert traces[0] == traces[1] and traces[0]["outages"], "the two runs must see the same failures"
-    assert "Under the same failures Decoupled DiLoCo kept" in result.stdout
+    every = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(METHODS) == {"decoupled", "diloco", "ddp", "elastic-ddp"} and set(METHODS) <= set(every)
+    for m in METHODS:
+        assert every[m]["method"] == m and every[m]["tokens"] >= 12000
+    runs = [load_run(out / m) for m in METHODS]
+    settings = [r.config["settings"] for r in runs]
+    assert all(s["failures"] == settings[0]["failures"] for s in settings) and settings[0]["failures"]["outages"]
+    assert all(s["link"] == settings[0]["link"] for s in settings), "the runs must share the link"
+    first = min(every[m]["sim_seconds"] for m in METHODS)
+    assert all(every[m]["eval_loss_at_first_finish"] is not None for m in METHODS if every[m]["sim_seconds"] == first)
+    assert "At equal wall time" in result.stdout and "at equal tokens" in result.stdout
     assert (out / "report" / "report.html").is_file() and (out / "report" / "loss_vs_time.png").is_file()
+
+
+def test_the_link_makes_one_all_reduce_take_a_step_by_hand():
+    link = scaled_link(1_000_000, latency=0.05)
+    assert link.transfer(2 * 1_000_000 * 2.0) == pytest.approx(0.05 + 1.0)  # 2 x params x bf16 in one step
 
 
 def test_loss_at_interpolates_between_eval_points():
@@ -56,9 +64,15 @@ def test_loss_at_interpolates_between_eval_points():
     assert loss_at(metrics, 99.0) == 3.0
 
 
-def test_interpretation_states_the_quality_gap_only_when_there_is_one():
-    d = {"goodput": 0.66, "sim_seconds": 200.0, "eval_loss": 2.5, "sync_every": 12}
-    e = {"goodput": 0.38, "sim_seconds": 500.0, "eval_loss": 2.3, "eval_loss_at_decoupled_end": 2.9}
-    text = interpretation(d, e)
-    assert "66%" in text and "38%" in text and "2.5x sooner" in text and "2.900" in text and "8.7% above" in text
-    assert "above" not in interpretation({**d, "eval_loss": 2.3}, e)
+def test_interpretation_names_the_winner_at_equal_time_and_at_equal_tokens_from_the_numbers():
+    results = {
+        "decoupled": {"sim_seconds": 200.0, "eval_loss": 2.5, "eval_loss_at_first_finish": 2.5},
+        "diloco": {"sim_seconds": 260.0, "eval_loss": 2.45, "eval_loss_at_first_finish": 2.7},
+        "ddp": {"sim_seconds": 500.0, "eval_loss": 2.3, "eval_loss_at_first_finish": 2.9},
+        "elastic-ddp": {"sim_seconds": 450.0, "eval_loss": 2.31, "eval_loss_at_first_finish": None},
+    }
+    text = interpretation(results)
+    assert text.startswith("At equal wall time (200 simulated s, when Decoupled DiLoCo finished) Decoupled DiLoCo")
+    assert "at equal tokens DDP is lowest (2.300;" in text and "elastic DDP not yet evaluated" in text
+    results["diloco"]["eval_loss_at_first_finish"] = 2.4
+    assert "Decoupled DiLoCo finished) DiLoCo is lowest in eval loss (2.400;" in interpretation(results)
