@@ -32,9 +32,12 @@ ALLOWED: dict[str, set[str]] = {
     "api": {"synchronizer", "learner", "wire", "core", "records", "train"},
     "report": {"records"},
     "cluster": {"launch", "records", "wire"},  # the Slurm backend: the same commands `launch` runs locally
+    "dataparallel": {"launch", "learner", "records", "train", "chaos"},  # launch's processes, a learner's journal
+    "hosts": set(),  # network namespaces, links and processes on them: plain Linux, nothing of ours
     "cli": {
         "api",
         "cluster",
+        "dataparallel",
         "launch",
         "sim",
         "goodput",
