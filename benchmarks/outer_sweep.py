@@ -11,9 +11,10 @@ data-parallel row of the same model, a tuned baseline):
     sync-every  synchronous DiLoCo at H {1, 6, 24} with the grid's best outer step (the defaults when the
                 grid is not run); H = 1 is data-parallel with an outer Nesterov step on each step's average
     last-merge  the grid's momentum rows with the final merge taken without momentum (no end-of-run kick)
-    arrival     Decoupled DiLoCo at the default outer step, overwrite against rebase (keeping in-flight and
-                stale-refused work), on identical learners, on heterogeneous ones with K = 1 and no grace, and
-                the same behind a link of 0.3 s (step time 1 s), where many answers are refused as stale
+    arrival     Decoupled DiLoCo at the default outer step: overwrite against rebase (keeping in-flight
+                work), with late work refused (the paper's) or merged, on identical learners, on
+                heterogeneous ones with K = 1 and no grace, and the same behind a link of 0.3 s (step
+                time 1 s), where many answers arrive after their round closed
 
     python benchmarks/outer_sweep.py --quick         # tiny models, 2 seeds, about 3 minutes
     python benchmarks/outer_sweep.py                 # default models, 3 seeds: about 70 minutes per core
@@ -148,9 +149,16 @@ def jobs(
         if "arrival" in groups:
             defaults = AlgorithmConfig()
             for setting in ("", " hetero K=1", " hetero K=1 slow link"):
-                for arrival in ("overwrite", "rebase"):
+                for arrival, late in (
+                    ("overwrite", "refuse"),
+                    ("rebase", "refuse"),
+                    ("overwrite", "merge"),
+                    ("rebase", "merge"),
+                ):
                     alg = replace(
-                        algorithm("decoupled", defaults.outer_lr, defaults.outer_momentum, period), arrival=arrival
+                        algorithm("decoupled", defaults.outer_lr, defaults.outer_momentum, period),
+                        arrival=arrival,
+                        late=late,
                     )
                     kw = {}
                     if setting:  # no grace: answers that come after the opener's merge are stale
@@ -161,7 +169,7 @@ def jobs(
                     add(
                         {
                             "group": "arrival",
-                            "method": f"decoupled-{arrival}{setting}",
+                            "method": f"decoupled-{arrival}-{late}{setting}",
                             "outer_lr": defaults.outer_lr,
                             "outer_momentum": defaults.outer_momentum,
                         },

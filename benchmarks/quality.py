@@ -38,7 +38,11 @@ MTBF_STEPS, DOWN_STEPS = 90.0, 10.0
 
 
 def rows(learners: int, period: int) -> list[tuple[str, dict]]:
+    """Decoupled DiLoCo with its defaults (late work merged, in-flight steps kept, no momentum in the
+    final flush) and as the paper has it ("-paper": late work refused, in-flight steps overwritten,
+    momentum to the end), beside the baselines."""
     decoupled = AlgorithmConfig(fragments=4, sync_every=period, overlap=2, quorum=1, grace=0.9)
+    paper = replace(decoupled, arrival="overwrite", late="refuse", final_momentum=True)
     hetero = StepTimeModel(speeds=half_slow(learners, 1.2), jitter=0.1)
     return [
         ("ddp", dict(method="ddp")),
@@ -47,21 +51,15 @@ def rows(learners: int, period: int) -> list[tuple[str, dict]]:
         ("diloco", dict(method="diloco", algorithm=replace(decoupled, merge="mean"))),
         ("decoupled", dict(method="decoupled", algorithm=decoupled)),
         ("decoupled-failures", dict(method="decoupled", algorithm=decoupled, failures=True)),
-        ("decoupled-rebase", dict(method="decoupled", algorithm=replace(decoupled, arrival="rebase"))),
-        (
-            "decoupled-rebase-failures",
-            dict(method="decoupled", algorithm=replace(decoupled, arrival="rebase"), failures=True),
-        ),
+        ("decoupled-paper", dict(method="decoupled", algorithm=paper)),
+        ("decoupled-paper-failures", dict(method="decoupled", algorithm=paper, failures=True)),
         (
             "decoupled-hetero-km",
             dict(method="decoupled", algorithm=replace(decoupled, quorum=learners, grace=0.0), steps=hetero),
         ),
         ("decoupled-hetero-k1", dict(method="decoupled", algorithm=replace(decoupled, grace=0.0), steps=hetero)),
         ("decoupled-hetero-k1-grace", dict(method="decoupled", algorithm=decoupled, steps=hetero)),
-        (
-            "decoupled-rebase-hetero-k1",
-            dict(method="decoupled", algorithm=replace(decoupled, grace=0.0, arrival="rebase"), steps=hetero),
-        ),
+        ("decoupled-paper-hetero-k1", dict(method="decoupled", algorithm=replace(paper, grace=0.0), steps=hetero)),
     ]
 
 

@@ -1,22 +1,27 @@
 """Training across distant data centres, emulated: real `ddiloco run`s whose learners talk to the
 synchronizer through an emulated wide-area link (latency, jitter and a bandwidth cap each way,
-`--net-latency/--net-jitter/--net-bandwidth`), Decoupled DiLoCo against synchronous DiLoCo on the
-same links and budget, and both against the same runs on plain loopback, side by side.
+`--net-latency/--net-jitter/--net-bandwidth`; latency is propagation, every reply pays the way back,
+and each bulk-socket push opens a connection: `learner.wan`), Decoupled DiLoCo against synchronous
+DiLoCo on the same links and budget, and both against the same runs on plain loopback, side by side,
+over several seeds (mean and spread).
 
 Goodput is the share of the learners' allocated time whose work reached the global model; eval loss
-is the final global model's on held-out text.
+is the final global model's on held-out text; merged share is tokens merged / tokens trained; tau is
+the overlap each Decoupled learner chose for its link (`--overlap auto`, the default).
 
 Every step is padded to --min-step-seconds (0.1 s), so that each learner behaves like its own
 accelerator instead of sharing this machine's two cores (as in benchmarks/chaos.py).
 
-    python benchmarks/wan.py                  # 100 ms +- 20 ms, 50 MB/s, the default GPT (~5 minutes)
-    python benchmarks/wan.py --quick --json   # the same link, the tiny GPT, half the tokens (~3 minutes)
+    python benchmarks/wan.py                  # 100 ms +- 20 ms, 50 MB/s, the default GPT, 3 seeds (~15 minutes)
+    python benchmarks/wan.py --quick --json   # the same link, the tiny GPT, half the tokens (~5 minutes)
+    python benchmarks/wan.py --table --quick  # latency 5/50/100/250 ms at 50 MB/s, 5/50/500 MB/s at 50 ms
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -25,6 +30,82 @@ from rich.table import Table
 from runs import ddiloco_run, parse_run_arguments
 
 console = Console(stderr=True, width=150)
+METHODS = ("decoupled", "diloco")
+TABLE_LINKS = [(5, 50), (50, 50), (100, 50), (250, 50), (50, 5), (50, 500)]  # (one-way ms, MB/s)
+
+
+def link_flags(latency: float, jitter: float, bandwidth: float) -> list[str]:
+    return ["--net-latency", str(latency), "--net-jitter", str(jitter), "--net-bandwidth", str(bandwidth)]
+
+
+def one_run(args: argparse.Namespace, method: str, link: list[str], seed: int, tmp: Path, name: str) -> dict:
+    flags = ["--method", method, "--learners", str(args.learners), "--model-size", args.model_size]
+    flags += ["--data", str(args.data), "--tokens", str(args.tokens), "--seed", str(seed)]
+    flags += ["--min-step-seconds", str(args.min_step_seconds), *link]
+    console.print(f"[bold]{method} on {name}, seed {seed}[/bold]: ddiloco run {' '.join(flags)}")
+    r = ddiloco_run(flags, tmp / f"{method}-{name}-{seed}", f"{method} on {name}")
+    taus = [c["tau"] for c in r.get("overlap_chosen", {}).values()]
+    return {
+        "method": method,
+        "link": name,
+        "seed": seed,
+        "goodput": r["goodput"],
+        "eval_loss": r.get("eval_loss"),
+        "run_seconds": r["run_seconds"],
+        "outer_steps": r["outer_steps"],
+        "tokens_merged": r["tokens_merged"],
+        "tokens_trained": r["tokens_trained"],
+        "merged_share": r["tokens_merged"] / max(1, r["tokens_trained"]),
+        "tokens_by_cause": r.get("tokens_by_cause"),
+        "tau": max(taus) if taus else None,
+    }
+
+
+def spread(values: list[float]) -> dict:
+    """Mean, sample standard deviation, min and max of one figure over the seeds."""
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Per (method, link): each figure's spread over the seeds."""
+    out: dict = {}
+    for key in sorted({(r["method"], r["link"]) for r in rows}):
+        group = [r for r in rows if (r["method"], r["link"]) == key]
+        losses = [r["eval_loss"] for r in group if isinstance(r["eval_loss"], float)]
+        taus = [r["tau"] for r in group if r["tau"] is not None]
+        out[f"{key[0]}/{key[1]}"] = {
+            "goodput": spread([r["goodput"] for r in group]),
+            "eval_loss": spread(losses) if losses else None,
+            "merged_share": spread([r["merged_share"] for r in group]),
+            "tau": spread([float(t) for t in taus]) if taus else None,
+            "seeds": len(group),
+        }
+    return out
+
+
+def show(summary: dict, title: str) -> None:
+    table = Table(title=title)
+    for col in ("method / link", "goodput", "eval loss", "merged / trained", "tau", "seeds"):
+        table.add_column(col, justify="right")
+
+    def cell(s: dict | None, digits: int) -> str:
+        return "-" if s is None else f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}"
+
+    for key, s in summary.items():
+        table.add_row(
+            key,
+            cell(s["goodput"], 3),
+            cell(s["eval_loss"], 4),
+            cell(s["merged_share"], 3),
+            cell(s["tau"], 1),
+            str(s["seeds"]),
+        )
+    console.print(table)
 
 
 def main() -> None:
@@ -33,6 +114,9 @@ def main() -> None:
     p.add_argument("--jitter", type=float, default=20.0, help="milliseconds")
     p.add_argument("--bandwidth", type=float, default=50.0, help="MB/s each way")
     p.add_argument("--learners", type=int, default=4)
+    p.add_argument("--seeds", type=int, default=3, help="seeds per configuration (mean and spread)")
+    p.add_argument("--table", action="store_true", help="the link table: latencies at 50 MB/s, bandwidths at 50 ms")
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="the methods to run")
     p.add_argument(
         "--min-step-seconds",
         type=float,
@@ -42,76 +126,49 @@ def main() -> None:
     args = parse_run_arguments(p, tokens=3_000_000)
     if args.quick:
         args.model_size, args.tokens = "tiny", 1_500_000
-    link = [
-        "--net-latency",
-        str(args.latency),
-        "--net-jitter",
-        str(args.jitter),
-        "--net-bandwidth",
-        str(args.bandwidth),
-    ]
+    seeds = range(args.seeds)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for method in ("decoupled", "diloco"):
-            for name, extra in (("loopback", []), ("wan", link)):
-                flags = [
-                    "--method",
-                    method,
-                    "--learners",
-                    str(args.learners),
-                    "--model-size",
-                    args.model_size,
-                    "--data",
-                    str(args.data),
-                    "--tokens",
-                    str(args.tokens),
-                    "--seed",
-                    "0",
-                    "--min-step-seconds",
-                    str(args.min_step_seconds),
-                    *extra,
-                ]
-                console.print(f"[bold]{method} on {name}[/bold]: ddiloco run {' '.join(flags)}")
-                r = ddiloco_run(flags, Path(tmp) / f"{method}-{name}", f"{method} on {name}")
-                rows.append(
-                    {
-                        "method": method,
-                        "link": name,
-                        "goodput": r["goodput"],
-                        "eval_loss": r.get("eval_loss"),
-                        "run_seconds": r["run_seconds"],
-                        "outer_steps": r["outer_steps"],
-                        "tokens_merged": r["tokens_merged"],
-                        "tokens_trained": r["tokens_trained"],
-                    }
-                )
-    by = {(r["method"], r["link"]): r for r in rows}
-    for method in ("decoupled", "diloco"):
-        by[(method, "wan")]["goodput_vs_loopback"] = (
-            by[(method, "wan")]["goodput"] / by[(method, "loopback")]["goodput"]
-        )
-    table = Table(
-        title=f"{args.learners} learners, {args.model_size} GPT, {args.tokens} tokens; link: {args.latency:g} ms "
-        f"+- {args.jitter:g} ms, {args.bandwidth:g} MB/s each way"
+        if args.table:
+            for latency, bandwidth in TABLE_LINKS:
+                name = f"{latency:g}ms-{bandwidth:g}MBps"
+                for method in args.methods:
+                    for seed in seeds:
+                        flags = link_flags(latency, latency / 5, bandwidth)  # jitter a fifth of the latency
+                        rows.append(one_run(args, method, flags, seed, Path(tmp), name))
+        else:
+            for method in args.methods:
+                for name, link in (("loopback", []), ("wan", link_flags(args.latency, args.jitter, args.bandwidth))):
+                    for seed in seeds:
+                        rows.append(one_run(args, method, link, seed, Path(tmp), name))
+    summary = summarise(rows)
+    size = f"{args.learners} learners, {args.model_size} GPT, {args.tokens} tokens, {args.seeds} seeds"
+    if args.table:
+        show(summary, f"{size}; jitter a fifth of the latency")
+        print(json.dumps({"rows": rows, "summary": summary}, sort_keys=True) if args.json else "")
+        return
+    show(summary, f"{size}; link: {args.latency:g} ms +- {args.jitter:g} ms, {args.bandwidth:g} MB/s each way")
+
+    if set(args.methods) != set(METHODS):  # the ratios need both methods
+        print(json.dumps({"rows": rows, "summary": summary}, sort_keys=True) if args.json else "")
+        return
+
+    def mean(key: str, figure: str) -> float:
+        return summary[key][figure]["mean"]
+
+    figures = {
+        "decoupled_over_diloco_goodput_wan": mean("decoupled/wan", "goodput") / mean("diloco/wan", "goodput"),
+        "decoupled_wan_over_loopback_goodput": mean("decoupled/wan", "goodput") / mean("decoupled/loopback", "goodput"),
+        "decoupled_merged_share_wan": mean("decoupled/wan", "merged_share"),
+        "eval_loss_wan": {m: summary[f"{m}/wan"]["eval_loss"] for m in METHODS},
+    }
+    console.print(
+        f"on the emulated link, Decoupled DiLoCo's goodput is {figures['decoupled_over_diloco_goodput_wan']:.2f}x "
+        f"synchronous DiLoCo's and {figures['decoupled_wan_over_loopback_goodput']:.2f}x its own on loopback; "
+        f"it merged {figures['decoupled_merged_share_wan']:.3f} of the tokens it trained"
     )
-    for col in ("method", "link", "goodput", "eval loss", "seconds", "outer steps", "tokens merged / trained"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        loss = f"{r['eval_loss']:.4f}" if isinstance(r["eval_loss"], float) else "-"
-        table.add_row(
-            r["method"],
-            r["link"],
-            f"{r['goodput']:.3f}",
-            loss,
-            f"{r['run_seconds']:.0f}",
-            str(r["outer_steps"]),
-            f"{r['tokens_merged'] / max(1, r['tokens_trained']):.3f}",
-        )
-    console.print(table)
-    ratio = by[("decoupled", "wan")]["goodput"] / by[("diloco", "wan")]["goodput"]
-    console.print(f"on the emulated link, Decoupled DiLoCo's goodput is {ratio:.2f}x synchronous DiLoCo's")
     if args.json:
-        print(json.dumps({"rows": rows, "decoupled_over_diloco_goodput_wan": ratio}, sort_keys=True))
+        print(json.dumps({"rows": rows, "summary": summary, **figures}, sort_keys=True))
 
 
 if __name__ == "__main__":

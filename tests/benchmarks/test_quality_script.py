@@ -38,12 +38,12 @@ def test_quick_vision_rows_are_complete(tmp_path, shakespeare):
         "diloco",
         "decoupled",
         "decoupled-failures",
-        "decoupled-rebase",
-        "decoupled-rebase-failures",
+        "decoupled-paper",
+        "decoupled-paper-failures",
         "decoupled-hetero-km",
         "decoupled-hetero-k1",
         "decoupled-hetero-k1-grace",
-        "decoupled-rebase-hetero-k1",
+        "decoupled-paper-hetero-k1",
     ]
     for row in report["rows"]:
         assert row["model"] == "vision" and 0 <= row["eval_accuracy"] <= 1 and 0 < row["goodput"] <= 1

@@ -57,11 +57,18 @@ def test_bandwidth_rows_count_bytes_both_ways_for_every_upload_and_download_code
 
 @pytest.mark.slow
 def test_wan_runs_both_methods_on_both_links(shakespeare):
-    report = bench("wan.py", "--quick", "--data", shakespeare, timeout=1200)
+    report = bench("wan.py", "--quick", "--seeds", "1", "--data", shakespeare, timeout=1200)
     assert {(r["method"], r["link"]) for r in report["rows"]} == {
         (m, link) for m in ("decoupled", "diloco") for link in ("loopback", "wan")
     }
     assert all(0 < r["goodput"] <= 1 for r in report["rows"]) and report["decoupled_over_diloco_goodput_wan"] > 0
+    assert set(report["summary"]) == {f"{m}/{link}" for m in ("decoupled", "diloco") for link in ("loopback", "wan")}
+    decoupled_wan = next(r for r in report["rows"] if (r["method"], r["link"]) == ("decoupled", "wan"))
+    assert decoupled_wan["tau"] > 2  # --overlap auto widened tau behind the 100 ms link
+    causes = decoupled_wan["tokens_by_cause"]
+    assert causes["merged"] + causes["overwritten"] + causes["refused"] + causes["unsent"] + causes[
+        "in_transit"
+    ] == pytest.approx(causes["trained"])
 
 
 @pytest.mark.slow
