@@ -168,7 +168,7 @@ def test_synchronous_baseline_runs_on_the_same_launcher(tmp_path, shakespeare):
     [
         (["--learner-mtbf", "-1"], "learner-mtbf"),
         (["--chaos-trace", "/nonexistent/trace.csv"], "does not exist"),
-        (["--method", "ddp"], "'ddp' is not one of 'decoupled', 'diloco'"),
+        (["--method", "fsdp"], "'fsdp' is not one of 'decoupled', 'diloco', 'ddp', 'elastic-ddp'"),
     ],
 )
 def test_bad_flags_are_clear_errors(tmp_path, shakespeare, args, message):
