@@ -83,6 +83,7 @@ class LateRounds:
     grace: GraceWindow
     sums: AccumulatorPool
     final_flush: bool
+    late_floor: dict[int, int]  # per fragment, the version restored at the last restart
 
     if TYPE_CHECKING:  # defined by `SynchronizerCore`
 
@@ -102,6 +103,10 @@ class LateRounds:
             return self._reject(c.learner, p, f"stale: based on version {c.base_version}, current is {current}") + [
                 self._update(p, (c.learner,))
             ]
+        if c.base_version < self.late_floor.get(p, 0):  # from before a restart: it may be merged already
+            return self._reject(
+                c.learner, p, f"stale: based on version {c.base_version}, from before the synchronizer restarted"
+            ) + [self._update(p, (c.learner,))]
         staleness = current + (1 if merging else 0) - c.base_version  # versions it missed
         limit = self.config.max_staleness
         if staleness > limit:

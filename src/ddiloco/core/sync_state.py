@@ -35,6 +35,7 @@ class SyncState:
     rounds: dict[int, Round]
     carries: dict[int, Any]  # fragment -> `late.Carry`
     merged_steps: dict[tuple[int, int], int]
+    late_floor: dict[int, int]
     rejections: dict[str, int]
 
     def global_params(self) -> dict[str, torch.Tensor]:
@@ -77,4 +78,5 @@ class SyncState:
         self.rejections = dict(state.get("rejections", {}))
         self.rounds.clear()
         self.carries.clear()  # late work is held like an open round's: not saved
-        self.merged_steps.clear()
+        self.merged_steps.clear()  # not saved: late work from before this restore is refused instead
+        self.late_floor = dict(self.versions)

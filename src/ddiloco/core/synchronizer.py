@@ -83,6 +83,7 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         # (learner, fragment) -> the learner step of its newest merged snapshot: a contribution sent
         # again after it was merged (a push whose reply was lost, retried) must not be merged twice
         self.merged_steps: dict[tuple[int, int], int] = {}
+        self.late_floor: dict[int, int] = {}  # restored versions: older late work is refused (`late`)
         self.rejections: dict[str, int] = {}
         self._holding = False  # see receive(hold=...)
         self.defer_merges = defer_merges
