@@ -21,6 +21,8 @@ from ddiloco.synchronizer.settings import ServiceSettings
 from ddiloco.wire import framing, rpc, sockets
 from ddiloco.wire.timeouts import Timeouts
 
+from .test_fuzz_planes import contribution_head
+
 pytestmark = pytest.mark.timeout(120)
 NUMEL = 1 << 20
 # failure 3 s: the hello deadline is the full HELLO_SECONDS, so connections outlive their opening
@@ -70,18 +72,7 @@ def _closed_by_server(sock: socket.socket, seconds: float) -> bool:
 
 
 def _head(session, version=0):
-    return {
-        "kind": "contribution",
-        "session": session,
-        "fragment": 0,
-        "base_version": version,
-        "steps": 4,
-        "tokens": 64,
-        "seconds": 0.1,
-        "step_time": 0.025,
-        "step": 4 * (version + 1),
-        "position": 4 * (version + 1),
-    }
+    return contribution_head(session, version)
 
 
 def _push(server, session, version=0) -> dict:
