@@ -133,18 +133,3 @@ def test_in_the_final_flush_a_carry_merges_at_once():
     core.begin_final_flush()
     assert core.next_deadline() == pytest.approx(0.2)
     assert kinds(core.poll(0.3)) == ["Merged", "FragmentUpdate"] and core.carries == {}
-
-
-def test_work_sent_again_after_it_was_merged_is_refused_as_a_duplicate_not_merged_twice():
-    # a push whose reply was lost is sent again (over gRPC): by then its work was merged, and late
-    # merging would otherwise merge it a second time
-    core = make()
-    first = contribution(1, [0.0, -1.0], steps=4)  # learner 1's snapshot at its step 4
-    core.receive(first, now=0.0)
-    assert core.versions[0] == 1
-    again = core.receive(first, now=0.5)  # the same snapshot, now one version late
-    assert kinds(again) == ["Rejected"] and "merged already" in again[0].reason and core.carries == {}
-    later = contribution(1, [0.0, -1.0], version=0)  # its next snapshot (a higher step), one version late
-    assert core.receive(later, now=0.6) == [] and core.carries[0].work[0].contribution.step == later.step
-    core.join(1, now=1.0)  # a new life: its step count starts again
-    assert core.merged_steps.get((1, 0)) is None

@@ -53,9 +53,10 @@ def test_a_deferred_merge_is_a_job_whose_result_matches_the_direct_merge_by_hand
     assert job.fragment == 0 and job.version == 0 and job.weights == (2500.0, 22500.0)
     # busy: a contribution against the version being merged is late for it; no new round opens, it
     # waits for the next round, one version late
-    late = deferred.receive(contribution(0, [1.0, 1.0]), now=1.5)
+    deferred.join(2, now=1.2)  # a learner whose work is not in the job (learner 0's would repeat it)
+    late = deferred.receive(contribution(2, [1.0, 1.0]), now=1.5)
     assert late == [] and deferred.rounds == {}
-    assert [(w.contribution.learner, w.staleness) for w in deferred.carries[0].work] == [(0, 1)]
+    assert [(w.contribution.learner, w.staleness) for w in deferred.carries[0].work] == [(2, 1)]
     result = job.compute()
     finished = deferred.finish_merge(job, result, now=2.0)
     direct_out = direct.receive(contribution(1, [0.0, -1.0], tokens=300), now=1.0)

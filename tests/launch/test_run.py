@@ -72,11 +72,6 @@ def assert_all_ended(run_dir):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(
-    reason="known bug (issue 33): with late work merged, synchronizer kills can merge some work twice "
-    "(double_merged_steps > 0, merged > trained) in about half the runs; under investigation",
-    strict=False,
-)
 def test_decoupled_run_survives_learner_and_synchronizer_kills(tmp_path, shakespeare):
     trace = tmp_path / "trace.csv"
     trace.write_text("learner,down_at,up_at\n1,4.0,6.0\n")

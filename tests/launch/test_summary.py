@@ -97,3 +97,24 @@ def test_each_learners_last_tau_and_why_are_in_the_summary(tmp_path):
         (tmp_path / name).mkdir(exist_ok=True)
     chosen = overlap_chosen([tmp_path / "learner-0", tmp_path / "learner-1"])
     assert chosen == {"learner-0": {"tau": 7, "why": "tau_0 2 + ceil(...)"}}
+
+
+def test_merges_a_shard_crash_lost_are_not_counted(tmp_path):
+    # the shard logs v1 and v2 of fragment 0 and v1 of fragment 2, dies with v1 of each on disk,
+    # restarts and merges fragment 0's v2 anew from the work sent again: v2's first merge never counted
+    work = {"learner": 0, "steps": 4, "tokens": 100, "seconds": 1.0, "share": 0.5}
+    write_events(
+        tmp_path / "sync-0" / "events.jsonl",
+        [
+            {"t": 100.0, "kind": "join", "learner": 0},
+            {"t": 101.0, "kind": "merge", "fragment": 0, "version": 1, "admitted": [work]},
+            {"t": 102.0, "kind": "merge", "fragment": 2, "version": 1, "admitted": [work]},
+            {"t": 103.0, "kind": "merge", "fragment": 0, "version": 2, "admitted": [work]},
+            {"t": 105.0, "kind": "restored", "versions": {"0": 1, "2": 1}},
+            {"t": 106.0, "kind": "merge", "fragment": 0, "version": 2, "admitted": [dict(work, tokens=180)]},
+            {"t": 110.0, "kind": "stop"},
+        ],
+    )
+    s = summarize([tmp_path / "sync-0"], [tmp_path / "learner-0"], learners=1, end_wall=120.0, fallback_start=0.0)
+    assert s["tokens_merged"] == pytest.approx((100 + 100 + 180) * 0.5)
+    assert s["outer_steps"] == 3 and s["contributions"] == 3

@@ -12,8 +12,8 @@ A carry that no round takes (the other learners are gone) is merged on its own o
 `CARRY_PERIODS` sync periods (H steps at the smoothed step time), or at once in the run's final
 flush, so no accepted work is held forever. Memory: one float32 running sum per fragment with late
 work, at most one copy of the owned parameters in all; the contributions' own tensors are not kept.
-Work sent again after it was merged (a push whose reply was lost, retried) is refused as a duplicate
-(`SynchronizerCore.merged_steps`), never merged twice.
+Work taken already (a push sent again after a lost reply, or a later snapshot on the same base version
+that repeats it) is refused as a duplicate (`taken`), never merged twice.
 """
 
 from __future__ import annotations

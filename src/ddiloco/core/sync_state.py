@@ -16,6 +16,7 @@ import torch
 from .fragments import FragmentPlan
 from .outer import NesterovOuterOptimizer
 from .rounds import Round
+from .taken import TakenWork
 from .timing import GraceWindow
 
 #: Prefix of outer-optimizer buffers in `fragment_state`, so they can share a file with the parameters.
@@ -34,7 +35,7 @@ class SyncState:
     grace: GraceWindow
     rounds: dict[int, Round]
     carries: dict[int, Any]  # fragment -> `late.Carry`
-    merged_steps: dict[tuple[int, int], int]
+    taken: TakenWork
     late_floor: dict[int, int]
     rejections: dict[str, int]
 
@@ -78,5 +79,5 @@ class SyncState:
         self.rejections = dict(state.get("rejections", {}))
         self.rounds.clear()
         self.carries.clear()  # late work is held like an open round's: not saved
-        self.merged_steps.clear()  # not saved: late work from before this restore is refused instead
+        self.taken.clear()  # not saved: late work from before this restore is refused instead
         self.late_floor = dict(self.versions)

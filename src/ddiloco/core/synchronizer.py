@@ -37,6 +37,7 @@ from .outer import NesterovOuterOptimizer
 from .round_sum import AccumulatorPool, RoundSum
 from .rounds import Round, RoundView
 from .sync_state import SyncState
+from .taken import TakenWork
 from .timing import GraceWindow
 from .weights import token_weight
 
@@ -80,9 +81,7 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         self.live: set[int] = set()
         self.rounds: dict[int, Round] = {}
         self.carries: dict[int, Carry] = {}  # late work waiting for its fragment's next round (`late`)
-        # (learner, fragment) -> the learner step of its newest merged snapshot: a contribution sent
-        # again after it was merged (a push whose reply was lost, retried) must not be merged twice
-        self.merged_steps: dict[tuple[int, int], int] = {}
+        self.taken = TakenWork()  # no learner's work is taken twice (`taken`)
         self.late_floor: dict[int, int] = {}  # restored versions: older late work is refused (`late`)
         self.rejections: dict[str, int] = {}
         self._holding = False  # see receive(hold=...)
@@ -94,11 +93,12 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         self.final_flush = False  # the run's budget is reached: what merges now is the final flush
 
     # --- membership -----------------------------------------------------------------------------
-    def join(self, learner: int, now: float) -> list[SyncAction]:
-        """A new or returning learner gets every owned fragment at its current version."""
+    def join(self, learner: int, now: float, restarted: bool = True) -> list[SyncAction]:
+        """A new or returning learner gets every owned fragment at its current version. `restarted`:
+        a new process (its steps count anew); False for the same process reconnecting."""
         self.live.add(learner)
-        for key in [k for k in self.merged_steps if k[0] == learner]:  # a new life counts its steps anew
-            del self.merged_steps[key]
+        if restarted:
+            self.taken.new_life(learner)
         return [self._update(p, (learner,)) for p in self.owned]
 
     def leave(self, learner: int, now: float, hold: bool = False) -> list[SyncAction | MergeDue]:
@@ -153,11 +153,13 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         reason = self._invalid(c, norms)
         if reason is not None:
             return self._reject(c.learner, c.fragment, reason)
-        merged_step = self.merged_steps.get((c.learner, c.fragment))
-        if merged_step is not None and c.step <= merged_step:
-            return self._reject(c.learner, c.fragment, f"duplicate: the snapshot at step {c.step} was merged already")
+        taken = self.taken.refusal(c)
+        if taken is not None:
+            return self._reject(c.learner, c.fragment, taken)
         late = self._late(c, norms, now)
         if late is not None:
+            if not late:  # admitted as late work (a refusal comes with its actions)
+                self.taken.take(c)
             return late
         current_version = self.versions[c.fragment]
         if c.base_version > current_version:
@@ -187,6 +189,7 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
             current.link = max(current.link, c.link_seconds)
         current.total.add(c.outer_gradient, token_weight(c.tokens, c.steps), norms)  # one pass per tensor
         current.contributions[c.learner] = dataclasses.replace(c, outer_gradient={})  # its tensors are summed
+        self.taken.take(c)
         current.norms[c.learner] = norms
         current.declined.discard(c.learner)
         return requests + self._advance(c.fragment, now)
@@ -247,6 +250,19 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
             for p, r in sorted(self.rounds.items())
         ]
 
+    def holding(self, learner: int) -> dict[int, int]:
+        """Fragment -> base version of `learner`'s work taken but not merged yet (a round, a carry, a
+        merge in progress): a learner reconnecting must not send it again (`taken`)."""
+        out: dict[int, int] = {}
+        pieces = [(p, c) for p, r in self.rounds.items() for c in r.contributions.values()]
+        pieces += [(p, w.contribution) for p, r in self.rounds.items() for w in r.late]
+        pieces += [(p, w.contribution) for p, carry in self.carries.items() for w in carry.work]
+        pieces += [(p, c) for p, job in self.merging.items() for c in job.contributions]
+        for p, c in pieces:
+            if c.learner == learner:
+                out[p] = max(out.get(p, c.base_version), c.base_version)
+        return out
+
     def _advance(self, p: int, now: float) -> list[SyncAction | MergeDue]:
         r = self.rounds[p]
         waiting_for = self._waiting_for(r)
@@ -296,15 +312,14 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         del self.merging[p]
         if result.error is not None:
             job.total.release()
+            for c in job.contributions:  # not merged: their learners may send this work again
+                self.taken.give_back(c)
             reason = f"merge refused: fragment {p} would become non-finite ({result.error})"
             return [a for c in job.contributions for a in self._reject(c.learner, p, reason)]
         self.outer[p].apply(self.params, result.scaled, job.use_momentum)
         job.total.release()
         self.versions[p] += 1
         self.merged_into[p] = tuple(sorted({c.learner for c in job.contributions}))
-        for c in job.contributions:
-            key = (c.learner, p)
-            self.merged_steps[key] = max(c.step, self.merged_steps.get(key, c.step))
         admitted = tuple(
             AdmittedWork(c.learner, c.step, c.steps, c.tokens, c.seconds, w, c.base_version)
             for c, w in zip(job.contributions, job.weights, strict=True)

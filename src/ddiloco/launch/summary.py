@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from ..learner.journal import read_journals
@@ -27,8 +28,26 @@ from ..records.intervals import union_length
 def read_shard_events(sync_dirs: list[Path]) -> list[dict]:
     events: list[dict] = []
     for d in sync_dirs:
-        events.extend(read_events(d / "events.jsonl"))
+        events.extend(without_lost_merges(read_events(d / "events.jsonl")))
     return sorted(events, key=lambda e: e.get("t", 0.0))
+
+
+def without_lost_merges(events: Iterable[dict]) -> list[dict]:
+    """One shard's events, less the merges its crash lost: a merge is logged when it is computed, but
+    reaches the model only if its version was on disk before the shard died. A restart restores an
+    older version; the merges past it were undone (their work is sent again and merged anew), so
+    counting them would count that work twice."""
+    kept: list[dict] = []
+    for e in events:
+        if e.get("kind") == "restored" and isinstance(e.get("versions"), dict):
+            restored = {str(p): int(v) for p, v in e["versions"].items()}
+            kept = [
+                k
+                for k in kept
+                if k.get("kind") != "merge" or int(k.get("version", 0)) <= restored.get(str(k.get("fragment")), 0)
+            ]
+        kept.append(e)
+    return kept
 
 
 def summarize(

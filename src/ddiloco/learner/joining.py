@@ -122,9 +122,17 @@ def make_core(
     )
 
 
-def resync(core: LearnerCore, shard: int, versions: Mapping[int, int], force: dict[int, int]) -> None:
+def resync(
+    core: LearnerCore,
+    shard: int,
+    versions: Mapping[int, int],
+    force: dict[int, int],
+    holding: Mapping[int, int] | None = None,
+) -> None:
     """After registering again with a shard: resend what it lacks, take its value where it is older
-    than ours (a synchronizer restored from an older checkpoint: `force` collects those versions)."""
+    than ours (a synchronizer restored from an older checkpoint: `force` collects those versions).
+    `holding`: fragment -> base version of our work the shard holds unmerged; that work is not sent
+    again (the shard would refuse it as repeating work it took: core/taken.py), its merge comes."""
     for p, v in versions.items():
         held = core.versions[p]
         if v < held:
@@ -136,5 +144,5 @@ def resync(core: LearnerCore, shard: int, versions: Mapping[int, int], force: di
                 held,
             )
             force[p] = v
-        elif v == held:
+        elif v == held and (holding or {}).get(p) != core.pending[p]:
             core.retry(p, v)

@@ -127,7 +127,7 @@ class LeaderSide:
             if action == "retry":
                 core.retry(p, base)
         elif kind == "resync":
-            resync(core, event[1], event[2], self._force)
+            resync(core, event[1], event[2], self._force, event[3])
         elif kind == "fatal":
             self._fatal = event[2]
         elif kind == "donate" and self.optimizer is not None and event[2] not in self.donations:

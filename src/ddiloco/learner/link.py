@@ -229,7 +229,8 @@ class ShardLink(Outbound):
             self.ctx.stop_requested.set()
         if not fresh:
             versions = {int(p): int(v) for p, v in reply["versions"].items()}
-            self.ctx.inbound.put(("resync", self.index, versions))
+            holding = {int(p): int(v) for p, v in reply.get("holding", {}).items() if int(p) in versions}
+            self.ctx.inbound.put(("resync", self.index, versions, holding))
         self._set_session(reply["session"])
         return reply
 

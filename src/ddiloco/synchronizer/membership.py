@@ -78,6 +78,7 @@ class Membership:
                 if old.incarnation != incarnation and learner in self.core.live:
                     # A restarted process: its predecessor is gone, do not wait for it.
                     self.dispatch(self.core.leave(learner, now, self.arrivals.waiting()), now)
+            restarted = self.sessions.restarted(learner, incarnation)
             session = Session(secrets.token_hex(8), learner, incarnation, Outbox(), time.monotonic(), time.time())
             session.holds = self.dispatcher.held_by(holds or {})
             kept = len(session.holds)
@@ -85,7 +86,7 @@ class Membership:
             resume = self.ledger.resume_position(learner, self._open_positions(learner))
             self.ledger.book(learner)
             self.ledger.on_join(time.time())
-            self.dispatch(self.core.join(learner, now), now)
+            self.dispatch(self.core.join(learner, now, restarted=restarted), now)
             if self.stopping:
                 session.outbox.put_control(framing.message({"kind": "stop", "reason": self.stop_reason}))
             self.events.write(
@@ -110,6 +111,9 @@ class Membership:
                 "num_shards": self.settings.num_shards,
                 "owned": list(self.core.owned),
                 "versions": {str(p): v for p, v in self.core.versions.items()},
+                # its work we hold unmerged (fragment -> base version): a reconnecting learner keeps
+                # waiting for those merges instead of sending the work again (core/taken.py)
+                "holding": {str(p): v for p, v in self.core.holding(learner).items()},
                 "resume_position": resume,
                 "timeouts": self.settings.timeouts.to_dict(),
                 "algorithm": self.core.config.to_dict(),

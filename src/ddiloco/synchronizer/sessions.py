@@ -33,10 +33,16 @@ class SessionTable:
     def __init__(self) -> None:
         self._by_id: dict[str, Session] = {}
         self.by_learner: dict[int, Session] = {}
+        self.incarnations: dict[int, str] = {}  # learner -> the incarnation it last registered with
 
     def add(self, session: Session) -> None:
         self._by_id[session.id] = session
         self.by_learner[session.learner] = session
+        self.incarnations[session.learner] = session.incarnation
+
+    def restarted(self, learner: int, incarnation: str) -> bool:
+        """Whether a registration comes from a new process (not the one that registered last)."""
+        return self.incarnations.get(learner) != incarnation
 
     def get(self, session_id: object) -> Session | None:
         """The session of an id as a client sent it (any JSON value); None if it is not one of ours."""
