@@ -4,14 +4,24 @@ figure without them.
 One synchronizer in this process on 127.0.0.1 (gRPC and the bulk socket plane, with a token), its
 dashboard, and one honest learner training a small MLP in a thread (as tests/support/runtime.py's
 `mlp_run`, with the token). The learner's contributions taken in over a window are counted with no
-attack, then under each attack in turn. An attack is a thread that opens its connections, keeps them
-open for the window (re-opening any the synchronizer closes) and closes them all at the end:
+attack, then under each attack in turn. An attack is a process of its own (`attack_clients.py`; an
+attacker is another program) that opens its connections, keeps them open for the window (re-opening
+any the synchronizer closes) and closes them all at the end:
 
     silent          100 bulk-socket connections that say nothing
     pre-auth        300 bulk-socket connections trickling 1 byte every 0.5 s, never finishing the hello
     refused pushes  30 authenticated pushes of a garbage frame, then 1 byte every 0.2 s
-    unread fetches  30 authenticated fetches that are never read
+    unread fetches  30 fetches never read, 2 on each of 15 live sessions (a token holder registers them
+                    and keeps them alive with heartbeats): each session's cap and the 4 fetch places full,
+                    the fetches beyond them refused and re-opened every 0.5 s
     dashboard       400 silent connections to the dashboard
+
+A fetch that is never read holds its place only once the model no longer fits the kernel's socket
+buffers (a few MB on loopback): any real model, not this small one. So the synchronizer's bulk socket
+send buffer is set to 4 kB and each fetching client's receive buffer to 4 kB, and a fetch of this
+model blocks as a real one would. The synchronizer runs with no grace window (K = 1): the token
+holder's sessions are live learners that never push, and a grace window would wait for them, which
+is what any idle learner costs, not what its fetches cost.
 
 The acceptance (#32): under each attack, at least 0.8x the contributions of the window without one.
 Every learner step is padded to --step-seconds, so that the learner behaves like its own accelerator
@@ -24,19 +34,24 @@ instead of racing the attack for this machine's cores.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import resource
-import select
 import socket
-import struct
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
+from attack_clients import (
+    ATTACKS,
+    FETCH_SESSIONS,
+    HOST,
+    SMALL_BUFFER,
+    TOKEN,
+    AttackProcess,
+    SessionHolder,
+    raise_fd_limit,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -44,142 +59,20 @@ from ddiloco.core import AlgorithmConfig
 from ddiloco.launch.dashboard import Dashboard
 from ddiloco.launch.shardstate import ShardState
 from ddiloco.learner.client import LearnerClient
+from ddiloco.synchronizer.bulk_socket import MAX_FETCHING
 from ddiloco.synchronizer.server import SynchronizerServer, build_service
 from ddiloco.synchronizer.settings import ServiceSettings
-from ddiloco.wire import sockets
+from ddiloco.wire.protocol import signature
 
-console = Console(stderr=True, width=150)
-HOST = "127.0.0.1"
-TOKEN = "bench-attack-token"
+console = Console(stderr=True, width=190)
 FD_MARGIN = 256  # descriptors for everything else: the server's listeners, gRPC, the learner, Python
-TCP_ESTABLISHED = 1
-MAX_REOPENS_PER_ROUND = 1_000
 
 
-@dataclass(frozen=True)
-class Attack:
-    name: str
-    connections: int
-    port: str  # "bulk" or "dashboard"
-    open_one: Callable[[socket.socket], None]  # what a connection sends once connected
-    tick: Callable[[socket.socket], None] | None  # what it sends every `interval`
-    interval: float
-
-
-def _hello(method: str) -> Callable[[socket.socket], None]:
-    def send(sock: socket.socket) -> None:
-        sockets.send_small(sock, {"method": method, "token": TOKEN}, sockets.Deadline(10))
-        if method == "Push":
-            sock.sendall(b"x" * 64)  # not a frame: the push is refused, and then drained
-
-    return send
-
-
-def _one_byte(sock: socket.socket) -> None:
-    sock.send(b"x")
-
-
-def _nothing(sock: socket.socket) -> None:
-    pass
-
-
-ATTACKS = [
-    Attack("silent", 100, "bulk", _nothing, None, 0.5),
-    Attack("pre-auth trickle", 300, "bulk", _nothing, _one_byte, 0.5),
-    Attack("refused pushes", 30, "bulk", _hello("Push"), _one_byte, 0.2),
-    Attack("unread fetches", 30, "bulk", _hello("Fetch"), None, 0.5),
-    Attack("dashboard", 400, "dashboard", _nothing, None, 0.5),
-]
-
-
-def _closed_by_peer(sock: socket.socket) -> bool:
-    """Whether the other end closed (or reset) the connection, without reading what it sent."""
-    if hasattr(socket, "TCP_INFO"):
-        try:
-            return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] != TCP_ESTABLISHED
-        except OSError:
-            return True
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
-    except OSError:
-        return True
-
-
-class AttackThread(threading.Thread):
-    """Holds `attack.connections` connections open until stopped, re-opening those the peer closes."""
-
-    def __init__(self, attack: Attack, port: int, connections: int) -> None:
-        super().__init__(name=f"attack-{attack.name}", daemon=True)
-        self.attack, self.port, self.connections = attack, port, connections
-        self.socks: list[socket.socket] = []
-        self.opened = 0  # connections opened, first ones and re-opened ones
-        self.failed = 0  # connects or sends that failed
-        self.ready = threading.Event()  # every connection opened once
-        self.halt = threading.Event()
-        self.error: BaseException | None = None
-
-    def _open(self) -> socket.socket | None:
-        sock = None
-        try:
-            sock = socket.create_connection((HOST, self.port), timeout=2.0)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
-            self.attack.open_one(sock)
-            sock.settimeout(0.0)  # never wait on a full send buffer: a stalled trickle is still a trickle
-            self.opened += 1
-            return sock
-        except OSError:
-            self.failed += 1
-            if sock is not None:
-                sock.close()
-            return None
-
-    def run(self) -> None:
-        try:
-            for _ in range(self.connections):
-                if self.halt.is_set():
-                    return
-                sock = self._open()
-                if sock is not None:
-                    self.socks.append(sock)
-            self.ready.set()
-            while not self.halt.wait(self.attack.interval):
-                self._round()
-        except BaseException as exc:  # noqa: BLE001 - reported by main
-            self.error = exc
-        finally:
-            self.ready.set()
-            for sock in self.socks:
-                sock.close()
-            self.socks.clear()
-
-    def _round(self) -> None:
-        """One pass: trickle where the attack does, replace what the peer closed (bounded per round)."""
-        kept: list[socket.socket] = []
-        for sock in self.socks:
-            alive = not _closed_by_peer(sock)
-            if alive and self.attack.tick is not None:
-                try:
-                    self.attack.tick(sock)
-                except BlockingIOError:
-                    pass  # the peer stopped reading: the connection is still held
-                except OSError:
-                    alive = False
-            if alive:
-                kept.append(sock)
-            else:
-                sock.close()
-        for _ in range(min(self.connections - len(kept), MAX_REOPENS_PER_ROUND)):
-            if self.halt.is_set():
-                break
-            sock = self._open()
-            if sock is not None:
-                kept.append(sock)
-        self.socks = kept
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(10)
+def make_model() -> torch.nn.Module:
+    """The honest learner's model: small, but larger (20 kB) than what a 4 kB socket buffer takes."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+    )
 
 
 class HonestLearner(threading.Thread):
@@ -188,7 +81,7 @@ class HonestLearner(threading.Thread):
     def __init__(self, address: str, step_seconds: float) -> None:
         super().__init__(name="honest-learner", daemon=True)
         torch.manual_seed(0)
-        self.model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        self.model = make_model()
         self.client = LearnerClient(self.model, address, learner_id=0, token=TOKEN, report_every=1e9)
         self.step_seconds = step_seconds
         self.halt = threading.Event()
@@ -228,22 +121,32 @@ class HonestLearner(threading.Thread):
         self.client.close()
 
 
-def raise_fd_limit() -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-def window(learner: HonestLearner, seconds: float) -> tuple[int, int]:
-    """The contributions the synchronizer took in from the learner over `seconds`, and how many of its
-    pushes fell back from the bulk socket to gRPC meanwhile."""
-    before, fell_back = learner.accepted(), learner.fallbacks()
-    time.sleep(seconds)
+def window(learner: HonestLearner, seconds: float, server: SynchronizerServer) -> dict:
+    """Over `seconds`: the contributions the synchronizer took in from the learner, how many of its
+    pushes fell back from the bulk socket to gRPC, the most fetch places held at once (sampled every
+    0.1 s), and the bulk socket's refusals by reason as Status counts them."""
+    assert server.bulk is not None
+    closed0 = server.service.status()["bulk"]["closed"]
+    before, fell_back, fetching = learner.accepted(), learner.fallbacks(), 0
+    ends = time.monotonic() + seconds
+    for _ in range(int(seconds * 10) + 10):
+        fetching = max(fetching, MAX_FETCHING - server.bulk._fetching._value)  # noqa: SLF001 - a gauge
+        if time.monotonic() >= ends:
+            break
+        time.sleep(min(0.1, max(0.0, ends - time.monotonic())))
     if learner.error is not None:
         raise RuntimeError(f"the honest learner failed: {learner.error!r}")
-    return learner.accepted() - before, learner.fallbacks() - fell_back
+    closed = server.service.status()["bulk"]["closed"]
+    return {
+        "merged": learner.accepted() - before,
+        "fallbacks": learner.fallbacks() - fell_back,
+        "fetch_places_held_max": fetching,
+        "closed": {k: v - closed0.get(k, 0) for k, v in closed.items() if v > closed0.get(k, 0)},
+    }
+
+
+def _reasons(closed: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(closed.items())) or "-"
 
 
 def main() -> None:
@@ -261,18 +164,21 @@ def main() -> None:
     logging.getLogger("ddiloco").setLevel(logging.ERROR)  # the refusals the attacks cause are expected
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    params = {n: q.detach().clone() for n, q in model.named_parameters()}
+    params = {n: q.detach().clone() for n, q in make_model().named_parameters()}
     service = build_service(
-        params, AlgorithmConfig(fragments=2, sync_every=4, overlap=1), ServiceSettings(tokens=10**12)
+        params, AlgorithmConfig(fragments=2, sync_every=4, overlap=1, grace=0.0), ServiceSettings(tokens=10**12)
     )
     server = SynchronizerServer(service, HOST, 0, TOKEN, bulk_socket=True)
     board: Dashboard | None = None
     learner: HonestLearner | None = None
-    attack: AttackThread | None = None
+    attack: AttackProcess | None = None
+    holder: SessionHolder | None = None
     results: dict[str, dict] = {}
     try:
         address = server.start()
+        assert server.bulk is not None
+        # accepted connections inherit it: a fetch blocks once 4 kB wait unread (see the docstring)
+        server.bulk.listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_BUFFER)
         board = Dashboard(ShardState(service.status, "decoupled", 1), HOST, 0, TOKEN)
         board.start()
         ports = {"bulk": server.handlers.bulk_port, "dashboard": board.server.server_address[1]}
@@ -284,36 +190,41 @@ def main() -> None:
         if learner.error is not None or learner.accepted() < 4:
             raise RuntimeError(f"the honest learner did not get going: {learner.error!r}")
         console.print(f"no attack: {seconds:g} s window ...")
-        baseline, baseline_fallbacks = window(learner, seconds)
+        quiet = window(learner, seconds, server)
+        baseline, baseline_fallbacks = quiet["merged"], quiet["fallbacks"]
         baseline_on_bulk = learner.on_bulk_socket()
         console.print(f"  {baseline} contributions merged")
         for spec in ATTACKS:
+            if spec.hello == "Fetch":  # the token holder's sessions, live for this attack only
+                holder = SessionHolder(address, signature(params), FETCH_SESSIONS)
+                holder.start()
             n = min(spec.connections, most)
-            attack = AttackThread(spec, ports[spec.port], n)
+            attack = AttackProcess(spec, ports[spec.port], n, holder.sessions if holder is not None else [])
             attack.start()
-            attack.ready.wait(60)
-            console.print(f"{spec.name}: {n} connections ({attack.failed} failed to open), {seconds:g} s window ...")
-            merged, fallbacks = window(learner, seconds)
-            held = len(attack.socks)
-            attack.stop()
-            if attack.error is not None:
-                raise RuntimeError(f"attack {spec.name} failed: {attack.error!r}")
+            console.print(f"{spec.name}: {n} connections, {seconds:g} s window ...")
+            seen = window(learner, seconds, server)
+            merged = seen["merged"]
+            did = attack.stop()
+            attack = None
+            if holder is not None:
+                holder.stop()  # its sessions leave before the next window
+                holder = None
+            if did["error"] is not None:
+                raise RuntimeError(f"attack {spec.name} failed: {did['error']}")
             results[spec.name] = {
                 "connections": n,
-                "held_at_end": held,
-                "opened": attack.opened,
-                "failed": attack.failed,
-                "merged": merged,
-                "fallbacks": fallbacks,
+                **did,
+                **seen,
                 "on_bulk_socket": learner.on_bulk_socket(),
                 "ratio": merged / baseline if baseline else 0.0,
             }
-            attack = None
             console.print(f"  {merged} contributions merged")
             time.sleep(args.settle)
     finally:
         if attack is not None:
             attack.stop()
+        if holder is not None:
+            holder.stop()
         if learner is not None:
             learner.stop()
         if board is not None:
@@ -330,6 +241,8 @@ def main() -> None:
         ">= 0.8?",
         "pushes fallen back to gRPC",
         "learner on bulk socket after",
+        "fetch places held (max)",
+        "bulk socket closed (Status, by reason)",
     ):
         table.add_column(col, justify="right")
     table.add_row(
@@ -341,6 +254,8 @@ def main() -> None:
         "-",
         str(baseline_fallbacks),
         "yes" if baseline_on_bulk else "no (gRPC)",
+        str(quiet["fetch_places_held_max"]),
+        _reasons(quiet["closed"]),
     )
     for name, r in results.items():
         table.add_row(
@@ -352,14 +267,15 @@ def main() -> None:
             "yes" if r["ratio"] >= 0.8 else "[red]NO[/red]",
             str(r["fallbacks"]),
             "yes" if r["on_bulk_socket"] else "no (gRPC)",
+            str(r["fetch_places_held_max"]),
+            _reasons(r["closed"]),
         )
     console.print(table)
     min_ratio = min(r["ratio"] for r in results.values())
     console.print(f"lowest ratio: {min_ratio:.2f} (the acceptance: >= 0.8 under every attack)")
     if args.json:
-        attacks = {
-            k: {"connections": r["connections"], "merged": r["merged"], "ratio": r["ratio"]} for k, r in results.items()
-        }
+        keys = ("connections", "merged", "ratio", "fallbacks", "fetch_places_held_max", "closed")
+        attacks = {k: {key: r[key] for key in keys} for k, r in results.items()}
         print(
             json.dumps(
                 {"window_seconds": seconds, "baseline": baseline, "attacks": attacks, "min_ratio": min_ratio},

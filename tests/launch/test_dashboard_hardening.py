@@ -4,6 +4,7 @@ connections are capped and timed out, and clients that hang up leave no tracebac
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import struct
 import threading
@@ -87,3 +88,55 @@ def test_clients_that_hang_up_leave_no_traceback_and_few_lines(capfd, caplog):
     lines = [r for r in caplog.records if r.name == "ddiloco.launch.dashboard"]
     assert len(lines) <= 20 + 5 * elapsed + 2  # the rate limit: a burst of 20, then 5 a second
     assert len(err.encode()) + len(caplog.text.encode()) < sent  # far less than the 42x the issue measured
+
+
+def test_a_client_trickling_its_request_is_cut_at_the_request_deadline():
+    """Each byte arrives within the read timeout, so only a deadline for the whole request frees the
+    place of a client that trickles one byte at a time (it would otherwise keep it for as long as the
+    request line and 100 header lines of 64 kB take)."""
+    board = Dashboard(lambda: {"version": 1}, token=TOKEN, read_timeout=1.0, request_seconds=2.0)
+    board.start()
+    host, port = board.server.server_address[:2]
+    try:
+        with socket.create_connection((host, port), timeout=10) as s:
+            started, cut = time.monotonic(), None
+            for byte in (b"GET /state.json HTTP/1.1\r\nX-Pad: " + b"a" * 200)[:100]:  # 0.2 s apart: 20 s in all
+                try:
+                    s.sendall(bytes([byte]))
+                    readable, _, _ = select.select([s], [], [], 0.2)
+                    closed = bool(readable) and s.recv(1 << 16) == b""  # by the server (any answer first)
+                except OSError:  # reset by the server
+                    closed = True
+                if closed:
+                    cut = time.monotonic() - started
+                    break
+            assert cut is not None and cut < 2.0 + 4.0, cut  # the deadline, plus a loaded machine's slack
+        wait_for(lambda: board.server.active == 0, 30, 0.05, "its place given back")
+    finally:
+        board.stop()
+
+
+def test_the_serving_loop_survives_an_unexpected_exception_and_says_so_once(caplog):
+    """#32: no background thread dies silently. The server's loop raising is logged with its
+    traceback, the loop starts again (backoff) and serves, and `stop` still ends it."""
+    caplog.set_level(logging.DEBUG, logger="ddiloco.launch.dashboard")
+    board = Dashboard(lambda: {"version": 1}, token=TOKEN)
+    loops = []
+    original = board.server.service_actions
+
+    def failing() -> None:  # called by serve_forever every round
+        loops.append(1)
+        if len(loops) == 1:
+            raise RuntimeError("an unexpected bug")
+        original()
+
+    board.server.service_actions = failing
+    board.start()
+    try:
+        wait_for(lambda: len(loops) >= 2, 30, 0.05, "the serving loop started again")
+        assert honest_get(board.url) == 200
+    finally:
+        board.stop()
+    assert not board._thread.is_alive()
+    failed = [r for r in caplog.records if "dashboard server failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is not None

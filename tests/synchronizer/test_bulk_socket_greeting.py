@@ -21,7 +21,8 @@ from ddiloco.synchronizer.settings import ServiceSettings
 from ddiloco.wire import framing, rpc, sockets
 from ddiloco.wire.timeouts import Timeouts
 
-from .test_fuzz_planes import contribution_head
+from ..support.runtime import RawClient
+from .fuzz_support import contribution_head
 
 pytestmark = pytest.mark.timeout(120)
 NUMEL = 1 << 20
@@ -118,7 +119,7 @@ def test_trickling_unauthenticated_connections_hold_no_thread_and_are_closed_at_
         _wait(lambda: len(server.bulk.greeter.waiting) == n, 10)
         assert threading.active_count() <= threads_before + 1  # the trickler only
         assert server.bulk.greeter.per_peer["127.0.0.1"] == n
-        _wait(lambda: server.bulk.closed["no hello in time"] >= n, 10 + 3 * bulk_greeting.HELLO_SECONDS)
+        _wait(lambda: server.bulk.closed[bulk_greeting.HELLO_TIMEOUT] >= n, 10 + 3 * bulk_greeting.HELLO_SECONDS)
         assert all(_closed_by_server(s, 10) for s in socks)
         assert not server.bulk.greeter.waiting and server.bulk._greeting._value == bulk_greeting.MAX_WAITING
     finally:
@@ -134,9 +135,9 @@ def test_connections_beyond_the_cap_per_peer_are_closed_at_once_and_counted(serv
     socks = [_connect(server) for _ in range(cap + 5)]
     try:
         _wait(lambda: sum(server.bulk.closed.values()) + len(server.bulk.greeter.waiting) >= cap + 5, 10)
-        refused = sum(v for k, v in server.bulk.closed.items() if "from it" in k)
+        refused = server.bulk.closed[bulk_greeting.PER_ADDRESS_CAP]
         # all but `cap` were refused at once, unless some of the first ones reached their deadline meanwhile
-        assert refused + server.bulk.closed["no hello in time"] >= 5
+        assert refused + server.bulk.closed[bulk_greeting.HELLO_TIMEOUT] >= 5
         assert len(server.bulk.greeter.waiting) <= cap
         session = service.register(0, "inc0", True)["session"]
         _wait(lambda: len(server.bulk.greeter.waiting) == 0, 10 + 3 * bulk_greeting.HELLO_SECONDS)
@@ -154,8 +155,8 @@ def test_connections_beyond_the_total_cap_are_closed_at_once(served, monkeypatch
     socks = [_connect(server) for _ in range(cap + 5)]
     try:
         _wait(lambda: sum(server.bulk.closed.values()) + len(server.bulk.greeter.waiting) >= cap + 5, 10)
-        refused = server.bulk.closed[f"more than {cap} unauthenticated connections"]
-        assert refused + server.bulk.closed["no hello in time"] >= 5
+        refused = service.status()["bulk"]["closed"].get(bulk_greeting.TOTAL_CAP, 0)  # as Status shows it
+        assert refused + server.bulk.closed[bulk_greeting.HELLO_TIMEOUT] >= 5
         assert len(server.bulk.greeter.waiting) <= cap
     finally:
         for s in socks:
@@ -234,5 +235,31 @@ def test_a_sessions_fetches_beyond_its_cap_are_refused(served):
         assert head["error"] == "RESOURCE_EXHAUSTED" and "of this session" in head["details"]
         assert server.bulk.served["Fetch"] == MAX_FETCHES_PER_SESSION
     finally:
+        for s in socks:
+            s.close()
+
+
+def test_status_shows_the_bulk_planes_refusals_by_reason(served):
+    """An operator sees an attack on the bulk socket in Status (over gRPC, as `ddiloco status` reads
+    it): connections closed by reason, and how many wait unauthenticated now."""
+    service, server = served
+    cap = bulk_greeting.MAX_WAITING_PER_PEER
+    client = RawClient(server.address, "tok")
+    socks = []
+    try:
+        for hello in ({"method": "Push", "token": "wrong"}, {"method": "Fetch", "token": "tok", "session": "x"}):
+            with _connect(server) as s:
+                sockets.send_small(s, hello, sockets.Deadline(10))
+                assert "error" in sockets.recv_small(s, sockets.Deadline(10))
+        socks += [_connect(server) for _ in range(cap + 3)]  # silent: 3 beyond the cap per address
+        _wait(lambda: client.call("Status", {})["bulk"]["waiting"] >= cap - 3, 10)
+        _wait(lambda: client.call("Status", {})["bulk"]["waiting"] == 0, 10 + 3 * bulk_greeting.HELLO_SECONDS)
+        closed = client.call("Status", {})["bulk"]["closed"]
+        assert closed["bad_token"] == 1 and closed["unknown_session"] == 1, closed
+        # each silent one refused at once, or (if an earlier one had already gone) closed at its deadline
+        assert closed.get(bulk_greeting.PER_ADDRESS_CAP, 0) >= 1
+        assert closed.get(bulk_greeting.PER_ADDRESS_CAP, 0) + closed[bulk_greeting.HELLO_TIMEOUT] == cap + 3, closed
+    finally:
+        client.close()
         for s in socks:
             s.close()

@@ -2,15 +2,14 @@
 frames, silent and trickling connections) and the donation RPCs of peer recovery (`Donor`, `Donate`,
 `Recover`), against a live synchronizer on loopback. Whatever arrives: Status still answers, no handler
 raises (no UNKNOWN status, no INTERNAL error reply), refused input leaves the global parameters'
-hash unchanged, an honest push is accepted during the attack, and threads and descriptors stay
-bounded. A fast run by default; `-m slow` runs the long campaign."""
+hash unchanged, an honest push is merged within a bound during the attack, and threads, descriptors
+and the bytes logged (no traceback; within the rate limits' budget) stay bounded. A fast run by
+default; `-m slow` runs the long campaign. The dashboard's suite is test_fuzz_dashboard.py."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import os
 import socket
 import struct
 import threading
@@ -19,28 +18,27 @@ import time
 import grpc
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from ddiloco.core import AlgorithmConfig
 from ddiloco.synchronizer import bulk_greeting
 from ddiloco.synchronizer.bulk_socket import MAX_FETCHING
-from ddiloco.synchronizer.server import SynchronizerServer, build_service
-from ddiloco.synchronizer.settings import ServiceSettings
 from ddiloco.wire import framing, sockets
-from ddiloco.wire.protocol import signature
-from ddiloco.wire.timeouts import Timeouts
 
-from ..support.runtime import RawClient
+from .fuzz_support import (
+    NUMEL,
+    TOKEN,
+    Plane,
+    campaign,
+    contribution_head,
+    counting_logs,
+    fds,
+    fuzz,
+    live_plane,
+)
 
 pytestmark = pytest.mark.timeout(600)
 
-FAST_CASES, SLOW_CASES = 25, 1000
-TOKEN = "tok"
-NUMEL = 4096
-PARAMS = {"w": torch.zeros(NUMEL), "b": torch.ones(3)}
-# K = 1, no grace: an accepted contribution merges at once, never later behind our back
-ALGORITHM = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=1, grace=0.0, merge="mean")
 # a hello's length (60 000 bytes, within the limit) and a good prefix: all that follows may be JSON
 ENDLESS_HELLO = struct.pack("<I3sBI", 60_000, framing.MAGIC, framing.PROTOCOL_VERSION, 60_000 - framing.PREFIX_BYTES)
 ERROR_CODES = {c.name for c in grpc.StatusCode} - {"OK", "UNKNOWN", "INTERNAL"}
@@ -54,105 +52,10 @@ json_values = st.sampled_from([0, -1, 2**63, 10**400, 1e308, float("nan"), "", "
 )
 
 
-class Plane:
-    """A live synchronizer (token, bulk socket) and what a test needs to probe it."""
-
-    def __init__(self, service, server, address):
-        self.service, self.server, self.address = service, server, address
-        self.client = RawClient(address, TOKEN)
-        self.sig = signature(PARAMS)
-        self.sessions = [self.client.register(m, self.sig, f"fuzz{m}")["session"] for m in range(2)]
-        self.port = server.handlers.bulk_port
-
-    def digest(self) -> str:
-        h = hashlib.sha256()
-        with self.service.lock:
-            for name in sorted(self.service.core.params):
-                h.update(self.service.core.params[name].numpy().tobytes())
-        return h.hexdigest()
-
-    def alive(self) -> None:
-        assert "merges" in self.client.call("Status", {}, timeout=10)
-
-    def version(self) -> int:
-        with self.service.lock:
-            return self.service.core.versions[0]
-
-    def honest_push(self) -> None:
-        """A well-formed contribution on the bulk socket, accepted and merged (on gRPC if the socket has
-        no room for it, as a learner falls back)."""
-        version = self.version()
-        head = contribution_head(self.sessions[0], version)
-        grads = {"w": torch.full((NUMEL,), -0.5), "b": torch.zeros(3)}
-        client = sockets.BulkSocketClient("127.0.0.1", self.port, TOKEN, 1 << 21)
-        try:
-            reply, _ = client.push(framing.iter_frame_parts(head, grads, "bf16"), 30)
-        except sockets.SocketRpcError as exc:
-            assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED), exc
-            reply = self.client.push_frames(framing.tensor_frames(head, grads, "bf16"), 30)
-        assert reply.get("ok") is True, reply
-        deadline = time.monotonic() + 30
-        while self.version() == version:  # merged (K = 1): later refusals are measured against it
-            assert time.monotonic() < deadline, "the honest push was not merged"
-            time.sleep(0.01)
-
-
-def contribution_head(session, version):
-    return {
-        "kind": "contribution",
-        "session": session,
-        "fragment": 0,
-        "base_version": version,
-        "steps": 4,
-        "tokens": 64,
-        "seconds": 0.1,
-        "step_time": 0.025,
-        "step": 4 * (version + 1),
-        "position": 4 * (version + 1),
-    }
-
-
 @pytest.fixture(scope="module")
 def plane():
-    service = build_service(
-        {n: t.clone() for n, t in PARAMS.items()},
-        ALGORITHM,
-        ServiceSettings(timeouts=Timeouts.derive(0.5), max_learners=4, max_message_bytes=1 << 20, tokens=10**12),
-    )
-    server = SynchronizerServer(service, "127.0.0.1", 0, TOKEN, bulk_socket=True)
-    address = server.start()
-    done = threading.Event()
-
-    def keep_alive():  # heartbeats for every session, as learners send them
-        while not done.wait(0.25):
-            with service.lock:
-                ids = [s.id for s in service.sessions]
-            for sid in ids:
-                service.heartbeat(sid, {"step": 8, "tokens": 64, "state": "training"})
-
-    keeper = threading.Thread(target=keep_alive, daemon=True)
-    keeper.start()
-    try:
-        yield Plane(service, server, address)
-    finally:
-        done.set()
-        keeper.join(5)
-        server.stop(grace=0.2)
-
-
-def fuzz(cases: int):
-    return settings(
-        max_examples=cases,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
-    )
-
-
-def campaign(test):
-    """The same property twice: a fast default run and a long `slow` campaign."""
-    sizes = [pytest.param(FAST_CASES, id="fast"), pytest.param(SLOW_CASES, id="campaign", marks=pytest.mark.slow)]
-    return pytest.mark.parametrize("size", sizes)(test)
+    with live_plane() as p:
+        yield p
 
 
 def small(head: dict) -> bytes:
@@ -221,8 +124,10 @@ def test_random_bytes_on_the_bulk_socket(plane, size):
             data = small({"method": "Push", "token": TOKEN}) + data
         check(plane, data)
 
-    run()
-    plane.honest_push()
+    with counting_logs() as logs:
+        run()
+        plane.honest_push()
+    logs.check()
 
 
 @campaign
@@ -244,8 +149,10 @@ def test_lying_hellos(plane, size):
             return
         check(plane, data + rest)
 
-    run()
-    plane.honest_push()
+    with counting_logs() as logs:
+        run()
+        plane.honest_push()
+    logs.check()
 
 
 @campaign
@@ -280,8 +187,10 @@ def test_lying_push_frames(plane, size):
             data = data[: number % len(data)]
         check(plane, data)
 
-    run()
-    plane.honest_push()
+    with counting_logs() as logs:
+        run()
+        plane.honest_push()
+    logs.check()
 
 
 @campaign
@@ -331,46 +240,63 @@ def test_the_donation_rpcs(plane, size):
         assert summary["tickets"] <= 4 and len(json.dumps(summary)) < 10_000
         plane.alive()
 
-    run()
-    plane.honest_push()
-
-
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+    with counting_logs() as logs:
+        run()
+        plane.honest_push()
+    logs.check()
 
 
 def test_resource_attacks_leave_status_and_honest_pushes_working_with_bounded_threads_and_descriptors(plane):
     """Silent and trickling pre-auth connections, refused pushes that keep trickling and unread fetches,
-    all at once (fewer than #32's numbers, the same kinds): Status answers, an honest push is merged,
-    the synchronizer holds at most its caps' worth of descriptors and no thread per connection, and
-    everything is given back once the attackers hang up."""
+    all at once (fewer than #32's numbers, the same kinds), after a flood of wrong tokens: Status
+    answers, an honest push is merged, the synchronizer holds at most its caps' worth of descriptors
+    and no thread per connection, logs within its rate limits, and gives everything back once the
+    attackers hang up."""
     plane.honest_push()  # threads that start on first use are running before the count
-    threads0, fds0 = threading.active_count(), _fds()
+    threads0, fds0 = threading.active_count(), fds()
     socks: list[socket.socket] = []
+    with counting_logs() as logs:
+        for _ in range(400):  # each refused and logged, but the log rate-limited
+            exchange(plane.port, small({"method": "Push", "token": "wrong"}))
+        _attack(plane, socks, threads0, fds0)
+    logs.check("during the attack")
+    deadline = time.monotonic() + 30
+    while plane.server.bulk.greeter.waiting or threading.active_count() > threads0 + 2 or fds() > fds0 + 4:
+        assert time.monotonic() < deadline, (threading.active_count(), threads0, fds(), fds0)
+        time.sleep(0.05)
+    plane.alive()
 
-    def connect(first: bytes = b"") -> None:
+
+def _attack(plane: Plane, socks: list[socket.socket], threads0: int, fds0: int) -> None:
+    """The connections of every kind at once, and what must hold while they are open."""
+
+    trickling: list[socket.socket] = []
+
+    def connect(first: bytes = b"", trickles: bool = False) -> None:
         try:
             s = socket.create_connection(("127.0.0.1", plane.port), timeout=5)
         except OSError:
             return
         socks.append(s)
+        if trickles:
+            trickling.append(s)
         with contextlib.suppress(OSError):
             s.sendall(first)
 
     try:
-        for _ in range(40):
-            connect()  # silent
-        for _ in range(40):
-            connect(ENDLESS_HELLO)  # a hello that never ends
+        for _ in range(100):  # #32's numbers: 100 silent, 300 trickling (all but the caps' worth closed at once)
+            connect()
+        for _ in range(300):
+            connect(ENDLESS_HELLO, trickles=True)  # a hello that never ends
         for _ in range(10):
-            connect(small({"method": "Push", "token": TOKEN}) + b"x" * 64)  # refused, then trickles
+            connect(small({"method": "Push", "token": TOKEN}) + b"x" * 64, trickles=True)  # refused, then trickles
         for i in range(4):
             connect(small({"method": "Fetch", "token": TOKEN, "session": plane.sessions[i % 2]}))  # never read
         halt = threading.Event()
 
         def trickle():
             while not halt.wait(0.1):
-                for s in socks[40:90]:
+                for s in trickling:
                     with contextlib.suppress(OSError):
                         s.send(b" ")
 
@@ -382,9 +308,9 @@ def test_resource_attacks_leave_status_and_honest_pushes_working_with_bounded_th
             before = plane.digest()
             plane.honest_push()
             assert plane.digest() != before
-            held_by_server = _fds() - fds0 - len(socks)
+            held_by_server = fds() - fds0 - len(socks)
             assert held_by_server <= bulk_greeting.MAX_WAITING + MAX_FETCHING + 16, held_by_server
-            # not one per connection (94 here): the trickler, the fetches and a few of gRPC's
+            # not one per connection (414 here): the trickler, the fetches and a few of gRPC's
             assert threading.active_count() - threads0 <= 24, threading.active_count() - threads0
         finally:
             halt.set()
@@ -392,8 +318,3 @@ def test_resource_attacks_leave_status_and_honest_pushes_working_with_bounded_th
     finally:
         for s in socks:
             s.close()
-    deadline = time.monotonic() + 30
-    while plane.server.bulk.greeter.waiting or threading.active_count() > threads0 + 2 or _fds() > fds0 + 4:
-        assert time.monotonic() < deadline, (threading.active_count(), threads0, _fds(), fds0)
-        time.sleep(0.05)
-    plane.alive()

@@ -6,31 +6,57 @@ run's token, sent as the `X-Ddiloco-Token` header or `?token=` in the page's add
 passes it on to its own requests).
 
 Anyone who can reach the port can open connections before any token is checked, so the server
-bounds what they cost (issue 32): each connection is read with a timeout, at most `max_connections`
-are served at once (more are closed at once), a client that hangs up logs no traceback, and every
-line a client can trigger goes through one rate limit.
+bounds what they cost (issue 32): each read waits at most `read_timeout` and the whole request at
+most `request_seconds` (a client trickling a byte at a time cannot keep its place), at most
+`max_connections` are served at once (more are closed at once), a client that hangs up logs no
+traceback, and every line a client can trigger goes through one rate limit. The serving thread is
+supervised (`records.supervise`): anything that ends its loop is logged once with its traceback and
+the loop is started again with backoff, so the page never dies silently.
 """
 
 from __future__ import annotations
 
 import hmac
+import io
 import json
 import logging
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 from ..records.ratelimit import RateLimit
+from ..records.supervise import Supervisor, run_supervised
 from .dashboard_page import PAGE
 
 log = logging.getLogger(__name__)
 
 HANDLER_THREAD = "ddiloco-dashboard-conn"  # the name of each connection's thread
 HANG_UPS = (ConnectionError, TimeoutError, socket.timeout)  # a client that left or went silent: no traceback
+
+
+class DeadlineReader(io.RawIOBase):
+    """A connection's bytes, each read waiting at most `per_read` seconds and all of them arriving
+    within `total` seconds of the first read's set-up: past it a read raises TimeoutError, which the
+    handler takes as a timed-out request (one rate-limited line, no traceback)."""
+
+    def __init__(self, sock: socket.socket, per_read: float, total: float) -> None:
+        super().__init__()
+        self.sock, self.per_read, self.ends = sock, per_read, time.monotonic() + total
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:  # a writable buffer (bytearray, memoryview)
+        left = self.ends - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self.sock.settimeout(min(self.per_read, left))
+        return self.sock.recv_into(buffer)
 
 
 class BoundedServer(ThreadingHTTPServer):
@@ -107,12 +133,18 @@ class Dashboard:
         token: str | None = None,
         read_timeout: float = 5.0,
         max_connections: int = 64,
+        request_seconds: float = 10.0,
     ) -> None:
         self.state, self.token = state, token
         dashboard = self
 
         class Handler(BaseHTTPRequestHandler):
             timeout = read_timeout  # per socket operation: a silent client gives its slot back
+
+            def setup(self) -> None:
+                super().setup()
+                self.rfile.close()  # the plain reader: replaced by one that also has a deadline in all
+                self.rfile = io.BufferedReader(DeadlineReader(self.connection, read_timeout, request_seconds))
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 url = urlsplit(self.path)
@@ -143,7 +175,15 @@ class Dashboard:
                 dashboard.server.note(logging.DEBUG, "dashboard: " + format, *args)
 
         self.server = BoundedServer((host, port), Handler, max_connections)
-        self._thread = threading.Thread(target=self.server.serve_forever, name="ddiloco-dashboard", daemon=True)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="ddiloco-dashboard", daemon=True)
+
+    def _serve(self) -> None:
+        def step() -> bool:
+            self.server.serve_forever()  # returns only once `stop` shut it down
+            return False
+
+        run_supervised(step, lambda s: not self._stopping.wait(s), Supervisor("dashboard server", log))
 
     def allowed(self, header: str | None, query: list[str] | None) -> bool:
         if self.token is None:
@@ -161,5 +201,8 @@ class Dashboard:
         return self.url
 
     def stop(self) -> None:
-        self.server.shutdown()
+        self._stopping.set()
+        self.server.shutdown()  # returns at once if the loop is between a failure and its restart
         self.server.server_close()
+        if self._thread.is_alive():
+            self._thread.join(5.0)

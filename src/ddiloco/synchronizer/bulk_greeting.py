@@ -9,13 +9,14 @@ place here:
     deadline   `HELLO_SECONDS` (less with a shorter failure timeout) from its accept to its whole hello
 
 A connection beyond a cap is closed at once, and one that misses its deadline is closed then; both
-are counted by reason (`closed`) and logged rate-limited, without a traceback. A complete hello goes
-to the server's `admit` (in this thread: it must not block), which either takes the connection for
-its call (an authenticated call, on a thread the server starts) or returns the refusal to send. A
-refusal is sent from here, and what the client still sends is taken and dropped (so that closing
-does not reset the connection before the client has read it) for at most `DRAIN_SECONDS`, holding the
-same place. The server hands back calls it refuses later (a push refused for a bad frame) the same
-way (`drain`), so a client that keeps trickling bytes after a refusal holds no thread either.
+are counted by reason (`count`, with one of the reason keys below: Status shows them) and logged
+rate-limited, without a traceback. A complete hello goes to the server's `admit` (in this thread: it
+must not block), which either takes the connection for its call (an authenticated call, on a thread
+the server starts) or returns the refusal to send. A refusal is sent from here, and what the client
+still sends is taken and dropped (so that closing does not reset the connection before the client
+has read it) for at most `DRAIN_SECONDS`, holding the same place. The server hands back calls it
+refuses later (a push refused for a bad frame) the same way (`drain`), so a client that keeps
+trickling bytes after a refusal holds no thread either.
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ READS_PER_ROUND = 16  # of one draining connection, so a fast sender cannot hold
 # An admission's refusal: the message head to answer, and how many more bytes to take and drop.
 Refusal = tuple[dict, int]
 
+# Why the greeter closed a connection before its call (the keys of Status's `bulk.closed`).
+HELLO_TIMEOUT = "hello_timeout"
+PER_ADDRESS_CAP = "per_address_cap"
+TOTAL_CAP = "total_cap"
+TLS_HANDSHAKE = "tls_handshake"
+NO_ROOM_TO_DRAIN = "no_room_to_drain"
+
 
 @dataclass(eq=False)
 class Waiting:
@@ -75,12 +83,12 @@ class Greeter:
         hello_seconds: float,
         admit: Callable[[socket.socket, dict], Refusal | None],
         bad_hello: Callable[[Exception], Refusal],
+        count: Callable[[str], None],
     ) -> None:
         self.listener, self.tls, self.hello_seconds = listener, tls, hello_seconds
-        self.admit, self.bad_hello = admit, bad_hello
+        self.admit, self.bad_hello, self.count = admit, bad_hello, count
         self.places = threading.BoundedSemaphore(MAX_WAITING)  # taken only in this thread (and by tests)
         self.per_peer: collections.Counter[str] = collections.Counter()
-        self.closed: collections.Counter[str] = collections.Counter()  # connections closed before a call, by reason
         self.waiting: set[Waiting] = set()
         self._log = RateLimit(per_second=0.2, burst=5)
         self._handed: collections.deque[tuple[socket.socket, dict, int]] = collections.deque()
@@ -148,15 +156,15 @@ class Greeter:
                 return
             peer = str(addr[0]) if isinstance(addr, tuple) else str(addr)
             if self.per_peer[peer] >= MAX_WAITING_PER_PEER:
-                self._refuse(conn, peer, f"more than {MAX_WAITING_PER_PEER} unauthenticated connections from it")
+                self._refuse(conn, peer, PER_ADDRESS_CAP, f"more than {MAX_WAITING_PER_PEER} unauthenticated from it")
             elif not self.places.acquire(blocking=False):
-                self._refuse(conn, peer, f"more than {MAX_WAITING} unauthenticated connections")
+                self._refuse(conn, peer, TOTAL_CAP, f"more than {MAX_WAITING} unauthenticated connections")
             else:
                 self._hold(conn, peer)
 
-    def _refuse(self, conn: socket.socket, peer: str, reason: str) -> None:
+    def _refuse(self, conn: socket.socket, peer: str, reason: str, why: str) -> None:
         conn.close()
-        self._count(reason, f"closed a bulk socket connection from {peer}: {reason}")
+        self._count(reason, f"closed a bulk socket connection from {peer}: {why}")
 
     def _hold(self, conn: socket.socket, peer: str) -> None:
         """A new connection, holding its place: its handshake and hello now have `hello_seconds`."""
@@ -193,7 +201,7 @@ class Greeter:
                 # no room to drain: the answer goes out if it fits the send buffer, then the connection closes
                 with contextlib.suppress(OSError):
                     conn.send(wire_sockets.small_bytes(head))
-                self._refuse(conn, peer, "a refused call with no room left to drain it")
+                self._refuse(conn, peer, NO_ROOM_TO_DRAIN, "a refused call with no room left to drain it")
                 continue
             self.per_peer[peer] += 1
             w = Waiting(conn, peer, 0.0, None)
@@ -222,7 +230,7 @@ class Greeter:
         except OSError as exc:  # the peer went away, or a TLS handshake that failed
             self._drop(w)
             if w.handshake:
-                self._count("TLS handshake failed", f"bulk socket TLS handshake with {w.peer} failed: {exc}")
+                self._count(TLS_HANDSHAKE, f"bulk socket TLS handshake with {w.peer} failed: {exc}")
 
     def _read_hello(self, w: Waiting) -> None:
         hello = w.reader.read(w.sock) if w.reader is not None else None
@@ -294,7 +302,7 @@ class Greeter:
             self._drop(w)
             if w.reader is not None:
                 self._count(
-                    "no hello in time",
+                    HELLO_TIMEOUT,
                     f"closed a bulk socket connection from {w.peer}: no hello within {self.hello_seconds:g} s",
                 )
 
@@ -313,7 +321,7 @@ class Greeter:
         self.places.release()
 
     def _count(self, reason: str, line: str) -> None:
-        self.closed[reason] += 1
+        self.count(reason)
         self._say(line)
 
     def _say(self, line: str) -> None:

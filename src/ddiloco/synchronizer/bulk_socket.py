@@ -8,7 +8,8 @@ and must name a live session, at most `MAX_FETCHES_PER_SESSION` of whose fetches
 stream guard's idle and total deadlines and its limit of pushes per session, the message size limit
 checked before any buffer is reserved, and the handlers that take a contribution in or frame the
 model. A refusal is sent as an error message (by the greeter, which also drains what follows); a
-connection that breaks frees its slot.
+connection that breaks frees its slot. Every connection closed or call refused is counted by reason
+in `service.traffic` (Status's `bulk.closed`), so an operator sees an attack as it happens.
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ log = logging.getLogger(__name__)
 # that are never read could otherwise hold every slot and refuse every learner's push.
 MAX_FETCHING = 4
 MAX_FETCHES_PER_SESSION = MAX_PUSHES_PER_SESSION  # a fetch names a live session and counts against it
+
+# Why a call was refused after its hello (with the greeter's reasons, the keys of Status's `bulk.closed`).
+BAD_TOKEN = "bad_token"
+BAD_HELLO = "bad_hello"
+UNKNOWN_METHOD = "unknown_method"
+UNKNOWN_SESSION = "unknown_session"
+SESSION_FETCH_CAP = "session_fetch_cap"
+NO_FREE_PLACE = "no_free_place"  # every bulk slot (a push) or fetch place (a fetch) taken
+REFUSED_CALL = "refused_call"  # an authenticated call refused on its frames (bad frame, size, request)
 
 
 class Abort(Exception):
@@ -81,7 +91,9 @@ class BulkSocketServer:
         self.listener.listen(64)
         self.port: int = self.listener.getsockname()[1]
         hello_seconds = min(HELLO_SECONDS, self.service.settings.timeouts.failure)
-        self.greeter = Greeter(self.listener, tls, hello_seconds, self._admit, self._bad_hello)
+        self.greeter = Greeter(
+            self.listener, tls, hello_seconds, self._admit, self._bad_hello, self.service.traffic.closed
+        )
         self._greeting = self.greeter.places  # the places of connections not yet authenticated
         self._fetching = threading.BoundedSemaphore(MAX_FETCHING)
         self._lock = threading.Lock()
@@ -92,8 +104,9 @@ class BulkSocketServer:
 
     @property
     def closed(self) -> Counter[str]:
-        """Connections closed before a call, by reason: caps, hello deadline, failed TLS handshakes."""
-        return self.greeter.closed
+        """Connections closed and calls refused, by reason (caps, hello deadline, TLS handshakes, token,
+        method, session, places, frames): a copy of what Status shows as `bulk.closed`."""
+        return Counter(self.service.traffic.closed_counts())
 
     def start(self) -> int:
         self._thread.start()
@@ -110,10 +123,15 @@ class BulkSocketServer:
     def _greet_loop(self) -> None:
         """Accepts and greets until closed; anything else that goes wrong is logged and retried (`supervise`)."""
         run_supervised(
-            lambda: not self._closing.is_set() and self.greeter.step(),
+            lambda: not self._closing.is_set() and self._greet(),
             lambda s: not self._closing.wait(s),
             Supervisor("bulk socket accept", log),
         )
+
+    def _greet(self) -> bool:
+        self.greeter.step()
+        self.service.traffic.bulk_waiting = len(self.greeter.waiting)  # Status's gauge
+        return True
 
     def _admit(self, conn: socket.socket, hello: dict) -> Refusal | None:
         """A complete hello, in the greeter's thread (nothing here waits): the token, then for a fetch
@@ -122,10 +140,12 @@ class BulkSocketServer:
         method = cast(str, hello.get("method")) if hello.get("method") in wire_sockets.BULK_METHODS else "bulk socket"
         if self.token is not None and not auth.token_matches(self.token, _text(hello.get("token"))):
             self.service.refuse_rpc(method, "missing auth token" if hello.get("token") is None else "wrong auth token")
+            self.service.traffic.closed(BAD_TOKEN)
             return {"error": "UNAUTHENTICATED", "details": "wrong or missing auth token"}, self.max_frame
         if method not in wire_sockets.BULK_METHODS:
             details = f"unknown bulk method {str(hello.get('method'))[:40]!r}"
             self.service.refuse_rpc(method, details)
+            self.service.traffic.closed(UNKNOWN_METHOD)
             return {"error": "UNIMPLEMENTED", "details": details}, self.max_frame
         session = None
         if method == "Fetch":
@@ -133,10 +153,12 @@ class BulkSocketServer:
             session = self.service.session(sid) if sid is not None else None
             if session is None:
                 self.service.refuse_rpc(method, "unknown session")
+                self.service.traffic.closed(UNKNOWN_SESSION)
                 return {"error": "NOT_FOUND", "details": "unknown session: register again"}, self.max_frame
             with self._lock:
                 if self.fetches[session.id] >= MAX_FETCHES_PER_SESSION:
                     details = f"{MAX_FETCHES_PER_SESSION} fetches of this session are in flight; retry later"
+                    self.service.traffic.closed(SESSION_FETCH_CAP)
                     return {"error": "RESOURCE_EXHAUSTED", "details": details}, self.max_frame
                 self.fetches[session.id] += 1
         places = self._fetching if method == "Fetch" else self.service.bulk_slots
@@ -154,12 +176,14 @@ class BulkSocketServer:
                 places.release()
         if session is not None:
             self._unbook(session.id)
+        self.service.traffic.closed(NO_FREE_PLACE)
         return {"error": "RESOURCE_EXHAUSTED", "details": "too many bulk transfers at once; retry later"}, (
             self.message_drain
         )
 
     def _bad_hello(self, exc: Exception) -> Refusal:
         self.service.refuse_rpc("bulk socket", f"bad bulk socket hello: {exc}")
+        self.service.traffic.closed(BAD_HELLO)
         return {"error": "INVALID_ARGUMENT", "details": f"bad hello: {exc}"}, self.max_frame
 
     def _unbook(self, session_id: str) -> None:
@@ -179,6 +203,7 @@ class BulkSocketServer:
                 # trickling bytes after its refusal holds neither a slot nor a thread.
                 held = None
                 slot.release()
+                self.service.traffic.closed(REFUSED_CALL)
                 owned = None  # the greeter's from now on
                 self.greeter.drain(conn, refusal, self.message_drain)
         except OSError as exc:  # the peer went away or stalled (ssl.SSLError is one too)

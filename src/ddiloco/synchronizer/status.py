@@ -91,6 +91,9 @@ def status(service: ServiceView) -> dict:
         "params": sum(core.plan.sizes[p] for p in core.owned),
         "bytes_received": service.traffic.bytes_received,  # contributions (bulk frames)
         "bytes_sent": service.traffic.bytes_sent,  # updates streamed to learners
+        # the bulk socket plane: connections closed and calls refused by reason (hello_timeout,
+        # per_address_cap, total_cap, bad_token, ...), and those waiting unauthenticated now
+        "bulk": {"closed": service.traffic.closed_counts(), "waiting": service.traffic.bulk_waiting},
         "stopping": service.stopping,
         "finished": service.finished.is_set(),
         "progress": service.progress(),

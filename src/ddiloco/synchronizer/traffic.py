@@ -1,8 +1,10 @@
-"""Bytes a synchronizer shard moves to and from learners: bandwidth is one of the paper's headlines."""
+"""Bytes a synchronizer shard moves to and from learners: bandwidth is one of the paper's headlines.
+Also what the bulk socket plane turned away, by reason, so that Status shows an operator an attack."""
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 
 
 class Traffic:
@@ -12,6 +14,8 @@ class Traffic:
         self._lock = threading.Lock()
         self.bytes_received = 0
         self.bytes_sent = 0
+        self._closed: Counter[str] = Counter()  # bulk socket connections closed or calls refused, by reason
+        self.bulk_waiting = 0  # bulk socket connections not yet authenticated, or being drained (a gauge)
 
     def received(self, n: int) -> None:
         with self._lock:
@@ -20,3 +24,12 @@ class Traffic:
     def sent(self, n: int) -> None:
         with self._lock:
             self.bytes_sent += n
+
+    def closed(self, reason: str) -> None:
+        """One bulk socket connection closed, or call refused, for `reason` (one of a few fixed keys)."""
+        with self._lock:
+            self._closed[reason] += 1
+
+    def closed_counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._closed)
