@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
-def ddiloco_run(args: list[str], run_dir: Path, what: str) -> dict:
-    """`ddiloco run ARGS --run-dir RUN_DIR --json --quiet`; its summary (the last line it prints)."""
-    cmd = [sys.executable, "-m", "ddiloco", "run", *args, "--run-dir", str(run_dir), "--json", "--quiet"]
+def ddiloco_run(args: list[str], run_dir: Path, what: str, command: str = "run") -> dict:
+    """`ddiloco run ARGS --run-dir RUN_DIR --json --quiet` (or `ddiloco sim ...`); its summary (its last line)."""
+    cmd = [sys.executable, "-m", "ddiloco", command, *args, "--run-dir", str(run_dir), "--json", "--quiet"]
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = launcher.communicate()
@@ -24,7 +24,7 @@ def ddiloco_run(args: list[str], run_dir: Path, what: str) -> dict:
         launcher.communicate(timeout=120)
         raise
     if launcher.returncode != 0:
-        raise SystemExit(f"ddiloco run ({what}) failed:\n{stderr[-3000:]}")
+        raise SystemExit(f"ddiloco {command} ({what}) failed:\n{stderr[-3000:]}")
     return json.loads(stdout.strip().splitlines()[-1])
 
 

@@ -30,6 +30,7 @@ def run_baseline(
     eval_every: float,
     threads: int,
     chaos: ChaosSettings,
+    net: tuple[float, float, float] = (0.0, 0.0, 0.0),
     run_dir: Path | None,
     as_json: bool,
 ) -> None:
@@ -59,6 +60,9 @@ def run_baseline(
         eval_every=eval_every,
         threads=options.shared_threads(threads, learners),
         chaos=chaos,
+        net_latency=net[0],  # the all-reduce pays the emulated link (dataparallel/link.py)
+        net_bandwidth=net[1],
+        net_jitter=net[2],
     )
     result = run_data_parallel(config)
     print_summary(result, title=f"ddiloco run --method {method}")

@@ -94,7 +94,7 @@ def learner(
     from ..learner.trainer import LearnerSettings, leave_process_group, train
     from ..learner.wan import WanSettings
     from ..records import logsetup
-    from ..train.device import resolve_device
+    from ..train.device import resolve_device, step_slowdown
     from ..train.inner import InnerConfig
     from ..wire import auth
 
@@ -121,7 +121,7 @@ def learner(
             max_steps=max_steps,
             wan=WanSettings(net_latency / 1000.0, net_bandwidth * 1e6, net_jitter / 1000.0),
             checkpoint_every=save_state_every,
-            min_step_seconds=min_step_seconds,
+            min_step_seconds=min_step_seconds * step_slowdown(learner_id),  # mixed hardware, emulated
             start_timeout=connect_timeout,
             device=device,
             precision=options.plain(precision)[0],

@@ -31,6 +31,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--collective-timeout", type=float, default=30.0)
     p.add_argument("--join-timeout", type=float, default=300.0)
+    p.add_argument("--net-latency", type=float, default=0.0, help="ms one way per hop of the all-reduce's ring")
+    p.add_argument("--net-bandwidth", type=float, default=0.0, help="MB/s each way per worker; 0: no cap")
+    p.add_argument("--net-jitter", type=float, default=0.0, help="ms: a uniform 0..J added to each hop")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -108,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         collective_timeout=args.collective_timeout,
         join_timeout=args.join_timeout,
         time_limit=args.time_limit,
+        net_latency=args.net_latency,
+        net_bandwidth=args.net_bandwidth,
+        net_jitter=args.net_jitter,
         chaos=chaos,
     )
     result = run_data_parallel(config)

@@ -52,7 +52,10 @@ class CheckpointEvaluator:
             if found is not None and found[1]["lineage"]["step"] != self.seen:
                 values, manifest = found
                 self.seen = manifest["lineage"]["step"]
-                self.metrics.write("eval", time.time() - self.origin, manifest["lineage"]["tokens_merged"], **values)
+                # stamped with the time its model was made (its last step), as the runtime stamps the
+                # global model with when it fetched it: not with when this thread got round to it
+                made = float(manifest["lineage"].get("last_commit") or time.time())
+                self.metrics.write("eval", made - self.origin, manifest["lineage"]["tokens_merged"], **values)
 
     def close(self) -> None:
         self.stop.set()

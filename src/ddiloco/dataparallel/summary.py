@@ -15,10 +15,22 @@ The window is [the first generation formed, the step that reached the budget] (f
 
 from __future__ import annotations
 
+import json
+
 from ..learner.journal import read_journals
 from .checkpoint import read_manifest
 from .config import DataParallelConfig
 from .launcher import Launcher
+
+
+def first_formed(config: DataParallelConfig) -> float | None:
+    """Wall time the run's first generation formed (dataparallel.jsonl), or None."""
+    try:
+        lines = (config.run_dir / "dataparallel.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    walls = [float(e["wall"]) for e in map(json.loads, lines) if e.get("kind") == "formed" and "wall" in e]
+    return min(walls, default=None)
 
 
 def summarize(config: DataParallelConfig, launcher: Launcher, params: int, end_wall: float) -> dict:
@@ -26,12 +38,18 @@ def summarize(config: DataParallelConfig, launcher: Launcher, params: int, end_w
     manifest = read_manifest(config.checkpoint_dir) or {}
     lineage = manifest.get("lineage", {})
     start = float(lineage.get("window_start") or launcher.start_wall)
+    # a job that failed before its first checkpoint resumes with a lineage that forgot when it began:
+    # the window starts at the first generation that ever formed, lost work and all
+    start = min(start, first_formed(config) or start)
     stop = float(lineage.get("last_commit") or end_wall) if manifest.get("final") else end_wall
     window = max(1e-9, stop - start)
     journals = [j for m in range(config.workers) for j in read_journals(config.worker_dir(m), "journal-*.json")]
     trained = sum(int(j.get("tokens", 0)) for j in journals)
     merged = int(lineage.get("tokens_merged", 0))
     allocated = config.workers * window
+    steps = sum(int(j.get("steps", 0)) for j in journals)
+    link_waited = sum(float(j.get("link_seconds", 0.0)) for j in journals)
+    link_model = sum(float(j.get("link_model_seconds", 0.0)) for j in journals)
     m = config.workers
     ring_fp32 = 2 * (m - 1) / m * params * 4  # DDP all-reduces fp32 gradients: each worker sends and receives this
     ring_bf16 = ring_fp32 / 2
@@ -88,5 +106,15 @@ def summarize(config: DataParallelConfig, launcher: Launcher, params: int, end_w
         "bandwidth_ratio_up": ring_bf16 / ring_fp32 if ring_fp32 else None,
         "bandwidth_ratio_down": ring_bf16 / ring_fp32 if ring_fp32 else None,
         "bandwidth_ratio_both_ways": ring_bf16 / ring_fp32 if ring_fp32 else None,
+        # the emulated link under the all-reduce (`link`): seconds each worker waited for it per step
+        # (measured), and the all-reduce's whole time on the link by the ring model (part hidden by backward)
+        "link": {
+            "latency_ms": config.net_latency,
+            "bandwidth_MBps": config.net_bandwidth,
+            "jitter_ms": config.net_jitter,
+        },
+        "link_seconds_waited": link_waited,
+        "link_seconds_per_step": link_waited / max(1, steps),
+        "allreduce_link_seconds_per_step": link_model / max(1, steps),
         "run_dir": str(config.run_dir),
     }

@@ -31,10 +31,11 @@ import torch.distributed as dist
 
 from ..learner.journal import Journal
 from ..records.rundir import MetricsLog
-from ..train.device import process_group_backend, resolve_device
+from ..train.device import process_group_backend, resolve_device, step_slowdown
 from ..train.inner import InnerConfig, lr_at, make_inner_optimizer, set_lr
 from ..train.tasks import make_task
 from . import checkpoint
+from .link import AllReduceLink, LinkSettings
 from .rendezvous import Membership, leave_group
 from .replicated import Lineage, broadcast_state
 
@@ -63,6 +64,9 @@ class WorkerSettings:
     device: str = "auto"
     collective_timeout: float = 30.0
     join_timeout: float = 300.0
+    net_latency: float = 0.0  # ms (`link`: the all-reduce's emulated link)
+    net_bandwidth: float = 0.0  # MB/s
+    net_jitter: float = 0.0  # ms
 
 
 class Worker:
@@ -78,11 +82,16 @@ class Worker:
         self.ckpt_dir = s.run_dir / "checkpoint"
         self.lineage = Lineage(s.workers)  # rank 0 reads the checkpoint when it forms a generation
         self.stream = self.task.stream(s.slot, s.workers, s.batch_size, s.seed)
+        grad_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
+        link = LinkSettings(s.net_latency / 1000.0, s.net_bandwidth * 1e6, s.net_jitter / 1000.0)
+        self.link = AllReduceLink(link, grad_bytes, seed=s.seed * 1000 + s.slot)
+        self.pad_to = s.min_step_seconds * step_slowdown(s.slot)  # this worker's emulated accelerator
         self.membership = Membership(s.store_port, s.slot, timeout=s.collective_timeout)
         self.journal = Journal(s.run_dir / f"learner-{s.slot}" / f"journal-{os.getpid()}-{time.time_ns()}.json")
         # this process's journal: what it computed (tokens, seconds, steps), how much of it was merged
         self.books: dict[str, Any] = {"slot": s.slot, "pid": os.getpid(), "tokens": 0, "seconds": 0.0, "steps": 0}
         self.books.update(merged_steps=0, failed_steps=0, generation=0, start_step=None)
+        self.books.update(link_seconds=0.0, link_model_seconds=0.0)  # waited for the link; its model's total
         self.generation, self.rank, self.carried = 0, 0, False  # carried: state from a formed generation
         self.writer: checkpoint.Writer | None = None
         self.metrics: MetricsLog | None = None
@@ -184,11 +193,14 @@ class Worker:
                 self.journal.write(self.books)
             if self.inner.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.inner.grad_clip)
-            pad = self.s.min_step_seconds - (time.perf_counter() - t0)
+            pad = self.pad_to - (time.perf_counter() - t0)
             if pad > 0:  # the emulated accelerator is busy for the whole step
                 time.sleep(pad)
-            seconds = time.perf_counter() - t0
+            seconds = time.perf_counter() - t0  # compute: the useful seconds of the step
+            model_seconds, waited = self.link.pay(world, seconds)  # the all-reduce on the emulated link
             self.books["seconds"] += seconds
+            self.books["link_seconds"] += waited
+            self.books["link_model_seconds"] += model_seconds
             self.journal.write(self.books)
             newest = self.membership.newest() if self.rank == 0 else 0
             mine = torch.tensor([batch.tokens, seconds, newest, float(loss.detach())], dtype=torch.float64)

@@ -47,3 +47,23 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+STEP_SLOWDOWN_ENV = "DDILOCO_STEP_SLOWDOWN"
+
+
+def step_slowdown(learner: int) -> float:
+    """How much slower than the others learner (or worker) `learner`'s emulated accelerator is:
+    `DDILOCO_STEP_SLOWDOWN=1,1,2,1.3` stretches its `--min-step-seconds` pad by its factor (1 when
+    unset or not listed). A benchmark knob for mixed hardware in real processes (benchmarks/time_to_loss.py),
+    read from the environment so every method's processes get it alike."""
+    text = os.environ.get(STEP_SLOWDOWN_ENV, "").strip()
+    if not text:
+        return 1.0
+    try:
+        factors = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{STEP_SLOWDOWN_ENV} must be comma-separated numbers, got {text!r}") from None
+    if any(not (1.0 <= f < float("inf")) for f in factors):
+        raise ValueError(f"{STEP_SLOWDOWN_ENV}: every factor is a slowdown >= 1, got {text!r}")
+    return factors[learner] if 0 <= learner < len(factors) else 1.0

@@ -1,0 +1,373 @@
+"""Time to loss: does Decoupled DiLoCo reach a given loss sooner, in wall-clock seconds, than what users
+run today? Loss against wall time for data-parallel (`ddp`), elastic data-parallel (`elastic-ddp`),
+synchronous DiLoCo (`diloco`) and Decoupled DiLoCo (`decoupled`), real processes via `ddiloco run`,
+in four scenarios, each also run on the virtual clock (`ddiloco sim`) to say how far the two agree.
+
+All four methods train the same model on the same data shards with the same AdamW, token budget,
+step pad (--min-step-seconds: each learner behaves like its own accelerator) and failure trace
+(one CSV, replayed to every method with --chaos-trace, offsets from each run's launch):
+
+    one_site        one site; a learner killed (kill -9) about once a minute, back after 15 s
+    cross_site      four sites on a cross-region link, scaled to the model (`cross_site_link`): bytes per
+                    step over bandwidth x step time as for a 1B-parameter model with 1 s steps on
+                    1 Gbit/s links, 35 ms one way (latency scaled by the step time too)
+    mixed_hardware  learner 2 is 2x slower, learner 3 1.3x (DDILOCO_STEP_SLOWDOWN stretches their pad)
+    preemptible     preemptions (kill -9) with requeue waits: one every 60 s, back after 30 s. On the
+                    local backend for all four: the data-parallel baselines have no Slurm backend, and
+                    one failure trace for all four matters more here than the scheduler (see the note)
+
+--quick scales the budget down and the failure clock with it (kills 6x as often, outages 6x shorter).
+Every run is capped at --cap times the time the budget takes without failures or waits (a run that
+reaches the cap stops there: `--duration`; its schedule decays over the cap, as for a time budget).
+
+Every method is tuned the same way: its learning rate (3e-3, 6e-3, 1.2e-2, 2.4e-2) swept on the
+virtual clock without failures at the scenarios' budget, the lowest final eval loss kept (elastic-ddp
+takes ddp's; DDP's global batch is M times a learner's, and a short budget favours a high rate for
+every method alike). --no-sweep: every method at --inner-lr.
+
+Per scenario it prints the wall seconds each method needs to reach the best baseline's final loss
+(to within --tolerance, 0.01: at equal tokens the methods end within hundredths of each other; the
+strict figure is in the JSON), the first crossing of its eval-loss curve, linear between
+evaluations; each method's loss at the wall time the first of them finished; goodput and final eval
+loss; and the same seconds on the virtual clock. Wall seconds count from the run's training window
+(its first learner joined, or its first data-parallel generation formed): the seconds of process
+start-up before it are the same fixed cost for every method and nothing next to a real run's hours
+(they are in the JSON as startup_seconds). Plots of loss against wall time go to the run directory.
+
+    python benchmarks/time_to_loss.py --quick --json   # all four scenarios, smaller
+    python benchmarks/time_to_loss.py --scenarios cross_site mixed_hardware
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from runs import ROOT, ddiloco_run, parse_run_arguments
+from time_to_loss_curves import loss_at, read_curve, seconds_to_target, sim_run, window
+
+from ddiloco.chaos.injector import ChaosSettings, learner_trace
+from ddiloco.train.device import STEP_SLOWDOWN_ENV
+
+console = Console(stderr=True, width=160)
+SCENARIOS = ("one_site", "cross_site", "mixed_hardware", "preemptible")
+METHODS = ("ddp", "elastic-ddp", "diloco", "decoupled")
+BASELINES = METHODS[:3]
+LR_CANDIDATES = (3e-3, 6e-3, 1.2e-2, 2.4e-2)
+REAL = {"params": 1e9, "step_seconds": 1.0, "gbit_per_s": 1.0, "latency_ms": 35.0}
+
+
+@dataclass
+class Scenario:
+    name: str
+    trace: Path | None = None  # the failure trace, replayed to every method
+    link: tuple[float, float] | None = None  # (one-way ms, MB/s each way) of every learner's link
+    slowdown: tuple[float, ...] | None = None
+    note: str = ""
+    aim: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def cross_site_link(params: int, step_seconds: float) -> tuple[float, float, dict]:
+    """(latency ms, bandwidth MB/s) that give this model the bytes-to-compute ratio of a 1B-parameter
+    model with 1 s steps on 1 Gbit/s: bandwidth scales with the parameters (bytes per step) and
+    inversely with the step time; the latency with the step time."""
+    scale = (params / REAL["params"]) * (REAL["step_seconds"] / step_seconds)
+    bandwidth = REAL["gbit_per_s"] * 1e9 / 8 * scale  # bytes per second
+    latency = REAL["latency_ms"] * step_seconds / REAL["step_seconds"]
+    return latency, bandwidth / 1e6, {**REAL, "bandwidth_scale": scale, "latency_ms_scaled": latency}
+
+
+def scenarios(args: argparse.Namespace, base: Path, params: int) -> list[Scenario]:
+    m, speed = args.learners, args.failure_speedup
+    out = []
+    for name in args.scenarios:
+        sc = Scenario(name)
+        if name in ("one_site", "preemptible"):
+            every, down = (60.0, 15.0) if name == "one_site" else (60.0, 30.0)  # job-wide, at full scale
+            chaos = ChaosSettings(learner_mtbf=m * every / speed, learner_down=down / speed, seed=args.seed)
+            sc.trace = base / f"{name}-trace.csv"
+            learner_trace(chaos, m, horizon=4 * 3600.0).save(sc.trace)
+            sc.extra = {"kill_every_s": every / speed, "down_s": down / speed}
+            sc.aim = "decoupled reaches the target sooner than elastic-ddp"
+        if name == "preemptible":
+            sc.note = (
+                "local backend (kill -9, restart after the requeue wait) for all four methods: ddp and "
+                "elastic-ddp have no Slurm backend, so Slurm requeues could not give them the same trace"
+            )
+        if name == "cross_site":
+            latency, bandwidth, scaling = cross_site_link(params, args.min_step_seconds)
+            sc.link, sc.extra = (latency, bandwidth), scaling
+        if name == "mixed_hardware":
+            sc.slowdown = tuple([1.0] * (m - 2) + [2.0, 1.3])
+        if name in ("cross_site", "mixed_hardware"):
+            sc.aim = "decoupled reaches the target in at most half the best baseline's time"
+        out.append(sc)
+    return out
+
+
+def run_real(args: argparse.Namespace, sc: Scenario, method: str, lr: float, run_dir: Path) -> dict:
+    flags = ["--method", method, "--learners", str(args.learners), "--model-size", args.model_size]
+    flags += ["--data", str(args.data), "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size)]
+    flags += ["--tokens", str(args.tokens), "--duration", f"{args.cap_seconds:.1f}", "--seed", str(args.seed)]
+    flags += ["--min-step-seconds", str(args.min_step_seconds), "--inner-lr", repr(lr), "--no-dashboard"]
+    flags += ["--eval-every", str(args.eval_every), "--eval-batches", str(args.eval_batches)]
+    if sc.trace is not None:
+        flags += ["--chaos-trace", str(sc.trace)]
+    if sc.link is not None:
+        flags += ["--net-latency", f"{sc.link[0]:.4g}", "--net-bandwidth", f"{sc.link[1]:.6g}"]
+    console.print(f"[bold]{sc.name} / {method}[/bold]: ddiloco run {' '.join(flags)}")
+    if sc.slowdown:
+        os.environ[STEP_SLOWDOWN_ENV] = ",".join(f"{f:g}" for f in sc.slowdown)
+    try:
+        summary = ddiloco_run(flags, run_dir, f"{sc.name} / {method}")
+    finally:
+        os.environ.pop(STEP_SLOWDOWN_ENV, None)
+    span = window(run_dir, summary)
+    return {"summary": summary, "curve": read_curve(run_dir, span), "finish": span[1] - span[0], "start": span[0]}
+
+
+def sim_flags(args: argparse.Namespace, sc: Scenario, method: str, lr: float) -> list[str]:
+    flags = ["--method", method, "--learners", str(args.learners), "--model-size", args.model_size]
+    flags += ["--data", str(args.data), "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size)]
+    flags += ["--tokens", str(args.tokens), "--seed", str(args.seed), "--inner-lr", repr(lr)]
+    flags += ["--step-time", str(args.min_step_seconds), "--eval-batches", str(args.eval_batches)]
+    flags += ["--reconfigure-seconds", str(args.reconfigure_seconds)]
+    if sc.link is not None:
+        flags += ["--latency", str(sc.link[0] / 1000), "--bandwidth", str(sc.link[1] * 1e6)]
+    else:  # one site: loopback
+        flags += ["--latency", "0.0005", "--bandwidth", "1e9"]
+    if sc.slowdown:
+        flags += ["--speeds", ",".join(f"{f:g}" for f in sc.slowdown)]
+    if sc.trace is not None:
+        flags += ["--chaos-trace", str(sc.trace)]
+    return flags
+
+
+def sweep_lr(args: argparse.Namespace, base: Path) -> tuple[dict[str, float], dict]:
+    """Each method's learning rate: the one with the lowest final eval loss on the virtual clock, no
+    failures, the scenarios' budget (elastic-ddp takes ddp's: it is the same optimisation)."""
+    plain = Scenario("sweep")
+    losses: dict[str, dict[str, float]] = {}
+    for method in ("ddp", "diloco", "decoupled"):
+        losses[method] = {}
+        for lr in LR_CANDIDATES:
+            r = sim_run(sim_flags(args, plain, method, lr), base / f"sweep-{method}-{lr:g}")
+            losses[method][f"{lr:g}"] = r["summary"]["eval_loss"]
+            console.print(
+                f"lr sweep ({method}, virtual clock): inner lr {lr:g} -> eval loss {r['summary']['eval_loss']:.4f}"
+            )
+    best = {m: min(LR_CANDIDATES, key=lambda lr, m=m: losses[m][f"{lr:g}"]) for m in losses}
+    best["elastic-ddp"] = best["ddp"]
+    return best, losses
+
+
+def compare(runs: dict[str, dict], tolerance: float = 0.0) -> dict:
+    """Target (the best baseline's final loss), seconds to it (to within `tolerance`, the evaluation's
+    resolution: at equal tokens the methods end within hundredths of each other), losses at the first
+    finish."""
+    finals = {m: r["curve"][-1][1] for m, r in runs.items() if r["curve"]}
+    baselines = [m for m in BASELINES if m in finals]
+    best = min(baselines, key=lambda m: finals[m]) if baselines else None
+    target = finals[best] if best is not None else math.nan
+    first = min(r["finish"] for r in runs.values())
+    out = {"target": target, "best_baseline": best, "first_finish_seconds": first, "seconds": {}, "at_first": {}}
+    out["strict"] = {}
+    for m, r in runs.items():
+        out["seconds"][m] = seconds_to_target(r["curve"], target + tolerance)
+        out["strict"][m] = seconds_to_target(r["curve"], target)
+        out["at_first"][m] = loss_at(r["curve"], first)
+    return out
+
+
+def aim_met(name: str, seconds: dict, best: str | None) -> bool | None:
+    d = seconds.get("decoupled")
+    inf = float("inf")
+    if name in ("cross_site", "mixed_hardware") and best is not None:
+        b = seconds.get(best)
+        return d is not None and d <= 0.5 * (b if b is not None else inf)
+    if name in ("one_site", "preemptible"):
+        e = seconds.get("elastic-ddp")
+        return d is not None and d < (e if e is not None else inf)
+    return None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b not in (None, 0) else None
+
+
+def one_scenario(args: argparse.Namespace, sc: Scenario, lrs: dict[str, float], base: Path) -> dict:
+    real, sim = {}, {}
+    for method in METHODS:
+        real[method] = run_real(args, sc, method, lrs[method], base / sc.name / method)
+    if not args.no_sim:
+        for method in METHODS:
+            sim[method] = sim_run(sim_flags(args, sc, method, lrs[method]), base / sc.name / f"sim-{method}")
+    c, cs = compare(real, args.tolerance), compare(sim, args.tolerance) if sim else None
+    rows = []
+    for m in METHODS:
+        s = real[m]["summary"]
+        row = {
+            "method": m,
+            "seconds_to_target": c["seconds"][m],
+            "seconds_to_target_strict": c["strict"][m],
+            "loss_at_first_finish": c["at_first"][m],
+            "goodput": s["goodput"],
+            "eval_loss": s.get("eval_loss"),
+            "finish_seconds": real[m]["finish"],
+            "startup_seconds": real[m]["start"],
+            "reached_budget": s["tokens_merged"] >= args.tokens * 0.999 or s["tokens"] >= args.tokens,
+            "tokens_merged": s["tokens_merged"],
+            "tokens_trained": s["tokens_trained"],
+            "inner_lr": lrs[m],
+        }
+        if cs is not None:
+            ss = sim[m]["summary"]
+            row.update(
+                sim_seconds_to_target=cs["seconds"][m],
+                sim_goodput=ss["goodput"],
+                sim_eval_loss=ss.get("eval_loss"),
+                sim_over_real_seconds_to_target=ratio(cs["seconds"][m], c["seconds"][m]),
+                sim_over_real_goodput=ratio(ss["goodput"], s["goodput"]),
+            )
+        rows.append(row)
+    agreement = None
+    if cs is not None:
+        g = [r["sim_over_real_goodput"] for r in rows if r["sim_over_real_goodput"] is not None]
+        t = [r["sim_over_real_seconds_to_target"] for r in rows if r["sim_over_real_seconds_to_target"] is not None]
+        agreement = {
+            "goodput_ratio_median": statistics.median(g) if g else None,
+            "seconds_to_target_ratio_median": statistics.median(t) if t else None,
+            "same_winner": _winner(c["seconds"]) == _winner(cs["seconds"]),
+            "sim_target": cs["target"],
+            "sim_best_baseline": cs["best_baseline"],
+        }
+    plot(sc.name, real, sim, c, base / f"time-to-loss-{sc.name}.png")
+    return {
+        "rows": rows,
+        "target": c["target"],
+        "tolerance": args.tolerance,
+        "best_baseline": c["best_baseline"],
+        "first_finish_seconds": c["first_finish_seconds"],
+        "aim": sc.aim,
+        "aim_met": aim_met(sc.name, c["seconds"], c["best_baseline"]),
+        "note": sc.note,
+        "scenario": {"link": sc.link, "slowdown": sc.slowdown, **sc.extra},
+        "agreement": agreement,
+        "curves": {m: real[m]["curve"] for m in METHODS},
+        "sim_curves": {m: sim[m]["curve"] for m in sim},
+    }
+
+
+def _winner(seconds: dict) -> str | None:
+    reached = {m: s for m, s in seconds.items() if s is not None}
+    return min(reached, key=lambda m: reached[m]) if reached else None
+
+
+def plot(name: str, real: dict, sim: dict, c: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2 if sim else 1, figsize=(12 if sim else 6.5, 4.2), squeeze=False)
+    for ax, runs, title in ((axes[0][0], real, "real processes (wall clock)"), (axes[0][-1], sim, "virtual clock")):
+        if not runs or (ax is axes[0][-1] and runs is sim and not sim):
+            continue
+        for m, r in runs.items():
+            if r["curve"]:
+                ax.plot(*zip(*r["curve"], strict=True), label=m, marker=".")
+        ax.set(title=f"{name}: {title}", xlabel="seconds", ylabel="eval loss")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0][0].axhline(c["target"], color="grey", ls="--", lw=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def show(name: str, result: dict) -> None:
+    t = Table(
+        title=f"{name}: target {result['target']:.4f} (final loss of {result['best_baseline']}, "
+        f"+ {result['tolerance']:g}); "
+        f"first finish at {result['first_finish_seconds']:.1f} s"
+    )
+    cols = ("method", "s to target", "loss at first finish", "goodput", "eval loss", "finish s", "sim s to target")
+    for col in cols:
+        t.add_column(col, justify="right")
+
+    def f(v: float | None, fmt: str) -> str:
+        return "never" if v is None else fmt.format(v)
+
+    for r in result["rows"]:
+        t.add_row(
+            r["method"],
+            f(r["seconds_to_target"], "{:.1f}"),
+            f(r["loss_at_first_finish"], "{:.4f}"),
+            f"{r['goodput']:.3f}",
+            f(r["eval_loss"], "{:.4f}"),
+            f"{r['finish_seconds']:.1f}" + ("" if r["reached_budget"] else " (cap)"),
+            f(r.get("sim_seconds_to_target"), "{:.1f}") if "sim_seconds_to_target" in r else "-",
+        )
+    console.print(t)
+    met = {True: "met", False: "NOT met", None: "-"}[result["aim_met"]]
+    console.print(f"aim ({result['aim']}): {met}" + (f"; note: {result['note']}" if result["note"] else ""))
+    if result["agreement"]:
+        a = result["agreement"]
+        console.print(f"virtual clock vs real: {json.dumps({k: a[k] for k in a}, default=str)}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    p.add_argument("--learners", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--inner-lr", type=float, default=3e-3, help="every method's, with --no-sweep")
+    p.add_argument("--min-step-seconds", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cap", type=float, default=3.0, help="cap every run at this many times its ideal time")
+    p.add_argument("--eval-every", type=float, default=4.0)
+    p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--reconfigure-seconds", type=float, default=1.0, help="virtual clock: elastic-ddp regroup")
+    p.add_argument("--tolerance", type=float, default=0.01, help="a loss within this of the target reaches it")
+    p.add_argument("--no-sim", action="store_true", help="real processes only")
+    p.add_argument("--no-sweep", action="store_true", help="no learning-rate sweep: every method --inner-lr")
+    p.add_argument("--run-dir", type=Path, default=None)
+    args = parse_run_arguments(p, tokens=3_000_000)
+    args.failure_speedup = 1.0
+    if args.quick:
+        args.model_size, args.failure_speedup, args.eval_every = "tiny", 6.0, 2.0
+        args.tokens = args.tokens if "--tokens" in sys.argv else 400_000
+    steps = args.tokens / (args.learners * args.batch_size * args.seq_len)
+    args.cap_seconds = args.cap * steps * args.min_step_seconds + 15.0  # + process start-up
+    base = args.run_dir or ROOT / "runs" / time.strftime("time-to-loss-%Y%m%d-%H%M%S")
+    base.mkdir(parents=True, exist_ok=True)
+    from ddiloco.train.tasks import count_parameters, make_task
+
+    task = make_task("gpt", str(args.data), seq_len=args.seq_len, model_size=args.model_size)
+    params = count_parameters(task.build_model(args.seed))
+    lrs, sweep = ({m: args.inner_lr for m in METHODS}, {}) if args.no_sweep else sweep_lr(args, base)
+    results = {}
+    for sc in scenarios(args, base, params):
+        results[sc.name] = one_scenario(args, sc, lrs, base)
+        show(sc.name, results[sc.name])
+        (base / "time_to_loss.json").write_text(json.dumps({"scenarios": results}, default=float))
+    console.print(f"run directory and plots: {base}")
+    if args.json:
+        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        out = {"scenarios": results, "settings": settings, "params": params, "inner_lr": lrs, "lr_sweep": sweep}
+        print(json.dumps(out, sort_keys=True, default=float))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""benchmarks/time_to_loss.py: its pure parts against hand-computed values (seconds to a target on a
+hand-made curve, the loss at a given second, the target and the aims, the cross-site link scaling),
+and, marked slow, its smallest real path. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import time_to_loss as ttl  # noqa: E402
+from time_to_loss_curves import loss_at, read_curve, seconds_to_target, window  # noqa: E402
+
+CURVE = [(2.0, 3.0), (4.0, 2.6), (6.0, 2.2), (10.0, 2.0)]
+
+
+def test_seconds_to_target_is_the_first_crossing_linear_between_evaluations():
+    assert seconds_to_target(CURVE, 2.4) == pytest.approx(5.0)  # halfway from 2.6 (4 s) to 2.2 (6 s)
+    assert seconds_to_target(CURVE, 2.1) == pytest.approx(8.0)  # 2.2 -> 2.0 over 6..10 s
+    assert seconds_to_target(CURVE, 2.0) == pytest.approx(10.0)  # reached at the last point only
+    assert seconds_to_target(CURVE, 3.5) == 2.0  # already below at the first evaluation
+    assert seconds_to_target(CURVE, 1.9) is None  # never
+    assert seconds_to_target([], 2.0) is None
+    # a later dip does not count twice: the first crossing is what it says
+    assert seconds_to_target([(1.0, 3.0), (2.0, 2.0), (3.0, 2.5), (4.0, 1.9)], 2.1) == pytest.approx(1.9)
+
+
+def test_loss_at_a_second():
+    assert loss_at(CURVE, 5.0) == pytest.approx(2.4)
+    assert loss_at(CURVE, 8.0) == pytest.approx(2.1)
+    assert loss_at(CURVE, 4.0) == pytest.approx(2.6)
+    assert loss_at(CURVE, 30.0) == 2.0  # the run was over: its final model's loss
+    assert loss_at(CURVE, 1.0) is None  # before its first evaluation: unknown
+
+
+def test_compare_takes_the_best_baselines_final_loss_as_the_target():
+    runs = {
+        "ddp": {"curve": [(5.0, 3.0), (20.0, 2.3)], "finish": 20.0},
+        "elastic-ddp": {"curve": [(5.0, 3.0), (15.0, 2.5)], "finish": 15.0},
+        "diloco": {"curve": [(5.0, 3.0), (30.0, 2.4)], "finish": 30.0},
+        "decoupled": {"curve": [(5.0, 2.9), (10.0, 2.5), (12.0, 2.2)], "finish": 12.0},
+    }
+    c = ttl.compare(runs)
+    assert c["best_baseline"] == "ddp" and c["target"] == 2.3 and c["first_finish_seconds"] == 12.0
+    assert c["seconds"]["ddp"] == pytest.approx(20.0)
+    assert c["seconds"]["decoupled"] == pytest.approx(10.0 + 2.0 * (0.2 / 0.3))
+    assert c["seconds"]["elastic-ddp"] is None and c["seconds"]["diloco"] is None
+    assert c["at_first"]["decoupled"] == 2.2
+    assert c["at_first"]["ddp"] == pytest.approx(3.0 - 0.7 * 7 / 15)
+    tolerant = ttl.compare(runs, tolerance=0.05)  # within 0.05 of 2.3: 2.35, halfway from 2.5 to 2.2
+    assert tolerant["target"] == 2.3 and tolerant["seconds"]["decoupled"] == pytest.approx(11.0)
+    assert tolerant["strict"]["decoupled"] == pytest.approx(c["seconds"]["decoupled"])
+    assert ttl.aim_met("cross_site", c["seconds"], c["best_baseline"]) is False  # 11.33 > 20 / 2
+    assert ttl.aim_met("one_site", c["seconds"], c["best_baseline"]) is True  # elastic never got there
+    assert ttl.aim_met("mixed_hardware", {"decoupled": 9.0, "ddp": 20.0}, "ddp") is True
+    assert ttl.aim_met("preemptible", {"decoupled": None, "elastic-ddp": None}, "ddp") is False
+
+
+def test_cross_site_link_keeps_the_bytes_to_compute_ratio_of_a_1b_model_on_1_gbit():
+    latency, mbps, scaling = ttl.cross_site_link(params=1_000_000, step_seconds=0.1)
+    # 1 Gbit/s = 125 MB/s for 1e9 parameters and 1 s steps; 1e6 parameters at 0.1 s steps: 125 * 1e-3 * 10
+    assert mbps == pytest.approx(1.25) and latency == pytest.approx(3.5)
+    assert scaling["bandwidth_scale"] == pytest.approx(0.01)
+    seconds_per_byte_real, seconds_per_byte_here = 1.0 / 125e6, 0.1 / (mbps * 1e6)
+    assert seconds_per_byte_here / 1e6 == pytest.approx(seconds_per_byte_real / 1e9)  # per parameter, per step
+
+
+def test_read_curve_counts_from_the_window_and_puts_the_final_evaluation_at_its_end(tmp_path: Path):
+    lines = [
+        {"kind": "eval", "t": 1.0, "tokens": 0, "eval_loss": 5.5},  # before training began: start-up
+        {"kind": "eval", "t": 3.0, "tokens": 1, "eval_loss": 3.1},
+        {"kind": "train", "t": 3.5, "tokens": 1, "train_loss": 9.0},
+        {"kind": "eval", "t": 6.0, "tokens": 2, "eval_loss": 2.8},
+        {"kind": "eval", "t": 11.0, "tokens": 3, "eval_loss": 2.7},  # after the budget, before the final one
+        {"kind": "eval", "t": 14.0, "tokens": 3, "eval_loss": 2.65},  # the final model, written at exit
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    (tmp_path / "config.json").write_text(json.dumps({"clock_origin": 100.0}))
+    span = window(tmp_path, {"window_start": 101.5, "run_seconds": 8.5})
+    assert span == pytest.approx((1.5, 10.0))
+    assert read_curve(tmp_path, span) == [(1.5, 3.1), (4.5, 2.8), (8.5, 2.65)]
+    assert read_curve(tmp_path) == [(1.0, 5.5), (3.0, 3.1), (6.0, 2.8), (11.0, 2.7), (14.0, 2.65)]
+
+
+@pytest.mark.slow
+def test_the_smallest_real_path_prints_every_field(shakespeare: str, tmp_path: Path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "time_to_loss.py"),
+            "--quick",
+            "--scenarios",
+            "mixed_hardware",
+            "--tokens",
+            "60000",
+            "--learners",
+            "2",
+            "--no-sweep",
+            "--no-sim",
+            "--data",
+            shakespeare,
+            "--run-dir",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = report["scenarios"]["mixed_hardware"]["rows"]
+    assert [r["method"] for r in rows] == list(ttl.METHODS)
+    for r in rows:
+        assert {"method", "seconds_to_target", "loss_at_first_finish", "goodput", "eval_loss"} <= set(r)
+        # (not <= 1: the runtime's goodput of a run this short can read a little above 1, e.g. 1.011)
+        assert 0 < r["goodput"] < 1.1 and r["eval_loss"] < 5.6  # the initial model's loss is 5.53
+    assert (tmp_path / "time-to-loss-mixed_hardware.png").is_file()
