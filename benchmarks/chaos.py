@@ -13,6 +13,8 @@ stall_seconds_max against 2 x H step times, eval loss, wall time.
     python benchmarks/chaos.py --quick --json # short faults, small budget: ~2 minutes
     python benchmarks/chaos.py --model-size default --min-step-seconds 0 --tokens 5000000
                                               # real compute only (learners share the CPU)
+    python benchmarks/chaos.py --quick --network hosts --link "latency=50ms,rate=400mbit" --json
+                                              # the same over real kernel TCP, each process on its host (root)
     python benchmarks/chaos.py --backend slurm --quick --json
                                               # real Slurm: learner jobs requeued (benchmarks/chaos_slurm.py)
 
@@ -70,6 +72,8 @@ def run_method(method: str, args: argparse.Namespace, trace: Path, run_dir: Path
         "--min-step-seconds",
         str(args.min_step_seconds),
     ]
+    if getattr(args, "network", "loopback") == "hosts":  # each process on its own host, real kernel TCP
+        cmd += ["--network", "hosts", *(a for spec in args.link or [] for a in ("--link", spec))]
     console.print(f"[bold]{method}[/bold]: ddiloco run {' '.join(cmd)}")
     result = ddiloco_run(cmd, run_dir, f"--method {method}")
     journals = list(read_journals(run_dir, "learner-*/journal-*.json"))
@@ -118,11 +122,20 @@ def main() -> None:
     )
     p.add_argument("--timeout", type=float, default=3600.0, help="slurm: give up on a run after this long")
     p.add_argument("--eval-batches", type=int, default=20)
+    p.add_argument(
+        "--network",
+        choices=["loopback", "hosts"],
+        default="loopback",
+        help="hosts (root): every process on a host of its own, kills and outages over real TCP (docs/hosts.md)",
+    )
+    p.add_argument("--link", action="append", help='with --network hosts: a link, e.g. "latency=50ms,rate=400mbit"')
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.quick:
         args.tokens, args.mtbf, args.down = 1_500_000, 15.0, 4.0
     if args.backend == "slurm":
+        if args.network == "hosts":
+            raise SystemExit("--network hosts: with --backend local only")
         return slurm_main(args)
     with tempfile.TemporaryDirectory() as tmp_name:
         base = args.run_dir or Path(tmp_name)

@@ -15,6 +15,13 @@ accelerator instead of sharing this machine's two cores (as in benchmarks/chaos.
     python benchmarks/wan.py                  # 100 ms +- 20 ms, 50 MB/s, the default GPT, 3 seeds (~15 minutes)
     python benchmarks/wan.py --quick --json   # the same link, the tiny GPT, half the tokens (~5 minutes)
     python benchmarks/wan.py --table --quick  # latency 5/50/100/250 ms at 50 MB/s, 5/50/500 MB/s at 50 ms
+    python benchmarks/wan.py --quick --network hosts --json   # the same rows over real kernel TCP (root)
+
+With `--network hosts` (root; docs/hosts.md) every run is `ddiloco run --network hosts`: each process on
+a host of its own, the learners' links shaped by the kernel and the TUN delay relay (`--link
+latency=L,jitter=J,rate=8B mbit` for L ms, J ms, B MB/s) instead of emulated in the learner; the
+"loopback" rows are the same hosts with unshaped links. Each row also records what learner 0's link
+measured before the run (round trip, throughput each way).
 """
 
 from __future__ import annotations
@@ -34,7 +41,9 @@ METHODS = ("decoupled", "diloco")
 TABLE_LINKS = [(5, 50), (50, 50), (100, 50), (250, 50), (50, 5), (50, 500)]  # (one-way ms, MB/s)
 
 
-def link_flags(latency: float, jitter: float, bandwidth: float) -> list[str]:
+def link_flags(latency: float, jitter: float, bandwidth: float, network: str = "emulated") -> list[str]:
+    if network == "hosts":  # the same link, made by the kernel between hosts (MB/s -> Mbit/s)
+        return ["--network", "hosts", "--link", f"latency={latency:g}ms,jitter={jitter:g}ms,rate={bandwidth * 8:g}mbit"]
     return ["--net-latency", str(latency), "--net-jitter", str(jitter), "--net-bandwidth", str(bandwidth)]
 
 
@@ -42,6 +51,8 @@ def one_run(args: argparse.Namespace, method: str, link: list[str], seed: int, t
     flags = ["--method", method, "--learners", str(args.learners), "--model-size", args.model_size]
     flags += ["--data", str(args.data), "--tokens", str(args.tokens), "--seed", str(seed)]
     flags += ["--min-step-seconds", str(args.min_step_seconds), *link]
+    if getattr(args, "network", "emulated") == "hosts" and "--network" not in link:
+        flags += ["--network", "hosts"]  # the unshaped row: hosts all the same
     console.print(f"[bold]{method} on {name}, seed {seed}[/bold]: ddiloco run {' '.join(flags)}")
     r = ddiloco_run(flags, tmp / f"{method}-{name}-{seed}", f"{method} on {name}")
     taus = [c["tau"] for c in r.get("overlap_chosen", {}).values()]
@@ -58,6 +69,8 @@ def one_run(args: argparse.Namespace, method: str, link: list[str], seed: int, t
         "merged_share": r["tokens_merged"] / max(1, r["tokens_trained"]),
         "tokens_by_cause": r.get("tokens_by_cause"),
         "tau": max(taus) if taus else None,
+        "network": getattr(args, "network", "emulated"),
+        "link_measured": r.get("network", {}).get("hosts", {}).get("learner0"),  # --network hosts only
     }
 
 
@@ -123,6 +136,12 @@ def main() -> None:
         default=0.1,
         help="pad every step to this long, so each learner behaves like its own accelerator",
     )
+    p.add_argument(
+        "--network",
+        choices=("emulated", "hosts"),
+        default="emulated",
+        help="emulated: the link in the learner (--net-*); hosts: real kernel TCP across hosts (root, docs/hosts.md)",
+    )
     args = parse_run_arguments(p, tokens=3_000_000)
     if args.quick:
         args.model_size, args.tokens = "tiny", 1_500_000
@@ -134,15 +153,17 @@ def main() -> None:
                 name = f"{latency:g}ms-{bandwidth:g}MBps"
                 for method in args.methods:
                     for seed in seeds:
-                        flags = link_flags(latency, latency / 5, bandwidth)  # jitter a fifth of the latency
+                        flags = link_flags(latency, latency / 5, bandwidth, args.network)  # jitter: latency / 5
                         rows.append(one_run(args, method, flags, seed, Path(tmp), name))
         else:
             for method in args.methods:
-                for name, link in (("loopback", []), ("wan", link_flags(args.latency, args.jitter, args.bandwidth))):
+                wan = link_flags(args.latency, args.jitter, args.bandwidth, args.network)
+                for name, link in (("loopback", []), ("wan", wan)):
                     for seed in seeds:
                         rows.append(one_run(args, method, link, seed, Path(tmp), name))
     summary = summarise(rows)
     size = f"{args.learners} learners, {args.model_size} GPT, {args.tokens} tokens, {args.seeds} seeds"
+    size += ", on hosts (real TCP)" if args.network == "hosts" else ""
     if args.table:
         show(summary, f"{size}; jitter a fifth of the latency")
         print(json.dumps({"rows": rows, "summary": summary}, sort_keys=True) if args.json else "")
@@ -163,12 +184,13 @@ def main() -> None:
         "eval_loss_wan": {m: summary[f"{m}/wan"]["eval_loss"] for m in METHODS},
     }
     console.print(
-        f"on the emulated link, Decoupled DiLoCo's goodput is {figures['decoupled_over_diloco_goodput_wan']:.2f}x "
+        f"on the {'kernel-shaped link between hosts' if args.network == 'hosts' else 'emulated link'}, "
+        f"Decoupled DiLoCo's goodput is {figures['decoupled_over_diloco_goodput_wan']:.2f}x "
         f"synchronous DiLoCo's and {figures['decoupled_wan_over_loopback_goodput']:.2f}x its own on loopback; "
         f"it merged {figures['decoupled_merged_share_wan']:.3f} of the tokens it trained"
     )
     if args.json:
-        print(json.dumps({"rows": rows, "summary": summary, **figures}, sort_keys=True))
+        print(json.dumps({"rows": rows, "summary": summary, **figures, "network": args.network}, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ ALLOWED: dict[str, set[str]] = {
         "records",
         "train",
         "chaos",
+        "hosts",  # ddiloco run --network hosts
     },
 }
 TOP_LEVEL_MODULES = {"ddiloco", "ddiloco.__main__"}

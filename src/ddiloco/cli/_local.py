@@ -14,10 +14,29 @@ import typer
 from ..launch.config import RunConfig
 
 
-def run_locally(
+def run_locally(config: RunConfig, task, *, hosts=None, **kwargs) -> None:  # noqa: ANN001
+    """The run on loopback, or (`hosts`, a ddiloco.hosts.run.HostsPlan) each process on a host of its own."""
+    if hosts is None:
+        return _run_locally(config, task, **kwargs)
+    from ..hosts import HostsUnavailable
+    from ..hosts.run import HostsRun, describe
+    from .output import stderr
+
+    try:
+        network = HostsRun(hosts, config.run_dir)
+    except HostsUnavailable as exc:
+        raise typer.BadParameter(str(exc), param_hint="--network hosts") from None
+    with network:
+        lines = "\n  ".join(describe(network.hosts(False)))
+        stderr.print(f"hosts (links measured before the run):\n  {lines}", soft_wrap=True)
+        return _run_locally(network.configure(config), task, network=network, **kwargs)
+
+
+def _run_locally(
     config: RunConfig,
     task,
     *,
+    network=None,  # noqa: ANN001 (a ddiloco.hosts.run.HostsRun: where the processes run)
     method: str,
     quiet: bool,
     eval_every: float,  # noqa: ANN001
@@ -49,6 +68,8 @@ def run_locally(
             live.update(render(sup, metrics.latest["loss"] if metrics is not None else None))
 
     sup = Supervisor(config, on_tick)
+    if network is not None:
+        sup.procs.wrap = network.wrap
     record = RunDir(config.run_dir)
     record.write_config("run", config, clock_origin=sup.start_wall)
     log = record.metrics(
@@ -79,6 +100,8 @@ def run_locally(
 
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, on_signal)
+    if network is not None:  # after the dashboard bound its socket here: the rest on the launcher's host
+        network.enter()
     metrics.start()
     wall_start = time.perf_counter()
     if live is not None:
@@ -86,12 +109,20 @@ def run_locally(
     try:
         sup.run()
     finally:
+        if network is not None:
+            network.leave()
         if board is not None:
             board.stop()
         if live is not None:
             live.stop()
             stderr.print()
     result = _result(sup, task, config, time.perf_counter() - wall_start)
+    if network is not None:
+        from ..hosts.run import describe
+
+        result["network"] = network.report()
+        lines = "\n  ".join(describe(result["network"]["hosts"]))
+        stderr.print(f"links (what each carried):\n  {lines}", soft_wrap=True)
     metrics.metrics.write(
         "eval",
         time.time() - sup.start_wall,

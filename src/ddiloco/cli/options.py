@@ -159,6 +159,11 @@ class RunMethod(str, enum.Enum):  # ddiloco run: the runtime's methods and the d
     elastic_ddp = "elastic-ddp"
 
 
+class Network(str, enum.Enum):  # ddiloco run --network
+    loopback = "loopback"
+    hosts = "hosts"
+
+
 class Backend(str, enum.Enum):
     local = "local"
     slurm = "slurm"

@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from . import app, options
+from .run_options import hosts_plan, kill_shard_list
 
 
 @app.command("run")
@@ -111,6 +112,16 @@ def run(
     dashboard_port: int = options.DASHBOARD_PORT,
     as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding the summary."),
     quiet: bool = typer.Option(False, help="No live view."),
+    network: options.Network = typer.Option(
+        "loopback",
+        help="loopback: every process on 127.0.0.1; hosts (root): each on a host of its own with real, "
+        "kernel-shaped links (docs/hosts.md).",
+    ),
+    link: list[str] | None = typer.Option(
+        None,
+        help='--network hosts: the learners\' link, e.g. "latency=80ms,jitter=10ms,rate=1gbit,loss=0.1%"; '
+        '"learner1=SPEC" or "sync0=SPEC" for one host (repeatable).',
+    ),
     backend: options.Backend = typer.Option(
         "local",
         help="local: processes on this machine; slurm: one job per "
@@ -178,6 +189,15 @@ def run(
     from .output import user_error
 
     logsetup.configure("run", "warning")
+    on_hosts = options.plain(network)[0] == "hosts"
+    if on_hosts and (options.plain(backend)[0] != "local" or method in ("ddp", "elastic-ddp")):
+        raise user_error(ValueError("--network hosts: with --backend local and --method decoupled or diloco only"))
+    try:  # before anything is built: a bad --link or a machine that cannot make hosts fails at once
+        hosts = hosts_plan(
+            options.plain(network)[0], link, learners, sync_shards, net_latency or net_bandwidth or net_jitter
+        )
+    except ValueError as exc:
+        raise user_error(exc) from None
     try:
         trace = FailureTrace.load(chaos_trace) if chaos_trace is not None else None
         chaos = ChaosSettings(
@@ -187,7 +207,7 @@ def run(
             straggle_every=straggle_every,
             kill_synchronizer_at=kill_synchronizer_at,
             synchronizer_down=synchronizer_down,
-            kill_shards=_shards(kill_shards, sync_shards),
+            kill_shards=kill_shard_list(kill_shards, sync_shards),
             kill_every=kill_every,
             net_delay_ms=net_delay,
             trace=trace,
@@ -204,8 +224,8 @@ def run(
 
             if options.plain(backend)[0] != "local" or kill_synchronizer_at is not None:
                 raise ValueError(f"--method {method}: local backend only, and there is no synchronizer to kill")
-            if net_latency or net_bandwidth or net_jitter or net_delay:
-                raise ValueError(f"--method {method}: the emulated link does not reach the all-reduce yet")
+            if net_delay:
+                raise ValueError(f"--method {method}: --net-delay is not emulated here; use --net-latency")
             return run_baseline(
                 method=method,
                 model=model,
@@ -224,6 +244,7 @@ def run(
                 eval_every=eval_every,
                 threads=threads,
                 chaos=chaos,
+                net=(net_latency, net_bandwidth, net_jitter),
                 run_dir=run_dir,
                 as_json=as_json,
             )
@@ -333,6 +354,7 @@ def run(
     run_locally(
         config,
         task,
+        hosts=hosts,
         method=method,
         quiet=quiet,
         eval_every=eval_every,
@@ -340,16 +362,3 @@ def run(
         sinks=(tensorboard, wandb, wandb_mode, wandb_project),
         dashboard=(dashboard_host, dashboard_port) if dashboard else None,
     )
-
-
-def _shards(spec: str, shards: int) -> tuple[int, ...]:
-    """--kill-shards: "all" or a comma list of shard numbers below --sync-shards."""
-    if spec.strip() == "all":
-        return tuple(range(shards))
-    try:
-        chosen = tuple(int(x) for x in spec.split(","))
-    except ValueError:
-        raise ValueError(f"--kill-shards {spec!r}: give all or shard numbers such as 0,1") from None
-    if any(not 0 <= s < shards for s in chosen):
-        raise ValueError(f"--kill-shards {spec!r}: shards are 0..{shards - 1} (--sync-shards {shards})")
-    return chosen

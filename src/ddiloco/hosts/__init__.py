@@ -5,7 +5,8 @@ directions, flapping; processes started inside a host and stopped, with every na
 Modules: `network` (the hosts, their links, faults and teardown), `topology` (namespaces, bridge,
 veths, addresses), `shaping` (a link's spec and its qdisc), `delays` and `relay` (latency, jitter and
 loss through a TUN relay where the kernel has no netem), `faults` (the flapping timer), `processes`
-(our processes, stopped by PID), `commands` (`ip`/`tc`).
+(our processes, stopped by PID), `commands` (`ip`/`tc`), `run` (`ddiloco run --network hosts`: the
+hosts of a run, its processes' commands, the launcher's own namespace), `probe` (what a link delivers).
 Needs root and iproute2; see docs/hosts.md.
 """
 

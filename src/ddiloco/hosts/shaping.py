@@ -84,7 +84,7 @@ class LinkSpec:
         return max(2 * MTU_FRAME, self.rate_bps // 8 // 200)
 
     def __str__(self) -> str:
-        parts = [f"rate={self.rate_bps}bit"] if self.rate_bps is not None else []
+        parts = [f"rate={_rate_text(self.rate_bps)}"] if self.rate_bps is not None else []
         if self.latency_s:
             parts.append(f"latency={self.latency_s * 1e3:g}ms")
         if self.jitter_s:
@@ -92,6 +92,12 @@ class LinkSpec:
         if self.loss:
             parts.append(f"loss={self.loss * 100:g}%")
         return ",".join(parts) or "unshaped"
+
+
+def _rate_text(bps: int) -> str:
+    """The largest unit that writes `bps` exactly: 100000000 is 100mbit."""
+    unit = next(u for u in ("tbit", "gbit", "mbit", "kbit", "bit") if bps % RATE_UNITS[u] == 0)
+    return f"{bps // RATE_UNITS[unit]}{unit}"
 
 
 def qdisc_args(spec: LinkSpec, cut: bool) -> list[str] | None:

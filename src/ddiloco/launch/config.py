@@ -53,6 +53,7 @@ class RunConfig:
     min_step_seconds: float = 0.0
     token: str | None = None
     peer_recovery: bool = True
+    sync_hosts: tuple[str, ...] = ()  # the address each shard listens on (--network hosts); none: 127.0.0.1
     chaos: ChaosSettings = field(default_factory=ChaosSettings)
 
     def __post_init__(self) -> None:
@@ -98,7 +99,7 @@ class RunConfig:
         args = [
             "synchronizer",
             "--host",
-            "127.0.0.1",
+            self.sync_hosts[shard] if self.sync_hosts else "127.0.0.1",
             "--port",
             str(port),
             "--address-file",

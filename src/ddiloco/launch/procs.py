@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,6 +95,7 @@ class ProcessTable:
     def __init__(self, env: dict | None = None) -> None:
         self.children: list[Child] = []
         self.env = env
+        self.wrap: Callable[[str, Sequence[str]], list[str]] | None = None  # (name, command): where it runs
 
     def start(
         self, name: str, command: Sequence[str], log_path: Path | None = None, stdout_path: Path | None = None
@@ -104,6 +105,8 @@ class ProcessTable:
         out = open(stdout_path, "ab") if stdout_path is not None else err
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.wrap is not None:  # e.g. on a host of its own (`ip netns exec`, ddiloco.hosts.run)
+            command = self.wrap(name, command)
         try:
             popen = subprocess.Popen(
                 list(command), stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True
