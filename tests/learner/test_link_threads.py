@@ -24,9 +24,14 @@ def test_a_pusher_that_raises_is_logged_once_and_restarted_and_pushes_go_on(capl
 
         link.uplink.push = flaky_push
         with caplog.at_level(logging.WARNING, logger="ddiloco.learner.link"):
-            accepted = train_until_accepted(client, model, 4, seconds=60)
+            accepted = 0
+            for _ in range(4):  # pushes go side by side: train on until all three failures happened
+                accepted = train_until_accepted(client, model, accepted + 4, seconds=60)
+                if failures["left"] == 0:
+                    break
         assert failures["left"] == 0, "the push path was never reached"
-        assert accepted >= 4  # the pusher came back after each failure
+        before = accepted
+        assert train_until_accepted(client, model, before + 4, seconds=60) >= before + 4  # pushes go on
         assert all(t.is_alive() for t in link._threads)
         traced = [r for r in caplog.records if r.exc_info and "pusher thread failed" in r.getMessage()]
         assert len(traced) == 1  # the traceback once; the repeats are short lines

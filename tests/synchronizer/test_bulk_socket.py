@@ -34,7 +34,7 @@ def served():
         fragments=1, sync_every=4, overlap=1, quorum=2, grace=0.0, outer_lr=1.0, outer_momentum=0.0, merge="mean"
     )
     service = build_service(
-        params, algorithm, ServiceSettings(timeouts=FAST, max_learners=2, max_message_bytes=8 << 20)
+        params, algorithm, ServiceSettings(timeouts=FAST, max_learners=2, max_message_bytes=8 << 20, workers=24)
     )
     server = SynchronizerServer(service, "127.0.0.1", 0, "tok", bulk_socket=True)
     address = server.start()

@@ -112,7 +112,7 @@ def test_service_settings_at_the_edges_are_accepted(kwargs):
 
 
 def test_default_workers_follow_max_learners():
-    assert ServiceSettings(max_learners=3).workers == 4 * 3 + 16
+    assert ServiceSettings(max_learners=3).workers == 6 * 3 + 16  # a subscribe, 4 pushes, a fetch each
 
 
 class FakeLibc:

@@ -15,6 +15,7 @@ import torch
 
 from ddiloco.records.events import read_events
 from ddiloco.synchronizer.checkpoint import CheckpointError, CheckpointStore
+from ddiloco.synchronizer.streams import MAX_PUSHES_PER_SESSION
 from ddiloco.wire import framing, reassembly
 from ddiloco.wire.buffers import BufferPool
 from ddiloco.wire.protocol import signature
@@ -170,7 +171,7 @@ def _try_push(client, reply):
         raise
 
 
-def test_4_one_session_holds_at_most_two_pushes_and_one_subscribe(tiny_task, tmp_path, sig):
+def test_4_one_session_holds_at_most_max_pushes_and_one_subscribe(tiny_task, tmp_path, sig):
     # failure timeout 12 s: the held pushes must not be cut off as idle while the test looks at them
     with synchronizer(tiny_task, tmp_path, max_learners=4, timeouts=Timeouts.derive(2.0)) as (svc, address):
         client = RawClient(address)
@@ -192,10 +193,10 @@ def test_4_one_session_holds_at_most_two_pushes_and_one_subscribe(tiny_task, tmp
             except grpc.RpcError as exc:
                 codes.append(exc.code())
 
-        threads = [threading.Thread(target=held, daemon=True) for _ in range(3)]
+        threads = [threading.Thread(target=held, daemon=True) for _ in range(MAX_PUSHES_PER_SESSION + 1)]
         for t in threads:
             t.start()
-        wait_for(lambda: grpc.StatusCode.RESOURCE_EXHAUSTED in codes, 10, message="the third push to be refused")
+        wait_for(lambda: grpc.StatusCode.RESOURCE_EXHAUSTED in codes, 10, message="the extra push refused")
         release.set()
         for t in threads:
             t.join(20)

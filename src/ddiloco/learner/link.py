@@ -115,8 +115,10 @@ class ShardLink(Outbound):
         self.control, self.bulk = self._open(self.address)
         self.uplink = Uplink(ctx.token, ctx.credentials, ctx.max_frame, ctx.wan)
         self._line = DelayLine(ctx.wan, self._hand_on, ctx.closing)  # updates' latency, pipelined
-        self._in_flight = threading.Semaphore(MAX_IN_FLIGHT)
+        self._push_room = threading.Condition()
         self._pushing = 0
+        self._push_error: Exception | None = None
+        self.push_width = 1  # until a registration reply says how many pushes the synchronizer takes at once
         self._stats_lock = threading.Lock()
         self.link_time = LinkTime()
         self.info: dict = {}
@@ -223,6 +225,7 @@ class ShardLink(Outbound):
         self.info = reply
         self.timeouts = Timeouts.from_dict(reply["timeouts"])
         self.chunk_bytes = int(reply.get("chunk_bytes", self.chunk_bytes))
+        self.push_width = min(MAX_IN_FLIGHT, max(1, int(reply.get("pushes_per_session", 1))))
         self.uplink.configure(self.address, reply)
         self.stats.registrations += 1
         if reply.get("stopping"):

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("ddiloco.learner.link")  # the link's own logger, as before this module split off
-MAX_IN_FLIGHT = 8  # pushes one link sends side by side behind an emulated long link
+MAX_IN_FLIGHT = 8  # pushes one link sends side by side behind an emulated long link (and the most it ever does)
 PERMANENT = (
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.FAILED_PRECONDITION,
@@ -82,8 +82,10 @@ class Outbound:
     _session: str | None
     _pushq: queue.Queue
     _ctrlq: queue.Queue
-    _in_flight: threading.Semaphore  # pushes under way, at most MAX_IN_FLIGHT
-    _pushing: int  # how many, for `pending_pushes`
+    _push_room: threading.Condition  # guards `_pushing`; notified as each push ends
+    _pushing: int  # pushes under way (at most `push_width`), for `pending_pushes`
+    _push_error: Exception | None  # a push that raised, re-raised by the pusher thread
+    push_width: int  # pushes the synchronizer takes from one session at once (its registration says)
     _stats_lock: threading.Lock
     link_time: LinkTime  # this link's measured round trips and pushes (`overlap`)
 
@@ -99,9 +101,12 @@ class Outbound:
         self._ctrlq.put(decline)
 
     def _pusher(self) -> None:
-        """Pushes one at a time; behind an emulated long link, side by side (at most MAX_IN_FLIGHT),
-        as a real link pipelines them: its latency is propagation, not a queue (`wan`)."""
-        pool: ThreadPoolExecutor | None = None
+        """Pushes side by side, as many as the synchronizer takes from one session at once
+        (`push_width`, from its registration reply): on a long link each push waits several round
+        trips (a connection, the reply), and one at a time they would queue up behind each other
+        while the learner makes a new one every few steps. Behind an emulated link, up to
+        MAX_IN_FLIGHT: its latency is spent here before each call reaches the synchronizer (`wan`)."""
+        pool = ThreadPoolExecutor(MAX_IN_FLIGHT, thread_name_prefix=f"ddiloco-push-{self.index}")
         try:
             while not self.ctx.closing.is_set():
                 try:
@@ -110,33 +115,31 @@ class Outbound:
                     continue
                 if item is None:
                     return
-                c, extra = item
-                if not self.ctx.wan.settings.active:
-                    self._pushing = 1
-                    try:
-                        self._push_one(c, extra)
-                    finally:
-                        self._pushing = 0
-                    continue
-                if pool is None:
-                    pool = ThreadPoolExecutor(MAX_IN_FLIGHT, thread_name_prefix=f"ddiloco-push-{self.index}")
-                self._in_flight.acquire()  # bounded: a link that cannot keep up still pushes back
-                with self._stats_lock:
+                width = MAX_IN_FLIGHT if self.ctx.wan.settings.active else self.push_width
+                with self._push_room:  # bounded: a link that cannot keep up still pushes back
+                    while self._pushing >= width and not self.ctx.closing.is_set() and self._push_error is None:
+                        self._push_room.wait(self.timeouts.heartbeat)
+                    error, self._push_error = self._push_error, None
+                    if error is not None:  # this thread's supervisor logs it and resyncs (`link._guard`)
+                        self._pushq.put(item)
+                        raise error
                     self._pushing += 1
-                pool.submit(self._push_in_flight, c, extra)
+                pool.submit(self._push_in_flight, *item)
         finally:
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _push_in_flight(self, c: Contribution, extra: dict) -> None:
+        error: Exception | None = None
         try:
             self._push_one(c, extra)
-        except Exception:  # the pool would keep it in a future nobody reads
-            log.exception("pushing fragment %d to %s failed", c.fragment, self.address)
+        except Exception as exc:  # handed to the pusher thread: the pool would keep it where nobody reads
+            error = exc
         finally:
-            with self._stats_lock:
+            with self._push_room:
                 self._pushing -= 1
-            self._in_flight.release()
+                if error is not None and self._push_error is None:
+                    self._push_error = error
+                self._push_room.notify_all()
 
     def _push_one(self, c: Contribution, extra: dict) -> None:
         sid = self._wait_session(self.timeouts.failure)

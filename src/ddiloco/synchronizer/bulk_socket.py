@@ -29,7 +29,6 @@ from ..wire import auth, framing, rpc
 from ..wire import sockets as wire_sockets
 from .bulk_greeting import HELLO_SECONDS, Greeter, Refusal
 from .handlers import CLIENT_ERRORS, Handlers
-from .streams import MAX_PUSHES_PER_SESSION
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +36,7 @@ log = logging.getLogger(__name__)
 # Fetches at once. A fetch takes no bulk slot, as over gRPC (whose fetches take none either): fetches
 # that are never read could otherwise hold every slot and refuse every learner's push.
 MAX_FETCHING = 4
-MAX_FETCHES_PER_SESSION = MAX_PUSHES_PER_SESSION  # a fetch names a live session and counts against it
+MAX_FETCHES_PER_SESSION = 2  # a fetch names a live session; a joining learner fetches a fragment at a time
 
 # Why a call was refused after its hello (with the greeter's reasons, the keys of Status's `bulk.closed`).
 BAD_TOKEN = "bad_token"

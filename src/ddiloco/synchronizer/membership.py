@@ -24,6 +24,7 @@ from .ledger import MergeLedger
 from .outbox import Outbox
 from .sessions import Session, SessionTable
 from .settings import Refused, ServiceSettings
+from .streams import MAX_PUSHES_PER_SESSION
 
 log = logging.getLogger("ddiloco.synchronizer.service")  # the service's logger, as in `ticks`
 
@@ -120,6 +121,7 @@ class Membership:
                 "plan": self.plan_json,
                 "codec_down": self.settings.codec_down,
                 "chunk_bytes": self.settings.chunk_bytes,
+                "pushes_per_session": MAX_PUSHES_PER_SESSION,
                 "max_message_bytes": self.settings.max_message_bytes,
                 "stopping": self.stopping,
                 "progress": self.progress(),

@@ -239,7 +239,7 @@ class SynchronizerService(Membership):
             actions = self.core.receive(c, now, hold, norms)
             mine = [a for a in actions if isinstance(a, Rejected) and a.learner == c.learner]
             if mine:
-                if not mine[0].reason.startswith("duplicate"):  # a duplicate's work is booked once already
+                if not self._sent_again(mine[0].reason):
                     self.ledger.tokens_refused += c.tokens * self.core.plan.share(c.fragment)
                 if previous is None:
                     self.ledger.forget(*key)
@@ -249,6 +249,14 @@ class SynchronizerService(Membership):
             if mine:
                 return self.reject(s, c.fragment, mine[0].reason, c.learner)
             return {"ok": True}
+
+    def _sent_again(self, reason: str) -> bool:
+        """Whether refused work is not lost: a duplicate's is booked once already, and with late work
+        refused and arrivals re-based, a learner re-bases a stale snapshot's work onto the version it
+        missed and sends it again (`LearnerCore._rebase`), so it is booked when that merges."""
+        algorithm = self.core.config
+        stale_resent = algorithm.late == "refuse" and algorithm.arrival == "rebase" and reason.startswith("stale")
+        return reason.startswith("duplicate") or stale_resent
 
     def reject(self, s: Session | None, fragment: int | None, reason: str, learner: int | None = None) -> dict:
         """Count, log and answer a refused contribution; "reset" sends the learner the global value."""

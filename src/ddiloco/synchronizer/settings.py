@@ -26,7 +26,7 @@ class ServiceSettings:
     keep_versions: int = 2  # fragment versions a checkpoint keeps on disk
     duration: float | None = None  # stop this many seconds after the run's first start (kept in the checkpoint)
     timeouts: Timeouts = field(default_factory=Timeouts)
-    workers: int | None = None  # gRPC threads; default 4 per admissible learner + 16 (see `streams`)
+    workers: int | None = None  # gRPC threads; default 6 per admissible learner + 16 (see `streams`)
     reserved_control_workers: int = 8
 
     def __post_init__(self) -> None:
@@ -40,7 +40,7 @@ class ServiceSettings:
             raise ValueError(f"keep_versions must be in [1, 1000], got {self.keep_versions}")
         if self.workers is None:
             # A session holds at most one Subscribe and two pushes: 3 per learner, never all the bulk slots.
-            object.__setattr__(self, "workers", 4 * self.max_learners + 16)
+            object.__setattr__(self, "workers", 6 * self.max_learners + 16)  # a subscribe, 4 pushes, a fetch
         if cast(int, self.workers) <= self.reserved_control_workers:  # set just above if it was None
             raise ValueError("workers must exceed reserved_control_workers")
         if not 1 <= self.max_learners <= 2**20:

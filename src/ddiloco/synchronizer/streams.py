@@ -33,7 +33,9 @@ from ..wire.timeouts import Timeouts
 
 log = logging.getLogger(__name__)
 
-MAX_PUSHES_PER_SESSION = 2
+# A learner pushes this many side by side (`learner.outbound`): on a long link each push waits
+# several round trips, and fewer in flight would queue its pushes up behind each other.
+MAX_PUSHES_PER_SESSION = 4
 
 
 class Cancellable(Protocol):
