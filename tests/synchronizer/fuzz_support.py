@@ -5,7 +5,6 @@ default and a slow campaign, and the log bytes a test caused, against the rate l
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import threading
@@ -24,6 +23,7 @@ from ddiloco.wire import framing, sockets
 from ddiloco.wire.protocol import signature
 from ddiloco.wire.timeouts import Timeouts
 
+from ..support.heads import contribution_head, params_digest
 from ..support.runtime import RawClient
 
 FAST_CASES, SLOW_CASES = 25, 1000
@@ -47,21 +47,6 @@ def log_budget(seconds: float) -> int:
     return int(LOG_BURST + LOG_PER_SECOND * seconds + LOG_OWN_LINES)
 
 
-def contribution_head(session, version):
-    return {
-        "kind": "contribution",
-        "session": session,
-        "fragment": 0,
-        "base_version": version,
-        "steps": 4,
-        "tokens": 64,
-        "seconds": 0.1,
-        "step_time": 0.025,
-        "step": 4 * (version + 1),
-        "position": 4 * (version + 1),
-    }
-
-
 class Plane:
     """A live synchronizer (token, bulk socket) and what a test needs to probe it."""
 
@@ -73,11 +58,7 @@ class Plane:
         self.port = server.handlers.bulk_port
 
     def digest(self) -> str:
-        h = hashlib.sha256()
-        with self.service.lock:
-            for name in sorted(self.service.core.params):
-                h.update(self.service.core.params[name].numpy().tobytes())
-        return h.hexdigest()
+        return params_digest(self.service)
 
     def alive(self) -> None:
         """Status answers, over gRPC, within the control deadline of a loaded machine."""

@@ -21,6 +21,7 @@ from ddiloco.synchronizer.server import SynchronizerServer, build_service
 from ddiloco.synchronizer.settings import ServiceSettings
 from ddiloco.wire import framing, reassembly, rpc, sockets
 
+from ..support.heads import contribution_head
 from ..support.runtime import FAST
 
 pytestmark = pytest.mark.timeout(120)
@@ -58,19 +59,7 @@ def _keep_alive(service, done):
             service.heartbeat(sid, {})
 
 
-def _head(session, version, fragment=0):
-    return {
-        "kind": "contribution",
-        "session": session,
-        "fragment": fragment,
-        "base_version": version,
-        "steps": 4,
-        "tokens": 64,
-        "seconds": 0.1,
-        "step_time": 0.025,
-        "step": 4 * (version + 1),
-        "position": 4 * (version + 1),
-    }
+_head = contribution_head
 
 
 def _client(server, token="tok"):

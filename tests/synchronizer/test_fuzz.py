@@ -4,7 +4,6 @@ memory stays bounded. A fast run by default; `-m slow` runs the long campaign (t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import resource
 
@@ -19,6 +18,7 @@ from ddiloco.wire import framing
 from ddiloco.wire.protocol import signature
 from ddiloco.wire.timeouts import Timeouts
 
+from ..support.heads import params_digest
 from ..support.runtime import RawClient, synchronizer
 
 pytestmark = pytest.mark.timeout(1800)
@@ -97,11 +97,7 @@ class Target:
         self.session = self.client.register(0, sig)["session"]
 
     def digest(self) -> str:
-        h = hashlib.sha256()
-        with self.service.lock:
-            for name in sorted(self.service.core.params):
-                h.update(self.service.core.params[name].numpy().tobytes())
-        return h.hexdigest()
+        return params_digest(self.service)
 
     def alive(self) -> None:
         """The service answers, and our own session is live (a fuzzed Register may have replaced it)."""

@@ -10,6 +10,7 @@ from ddiloco.synchronizer.server import SynchronizerServer, build_service
 from ddiloco.synchronizer.settings import ServiceSettings
 from ddiloco.wire import framing, rpc
 
+from ..support.heads import contribution_head
 from ..support.runtime import FAST
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,18 +32,7 @@ def test_each_push_reuses_the_buffer_of_the_contribution_summed_before_it():
         sessions = [service.register(m, f"inc{m}", True)["session"] for m in range(2)]
         for version in range(3):
             for m in range(2):
-                head = {
-                    "kind": "contribution",
-                    "session": sessions[m],
-                    "fragment": 0,
-                    "base_version": version,
-                    "steps": 4,
-                    "tokens": 64,
-                    "seconds": 0.1,
-                    "step_time": 0.025,
-                    "step": 4 * (version + 1),
-                    "position": 4 * (version + 1),
-                }
+                head = contribution_head(sessions[m], version)
                 grad = {"w": torch.full((numel,), -0.25 * (m + 1))}  # exact in bf16
                 reply = framing.read_message(bulk.push(iter(framing.tensor_frames(head, grad, "bf16")), timeout=30))
                 assert reply.get("ok"), reply
