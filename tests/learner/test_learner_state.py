@@ -1,3 +1,5 @@
+import time
+
 import torch
 
 from ddiloco.learner.journal import Journal, read_journals
@@ -45,3 +47,33 @@ def test_journal_keeps_only_the_latest_record(tmp_path):
     [record] = list(read_journals(tmp_path, "journal-*.json"))  # readable without close (as after kill -9)
     assert record == {"steps": 2, "tokens": 128}
     j.close()
+
+
+def test_the_saver_thread_survives_any_error_and_writes_the_next_state(tmp_path, monkeypatch, caplog):
+    # #32's rule for background threads: safetensors raises its own error type (not OSError); the
+    # writer must log it and write the next state, not die silently
+    import ddiloco.learner.state as state
+
+    real = state.save_optimizer
+    failures = {"left": 1}
+
+    def flaky(*args, **kwargs):
+        if failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("SafetensorError: too many open files")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(state, "save_optimizer", flaky)
+    _, opt = trained_adamw()
+    saver = BackgroundSaver(tmp_path / "inner")
+    saver.submit(opt, inner_steps=3)
+    for _ in range(200):  # bounded: the failed write happens within a few milliseconds
+        if failures["left"] == 0:
+            break
+        time.sleep(0.01)
+    saver.submit(opt, inner_steps=4)
+    saver.close()
+    assert saver._thread.is_alive() is False and failures["left"] == 0
+    _, fresh = trained_adamw(steps=0)
+    assert load_optimizer(tmp_path / "inner", fresh) == 4
+    assert "SafetensorError" in caplog.text

@@ -2,7 +2,9 @@
 
 import contextlib
 import itertools
+import logging
 import math
+import time
 
 import pytest
 
@@ -267,3 +269,23 @@ def test_learners_joining_together_share_one_encoding_of_each_fragment(tiny_task
         with service.cond:
             service.dispatcher.forget_encoded(older_than=0.0)
             assert service.dispatcher._encoded == {}
+
+
+def test_a_session_pushing_refused_work_in_a_loop_is_logged_rate_limited_and_counted_in_full(
+    tiny_task, tmp_path, caplog
+):
+    # a token holder's session repeating refused work (#32): every refusal is counted and kept as an
+    # event, but the log takes at most the burst (20) plus 5 a second
+    with k1_sessions(tiny_task, tmp_path) as (service, sessions, push):
+        assert push(0) == {"ok": True}
+        wait_for(lambda: service.core.versions[0] == 1, 10, message="the merge of learner 0's work")
+        started = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="ddiloco.synchronizer.service"):
+            replies = [push(1) for _ in range(200)]  # each against version 0: stale, refused
+        seconds = time.monotonic() - started
+        status = service.status()
+    assert all(r["ok"] is False for r in replies)
+    logged = [r for r in caplog.records if "rejected contribution" in r.getMessage()]
+    assert 1 <= len(logged) <= 20 + 5 * seconds + 1
+    assert status["rejected_contributions"] >= 200
+    assert sum(e["kind"] == "rejected" for e in read_events(tmp_path / "events.jsonl")) >= 200

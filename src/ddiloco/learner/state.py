@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from ..records.atomic import atomic_write, atomic_write_json
+from ..records.supervise import Supervisor
 
 log = logging.getLogger(__name__)
 TENSORS = "inner.safetensors"
@@ -75,6 +76,7 @@ class BackgroundSaver:
         self._cond = threading.Condition()
         self._pending: tuple[dict, dict] | None = None
         self._closed = False
+        self._supervisor = Supervisor("learner state writer (the next state is written anew)", log)
         self._thread = threading.Thread(target=self._run, name="ddiloco-learner-state", daemon=True)
         self._thread.start()
 
@@ -94,8 +96,9 @@ class BackgroundSaver:
                 self._pending = None
             try:
                 save_optimizer(self.directory, tensors, meta)
-            except OSError as exc:
-                log.warning("could not save learner state: %s", exc)
+                self._supervisor.succeeded()
+            except Exception as exc:  # any error (safetensors raises its own): logged, the thread lives on
+                self._supervisor.failed(exc)  # its traceback once per distinct error; the next state retries
 
     def close(self) -> None:
         with self._cond:

@@ -85,6 +85,7 @@ class SynchronizerService(Membership):
         self.recent_rejections: deque[str] = deque(maxlen=20)
         self.refused_rpcs = 0
         self._refusal_log = RateLimit(per_second=5.0, burst=20)
+        self._rejection_log = RateLimit(per_second=5.0, burst=20)  # refused contributions of sessions
         self.quorum_logged: set[tuple[int, int]] = set()  # rounds whose missing quorum was logged
         self.restored_from: int | None = None
         if store is not None and store.exists():
@@ -269,12 +270,17 @@ class SynchronizerService(Membership):
             text = f"learner {who} fragment {fragment}: {reason}"
             self.recent_rejections.append(text)
             # Stale work is an expected, normal outcome of the algorithm; everything else is a warning.
-            log.log(
-                logging.INFO if action == "none" else logging.WARNING,
-                "rejected contribution from %s (action: %s)",
-                text,
-                action,
-            )
+            # Rate-limited: a session (a token holder) pushing refused work in a loop must not flood
+            # the log; the event below and the counts keep every one.
+            dropped = self._rejection_log.allow()
+            if dropped is not None:
+                log.log(
+                    logging.INFO if action == "none" else logging.WARNING,
+                    "rejected contribution from %s (action: %s)%s",
+                    text,
+                    action,
+                    f"; {dropped} more not logged (rate limit)" if dropped else "",
+                )
             self.events.write("rejected", learner=who, fragment=fragment, reason=reason, action=action)
             if action == "reset" and s is not None and fragment in self.core.versions:
                 self.dispatcher.send_current(s, fragment)
