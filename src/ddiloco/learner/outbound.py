@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ddiloco.learner.link")  # the link's own logger, as before this module split off
 MAX_IN_FLIGHT = 8  # pushes one link sends side by side behind an emulated long link (and the most it ever does)
+WAKE = ("wake",)  # put on the push queue so that the pusher sees a failed push at once
 PERMANENT = (
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.FAILED_PRECONDITION,
@@ -121,12 +122,17 @@ class Outbound:
                         self._push_room.wait(self.timeouts.heartbeat)
                     error, self._push_error = self._push_error, None
                     if error is not None:  # this thread's supervisor logs it and resyncs (`link._guard`)
-                        self._pushq.put(item)
+                        if item is not WAKE:
+                            self._pushq.put(item)
                         raise error
+                    if item is WAKE:
+                        continue
                     self._pushing += 1
                 pool.submit(self._push_in_flight, *item)
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            # not cancelled: a push submitted but not started yet is a contribution (and counted in
+            # `_pushing`, which only its own end gives back); it runs, or sees the link closing
+            pool.shutdown(wait=False)
 
     def _push_in_flight(self, c: Contribution, extra: dict) -> None:
         error: Exception | None = None
@@ -139,6 +145,7 @@ class Outbound:
                 self._pushing -= 1
                 if error is not None and self._push_error is None:
                     self._push_error = error
+                    self._pushq.put(WAKE)  # the pusher may be waiting for work: it must raise now
                 self._push_room.notify_all()
 
     def _push_one(self, c: Contribution, extra: dict) -> None:
