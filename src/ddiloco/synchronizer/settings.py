@@ -39,8 +39,9 @@ class ServiceSettings:
         if not 1 <= self.keep_versions <= 1000:
             raise ValueError(f"keep_versions must be in [1, 1000], got {self.keep_versions}")
         if self.workers is None:
-            # A session holds at most one Subscribe and two pushes: 3 per learner, never all the bulk slots.
-            object.__setattr__(self, "workers", 6 * self.max_learners + 16)  # a subscribe, 4 pushes, a fetch
+            # A session holds at most one Subscribe, 4 pushes (`streams.MAX_PUSHES_PER_SESSION`) and a
+            # fetch: 6 per learner, and 16 more, so that every learner's streams fit at once.
+            object.__setattr__(self, "workers", 6 * self.max_learners + 16)
         if cast(int, self.workers) <= self.reserved_control_workers:  # set just above if it was None
             raise ValueError("workers must exceed reserved_control_workers")
         if not 1 <= self.max_learners <= 2**20:
