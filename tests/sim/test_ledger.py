@@ -45,3 +45,17 @@ def test_work_merged_twice_is_an_error_not_a_silent_cap_and_bad_ranges_fail():
 def testunion_length():
     assert union_length([]) == 0.0
     assert union_length([(0, 1), (0.5, 2), (3, 4)]) == pytest.approx(3.0)
+
+
+def test_work_merged_in_fragments_counts_whole_and_never_more_than_trained():
+    """Shares of 1/P add up to 1 only up to float rounding; merged may not read above trained (CI saw 97344.00000000001)."""
+    for fragments in (3, 7, 11):
+        ledger = WorkLedger(2)
+        for learner in range(2):
+            for i in range(400):
+                ledger.step(learner, 0, float(i), float(i + 1), 97 + i % 5)
+            for _ in range(fragments):
+                ledger.reached_model(learner, 0, last_step=400, steps=400, share=1.0 / fragments)
+        s = ledger.summary(400.0)
+        assert s["tokens_merged"] == s["tokens_trained"]
+        assert s["goodput"] == pytest.approx(1.0)

@@ -56,7 +56,8 @@ class WorkLedger:
                 f"than all of it (double-merged work)"
             )
         for i in span:
-            run.share[i] = min(1.0, run.share[i] + share)  # only float rounding is cut
+            total = run.share[i] + share
+            run.share[i] = 1.0 if total > 1.0 - 1e-9 else total  # only float rounding is cut
 
     def summary(self, end_time: float) -> dict[str, float]:
         allocated = self.num_learners * end_time
@@ -75,5 +76,7 @@ class WorkLedger:
             "utilization": busy / allocated if allocated > 0 else 0.0,
             "uptime": union_length(intervals) / end_time if end_time > 0 else 0.0,
             "tokens_trained": int(tokens_trained),
-            "tokens_merged": tokens_merged,
+            # fractional shares (a fragment's part of a step) add up with float rounding; it is cut so
+            # that merged never reads above trained
+            "tokens_merged": min(float(int(tokens_trained)), round(tokens_merged, 6)),
         }
