@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from ddiloco.core import AlgorithmConfig, SynchronizerCore, balanced_fragments
+from ddiloco.core.messages import Decline
 
 from .test_synchronizer import contribution, kinds
 
@@ -126,10 +127,44 @@ def test_late_config_is_validated():
         AlgorithmConfig(staleness_discount=-1.0)
 
 
-def test_in_the_final_flush_a_carry_merges_at_once():
-    core = make()
-    core.receive(contribution(0, [-1.0, 0.0], step_time=0.5), now=0.0)
-    core.receive(contribution(1, [0.0, -1.0], version=0), now=0.2)
+def test_in_the_final_flush_late_work_gathers_every_live_learner_into_one_outer_step_by_hand():
+    """A real 100 ms link spread the learners' last work over seconds and each piece was merged on its
+    own: one full outer step per learner. Now the last work of all is merged together."""
+    core = make(learners=3)
+    core.receive(contribution(0, [-1.0, 0.0], step_time=0.5), now=0.0)  # K = 1: version 1, w = (0.7, 0)
     core.begin_final_flush()
-    assert core.next_deadline() == pytest.approx(0.2)
-    assert kinds(core.poll(0.3)) == ["Merged", "FragmentUpdate"] and core.carries == {}
+    # learner 1's last work, against version 0, opens a gathering round that asks the others
+    out = core.receive(contribution(1, [0.0, -1.0], version=0, step_time=0.5), now=0.2)
+    assert kinds(out) == ["FragmentRequest"] and out[0].learners == (0, 2) and out[0].version == 1
+    # it waits for everyone, at most two sync periods: 0.2 + 2 * H 4 * 0.5 s = 4.2
+    assert core.next_deadline() == pytest.approx(4.2)
+    assert core.poll(1.0) == []
+    assert core.receive(Decline(2, 0, 1, "no steps since the last update"), now=1.1) == []
+    out = core.receive(contribution(0, [-1.0, -1.0], version=1, step_time=0.5), now=1.2)
+    merged = next(a for a in out if kinds([a]) == ["Merged"])
+    assert sorted(w.learner for w in merged.admitted) == [0, 1]
+    # one step: mean((0, -1), (-1, -1)) = (-0.5, -1); w = (0.7, 0) + 0.7 * (0.5, 1) = (1.05, 0.7)
+    assert torch.allclose(core.params["w"], torch.tensor([1.05, 0.7]))
+    assert core.versions[0] == 2 and core.carries == {} and core.rounds == {}
+
+
+def test_in_the_final_flush_an_on_time_round_waits_for_late_last_work_and_a_silent_learner_only_so_long():
+    core = make(learners=3)
+    core.receive(contribution(0, [-1.0, 0.0], step_time=0.5), now=0.0)  # version 1
+    core.begin_final_flush()
+    out = core.receive(contribution(0, [-1.0, -1.0], version=1, step_time=0.5), now=0.5)
+    assert kinds(out) == ["FragmentRequest"] and out[0].learners == (1, 2)
+    assert core.next_deadline() == pytest.approx(0.5 + 4.0)  # no grace (gamma 0), but the gathering
+    assert core.receive(contribution(1, [0.0, -1.0], version=0, step_time=0.5), now=0.6) == []  # late: joins
+    assert core.poll(4.4) == []  # learner 2 is live and silent
+    merged = next(a for a in core.poll(4.5) if kinds([a]) == ["Merged"])
+    assert sorted(w.learner for w in merged.admitted) == [0, 1]
+    assert torch.allclose(core.params["w"], torch.tensor([1.05, 0.7]))
+
+
+def test_before_the_final_flush_a_carry_still_merges_alone_after_a_sync_period():
+    core = make(learners=3)
+    core.receive(contribution(0, [-1.0, 0.0], step_time=0.5), now=0.0)
+    assert core.receive(contribution(1, [0.0, -1.0], version=0, step_time=0.5), now=0.2) == []
+    assert core.next_deadline() == pytest.approx(0.2 + 4 * 0.5)  # CARRY_PERIODS = 1 sync period
+    assert kinds(core.poll(2.2)) == ["Merged", "FragmentUpdate"] and core.carries == {}

@@ -136,3 +136,36 @@ def test_a_push_the_flooded_bulk_socket_drops_goes_over_grpc_and_the_socket_stay
         assert service.traffic.bytes_received - received >= sent > 0
         assert uplink.socket is not None  # the socket is tried first again next time
         assert any("goes over gRPC" in r.getMessage() for r in caplog.records)
+
+
+def test_behind_a_long_round_trip_pushes_go_over_grpc_and_return_to_the_socket_on_a_short_one(caplog):
+    """A bulk push opens a connection of its own (three round trips or more); on a real 100 ms link
+    that made each push 0.7 s against 0.23 s over gRPC's kept connection (docs/results.md)."""
+    from ddiloco.learner.overlap import LinkTime
+    from ddiloco.learner.uplink import BULK_MAX_ROUND_TRIP, BULK_RETURN_ROUND_TRIP
+
+    with mlp_run(width=64, bulk_socket=True) as (service, client, model):
+        link = client.links[0]
+        times = LinkTime(alpha=1.0)
+        uplink = Uplink(None, None, 1 << 22, WanLink(), times)
+        uplink.configure(link.address, link.info)
+        head = _contribution_head(link.session)
+        grads = {n: torch.zeros(service.shapes[n]) for n in service.core.plan.names[0]}
+
+        def push_on_socket() -> bool:
+            before = service.server.bulk.served["Push"]
+            reply, sent = uplink.push(link.bulk, head, grads, "bf16", framing.DEFAULT_CHUNK_BYTES, 30)
+            assert sent > 0 and (reply.get("ok") or "reason" in reply)
+            return service.server.bulk.served["Push"] == before + 1
+
+        assert push_on_socket()  # nothing measured yet: the socket
+        with caplog.at_level("INFO", logger="ddiloco.learner.uplink"):
+            times.observe_round_trip(0.2)
+            assert not push_on_socket() and uplink.long_link
+            times.observe_round_trip((BULK_MAX_ROUND_TRIP + BULK_RETURN_ROUND_TRIP) / 2)  # inside the band: stays
+            assert not push_on_socket()
+            times.observe_round_trip(BULK_RETURN_ROUND_TRIP / 2)
+            assert push_on_socket() and not uplink.long_link
+        said = [r.getMessage() for r in caplog.records]
+        assert any("round trip 200.0 ms: pushing over gRPC" in m for m in said)
+        assert any("pushing over the bulk socket again" in m for m in said)

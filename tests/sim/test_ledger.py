@@ -48,7 +48,8 @@ def testunion_length():
 
 
 def test_work_merged_in_fragments_counts_whole_and_never_more_than_trained():
-    """Shares of 1/P add up to 1 only up to float rounding; merged may not read above trained (CI saw 97344.00000000001)."""
+    """Shares of 1/P add up to 1 only up to float rounding; merged may not read above trained
+    (CI saw 97344.00000000001)."""
     for fragments in (3, 7, 11):
         ledger = WorkLedger(2)
         for learner in range(2):

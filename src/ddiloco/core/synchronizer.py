@@ -214,14 +214,16 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         return min(deadlines) if deadlines else None
 
     def _advance_all(self, now: float) -> list[SyncAction | MergeDue]:
-        self._open_due_carries(now)
-        actions: list[SyncAction | MergeDue] = []
+        actions: list[SyncAction | MergeDue] = list(self._open_due_carries(now))
         for p in sorted(self.rounds):
             actions += self._advance(p, now)
         return actions
 
     def _waiting_for(self, r: Round) -> set[int]:
-        return {m for m in r.expected & self.live if m not in r.contributions and m not in r.declined}
+        heard = set(r.contributions) | r.declined
+        if self.final_flush:  # a learner's last work may be late work; it is all that will come
+            heard |= {w.contribution.learner for w in r.late}
+        return {m for m in r.expected & self.live if m not in heard}
 
     def _need(self, r: Round) -> int:
         """K, capped at the live learners that can still contribute (and those who did).
@@ -270,6 +272,8 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         if r.quorum_at is None and len(r.contributions) >= need:
             r.quorum_at = now
             r.deadline = now + self.grace.length(now - r.opened_at, r.overlap, r.link)
+            if self.final_flush:  # the last work of everyone, merged in one outer step (`late`)
+                r.deadline = max(r.deadline, self._gather_until(r.opened_at))
         due = r.quorum_at is not None and (not waiting_for or (r.deadline is not None and now >= r.deadline))
         return self._merge(p, now) if due and not self._holding else []
 

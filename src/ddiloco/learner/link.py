@@ -113,7 +113,6 @@ class ShardLink(Outbound):
         self.timeouts = timeouts
         self.stats = LinkStats()
         self.control, self.bulk = self._open(self.address)
-        self.uplink = Uplink(ctx.token, ctx.credentials, ctx.max_frame, ctx.wan)
         self._line = DelayLine(ctx.wan, self._hand_on, ctx.closing)  # updates' latency, pipelined
         self._push_room = threading.Condition()
         self._pushing = 0
@@ -121,6 +120,7 @@ class ShardLink(Outbound):
         self.push_width = 1  # until a registration reply says how many pushes the synchronizer takes at once
         self._stats_lock = threading.Lock()
         self.link_time = LinkTime()
+        self.uplink = Uplink(ctx.token, ctx.credentials, ctx.max_frame, ctx.wan, self.link_time)
         self.info: dict = {}
         self.held = HeldValues()  # the values differences apply to (`codec_down` int8 / int4)
         self._session: str | None = None

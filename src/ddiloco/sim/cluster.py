@@ -105,6 +105,8 @@ class DecoupledCluster:
             now, event = self.queue.pop()
             if self.draining and event[0] in ("up", "down"):
                 continue
+            if event[0] == "poll" and self._stale_poll(now):
+                continue  # its round merged early (all answered): an idle timer does not stretch the run
             handlers[event[0]](now, *event[1:])
             end_time = now
         self.longest_gap = max(self.longest_gap, end_time - self._last_merge_time)
@@ -293,6 +295,13 @@ class DecoupledCluster:
             else:
                 self._senders[key] = before
         self._dispatch(actions, now)
+
+    def _stale_poll(self, now: float) -> bool:
+        deadline = self.sync.next_deadline()
+        if deadline is not None and deadline <= now:
+            return False
+        self._polls.discard(now)
+        return True
 
     def _on_poll(self, now: float) -> None:
         self._polls.discard(now)
