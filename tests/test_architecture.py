@@ -34,6 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "cluster": {"launch", "records", "wire"},  # the Slurm backend: the same commands `launch` runs locally
     "dataparallel": {"launch", "learner", "records", "train", "chaos"},  # launch's processes, a learner's journal
     "hosts": set(),  # network namespaces, links and processes on them: plain Linux, nothing of ours
+    "integrations": {"learner"},  # the frameworks' hooks on a learner's client: HF, Lightning, torchtitan
     "cli": {
         "api",
         "cluster",

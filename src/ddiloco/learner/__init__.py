@@ -1,6 +1,7 @@
 """The learner side: drives the pure `LearnerCore` from any PyTorch training loop.
 
 client      `LearnerClient`: a few lines in a training loop; communication in the background
+attach      `client.attach(optimizer)`: a step post-hook, so a loop that calls `optimizer.step()` takes part
 leader      rank 0's side of the client's step boundary: the links' events in, the core's messages out
 link        one background connection per synchronizer shard: register, heartbeat, push, subscribe
 outbound    a link's sending threads: the pusher and the heartbeater

@@ -35,8 +35,8 @@ import math
 import queue
 import secrets
 import time
-from collections.abc import Mapping, Sequence
-from typing import cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -53,6 +53,9 @@ from .leader import LeaderSide
 from .link import LinkContext, ShardLink
 from .overlap import OverlapChooser
 from .wan import WanLink, WanSettings
+
+if TYPE_CHECKING:
+    from .attach import Attachment
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +256,22 @@ class LearnerClient(LeaderSide):
             reporting.log_line(self)
         self._last_boundary = time.perf_counter()
         return sorted(set(applied) | set(waited))
+
+    def attach(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        tokens_per_step: int | None = None,
+        count_tokens: Callable[[], int] | None = None,
+        loss: Callable[[], float | None] | None = None,
+    ) -> Attachment:
+        """Call `step` after every `optimizer.step()` (a step post-hook), for loops you do not write.
+        `tokens_per_step`: this rank's tokens per optimizer step, or `count_tokens()` returns them at
+        each step; `loss()`, if given, the step's loss. Steps AMP's grad scaler skipped are not counted.
+        Collective like `step` under torchrun: attach on every rank. Returns a handle: `.detach()`."""
+        from .attach import Attachment
+
+        return Attachment(self, optimizer, tokens_per_step, count_tokens, loss)
 
     def _names_of(self, fragments: Sequence[int]) -> list[str]:
         return [n for p in fragments for n in self.names[p]]

@@ -1,0 +1,117 @@
+"""A Hugging Face `Trainer` as a Decoupled DiLoCo learner: one callback, two learner processes.
+
+    pip install -e '.[hf]'
+    python examples/hf_trainer.py               # about a minute on 2 CPU cores
+    python examples/hf_trainer.py --ranks 2     # each learner a torchrun job of 2 ranks (DDP, gloo)
+
+The learner is a plain Trainer script (a `LlamaForCausalLM` from a small config, nothing downloaded,
+../shared/data/tinyshakespeare.txt as bytes) plus the lines that end in `# ddiloco`: the callback
+creates the client when training begins, attaches it to the Trainer's optimizer (every optimizer step
+is a `client.step`), stops the Trainer when the run's token budget is reached and finishes the client
+at the end. Run the same learner command again after a crash: it resumes from its newest whole
+checkpoint and rejoins. `main` starts the synchronizer in this process (as examples/own_model.py
+does) and the two learners as child processes, and exits non-zero unless both learners' work merged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only: nothing is fetched
+
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
+
+import ddiloco  # noqa: E402
+from ddiloco.integrations.transformers import DecoupledDiLoCoCallback, last_checkpoint  # noqa: E402  # ddiloco
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+SEQ = 64
+CONFIG = LlamaConfig(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=SEQ,
+    tie_word_embeddings=True,
+)
+
+
+class Windows(torch.utils.data.Dataset):
+    """Windows of SEQ bytes of the text: learner `part` of `parts` reads every parts-th window."""
+
+    def __init__(self, part: int, parts: int) -> None:
+        data = DATA.read_bytes()
+        self.ids = torch.tensor([list(data[s : s + SEQ]) for s in range(part * SEQ, len(data) - SEQ, SEQ * parts)])
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def build() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(CONFIG)
+
+
+def learner(address: str, learner_id: int, out: Path) -> None:
+    torch.set_num_threads(1)
+    args = TrainingArguments(
+        output_dir=str(out),
+        use_cpu=not torch.cuda.is_available(),
+        per_device_train_batch_size=8,
+        learning_rate=3e-3,
+        max_steps=10_000,  # the run's token budget ends it first
+        save_steps=20,
+        logging_steps=10,
+        report_to=[],
+        disable_tqdm=True,
+    )
+    callback = DecoupledDiLoCoCallback(address, learner_id)  # ddiloco
+    trainer = Trainer(build(), args, train_dataset=Windows(learner_id, 2), callbacks=[callback])  # ddiloco
+    trainer.train(resume_from_checkpoint=last_checkpoint(out))  # ddiloco
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"learner {learner_id}: {callback.stats()['steps']} steps, {callback.stats()['tokens']} tokens")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=120_000, help="token budget of the run")
+    parser.add_argument("--out", type=Path, default=None, help="where checkpoints go")
+    parser.add_argument("--ranks", type=int, default=1, help="processes per learner (torchrun, DDP)")
+    parser.add_argument("--learner", type=int, default=None, help=argparse.SUPPRESS)  # the learner processes
+    parser.add_argument("--connect", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="ddiloco-trainer-"))
+    if args.learner is not None:
+        learner(args.connect, args.learner, out / f"learner-{args.learner}")
+        return 0
+    sync = ddiloco.Synchronizer(build(), learners=2, tokens=args.tokens, checkpoint_dir=out / "ckpt", sync_every=8)
+    address = sync.start()
+    launch = [sys.executable]
+    if args.ranks > 1:
+        torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+        launch = [torchrun, "--standalone", "--nproc-per-node", str(args.ranks)]
+    cmd = [*launch, __file__, "--out", str(out), "--connect", address, "--learner"]
+    procs = [subprocess.Popen([*cmd, str(m)]) for m in range(2)]
+    finished = sync.wait(timeout=600)
+    codes = [p.wait(timeout=120) for p in procs]
+    books = sync.status()["books"]
+    sync.stop()
+    merged = all(books.get(str(m), {}).get("tokens_merged", 0) > 0 for m in range(2))
+    print(f"run finished: {finished}; learners exited {codes}; both learners' work merged: {merged}")
+    return 0 if finished and codes == [0, 0] and merged else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""What the framework integrations share: counting the tokens a model trained on between optimizer
+steps, finding the torch optimizer inside a framework's wrapper, and refusing DeepSpeed ZeRO."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+ZERO_REFUSED = (
+    "Decoupled DiLoCo does not work with DeepSpeed ZeRO: ZeRO keeps the fp32 master copy of the parameters "
+    "inside its optimizer and overwrites the module's parameters from it after every step, so the global "
+    "parameters the learner client writes into the model would be lost at the next step. Train this learner "
+    "with DDP or FSDP2 instead (remove the deepspeed setting / ACCELERATE_USE_DEEPSPEED)."
+)
+
+
+def refuse_deepspeed(args: Any = None, accelerator: Any = None) -> None:
+    """Raise with ZERO_REFUSED when training arguments, an Accelerator or the environment ask for DeepSpeed."""
+    uses = bool(getattr(args, "deepspeed", None)) or getattr(args, "deepspeed_plugin", None) is not None
+    state = getattr(accelerator, "state", None)
+    uses = uses or getattr(state, "deepspeed_plugin", None) is not None
+    uses = uses or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes")
+    if uses:
+        raise ValueError(ZERO_REFUSED)
+
+
+def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer inside a framework's wrapper (Accelerate's `AcceleratedOptimizer`, Lightning's
+    `LightningOptimizer`): the hook goes on the one whose `step` really runs, after the scaler's check."""
+    for _ in range(4):  # bounded: wrappers nest at most a few deep
+        if type(optimizer).__name__ in ("AcceleratedOptimizer", "LightningOptimizer") or not isinstance(
+            optimizer, torch.optim.Optimizer
+        ):
+            inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
+            if inner is None:
+                break
+            optimizer = inner
+        else:
+            break
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"expected a torch.optim.Optimizer (or a wrapper of one), not {type(optimizer).__name__}")
+    return optimizer
+
+
+class TokenCounter:
+    """Counts the tokens of training forward passes (a forward pre-hook on the model) since it was last
+    read: what one optimizer step trained on, over all its gradient-accumulation micro-batches."""
+
+    def __init__(self, model: torch.nn.Module, key: str = "input_ids") -> None:
+        self.key = key
+        self.pending = 0
+        self.total = 0
+        self._handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if not (module.training and torch.is_grad_enabled()):
+            return  # evaluation: not trained
+        ids = kwargs.get(self.key, args[0] if args else None)
+        if isinstance(ids, torch.Tensor):
+            self.pending += ids.numel()
+
+    def take(self) -> int:
+        """The tokens since the last take (or reset), counted as trained."""
+        got, self.pending = self.pending, 0
+        self.total += got
+        return got
+
+    def reset(self) -> None:
+        """Forget what was counted since the last take (a step the grad scaler skipped)."""
+        self.pending = 0
+
+    def remove(self) -> None:
+        self._handle.remove()

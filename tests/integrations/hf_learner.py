@@ -1,0 +1,123 @@
+"""A Hugging Face `Trainer` learner for the integration tests: a tiny `LlamaForCausalLM` from a config
+(nothing downloaded) on local text, run as `python hf_learner.py ...` or under torchrun. Each rank
+writes what it trained and counted to OUT/rank-<rank>.json."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
+
+SEQ, BATCH = 32, 4
+CONFIG = dict(
+    vocab_size=256,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=SEQ,
+    tie_word_embeddings=True,
+)
+
+
+def build() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**CONFIG))
+
+
+class Windows(torch.utils.data.Dataset):
+    """Windows of SEQ bytes of the text (bytes as tokens), learner `part` of `parts`."""
+
+    def __init__(self, path: str, part: int = 0, parts: int = 1, limit: int = 4096) -> None:
+        data = Path(path).read_bytes()
+        starts = list(range(part * SEQ, len(data) - SEQ, SEQ * parts))[:limit]
+        self.ids = torch.tensor([list(data[s : s + SEQ]) for s in starts], dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def arguments(out: str, max_steps: int, save_steps: int = 0, seed: int = 0) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=out,
+        use_cpu=True,
+        per_device_train_batch_size=BATCH,
+        max_steps=max_steps,
+        learning_rate=3e-3,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        report_to=[],
+        seed=seed,
+        dataloader_num_workers=0,
+        include_num_input_tokens_seen="all",
+        disable_tqdm=True,
+    )
+
+
+def digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        h.update(name.encode())
+        h.update(p.detach().float().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def main() -> int:
+    from ddiloco.integrations.transformers import DecoupledDiLoCoCallback, last_checkpoint
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--connect", default=None)
+    parser.add_argument("--id", type=int, default=0)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--max-steps", type=int, default=200)
+    parser.add_argument("--save-steps", type=int, default=0)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--codec", default="bf16", help="how contributions travel (fp32: exact)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model = build()
+    callbacks = (
+        [DecoupledDiLoCoCallback(args.connect, args.id, codec=args.codec, report_every=1e9)] if args.connect else []
+    )
+    trainer = Trainer(
+        model=model,
+        args=arguments(args.out, args.max_steps, args.save_steps),
+        train_dataset=Windows(args.data, args.id, 2),
+        callbacks=callbacks,
+    )
+    resume = last_checkpoint(args.out) if args.resume else None
+    trainer.train(resume_from_checkpoint=resume)
+    rank = int(os.environ.get("RANK", "0"))
+    stats = callbacks[0].stats() if callbacks else {}
+    result = {
+        "rank": rank,
+        "world": int(os.environ.get("WORLD_SIZE", "1")),
+        "global_step": trainer.state.global_step,
+        "resumed_from": resume,
+        "tokens_seen": int(trainer.state.num_input_tokens_seen),
+        "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+        "client": {k: stats.get(k) for k in ("steps", "tokens", "accepted", "pushed", "registrations")},
+        "params_sha": digest(model),
+    }
+    Path(args.out, f"rank-{rank}.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
