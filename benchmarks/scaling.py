@@ -1,0 +1,268 @@
+"""Quality at fixed tokens per parameter: does the gap to data-parallel shrink with model size, as the
+DiLoCo scaling-law paper (Charles et al., arXiv 2503.09799) finds? Virtual clock, no failures.
+
+Every size is trained for `ratio` tokens per parameter (20, and a second ratio at some sizes) by
+data-parallel (4 workers), synchronous DiLoCo with M = 1, 2, 4 and Decoupled DiLoCo with M = 4
+(P = 4, tau = 2, K = 1, gamma = 0.9), outer momentum 0.5, H the same for the whole family. Each method
+gets the same 2 x 2 grid at each size: a learning rate (data-parallel: the inner lr; the DiLoCo family:
+the outer lr, its inner lr fixed at data-parallel's best at that size) times the global batch G in
+sequences (G / M per learner; at equal G every method takes the same number of inner steps). The best
+point per method and size is reported with its settings; the two largest sizes of the first ratio
+are run again at those points with a second seed. Then loss(N) is fitted as a power law per method,
+and the gap to data-parallel as a trend in log N, with where that trend would reach parity.
+
+    python benchmarks/scaling.py --quick --json      # tiny models and budgets: 1-2 minutes on 2 cores
+    python benchmarks/scaling.py --out benchmarks/results/scaling.json   # hours: saved after every run,
+                                                      # and started again it resumes from that file
+    python benchmarks/scaling.py --load benchmarks/results/scaling.json  # the table and fits of a file
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scaling_fit import METHODS, choose, fits, print_report  # noqa: E402
+
+from ddiloco.core import AlgorithmConfig  # noqa: E402
+from ddiloco.sim.config import SimConfig  # noqa: E402
+from ddiloco.sim.run import run_sim  # noqa: E402
+from ddiloco.train.corpus import encoded_corpus  # noqa: E402
+from ddiloco.train.gpt import GPT, GPTConfig  # noqa: E402
+from ddiloco.train.inner import InnerConfig  # noqa: E402
+from ddiloco.train.tasks import LanguageModelTask  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+#: GPT width, depth and heads per size (byte vocabulary; named by their parameters at seq_len 64).
+SIZES: dict[str, tuple[int, int, int]] = {
+    "12k": (16, 1, 1),
+    "25k": (24, 2, 2),
+    "44k": (32, 2, 2),
+    "84k": (48, 2, 3),
+    "148k": (56, 3, 4),
+    "237k": (64, 4, 4),
+    "357k": (80, 4, 4),
+    "880k": (128, 4, 4),
+    "1.9m": (192, 4, 4),
+}
+FULL = dict(
+    plan={20.0: ["25k", "44k", "84k", "148k", "237k"], 5.0: ["44k", "84k", "148k"]},
+    seq_len=64,
+    sync_every=16,
+    inner_lrs=[3e-3, 6e-3],
+    outer_lrs=[0.5, 1.0],
+    global_batches=[32, 64],
+    extra_seeds=[1],
+    eval_batches=20,
+)
+QUICK = dict(
+    plan={4.0: ["12k", "25k"], 2.0: ["12k"]},
+    seq_len=32,
+    sync_every=8,
+    inner_lrs=[3e-3, 6e-3],
+    outer_lrs=[0.5, 1.0],
+    global_batches=[8],
+    extra_seeds=[1],
+    eval_batches=4,
+)
+DDP_WORKERS = 4
+RESUME_KEYS = ("seq_len", "sync_every", "eval_batches")  # a results file resumes only runs made like these
+#: method name: (sim method, learners)
+SPECS = {
+    "ddp": ("ddp", DDP_WORKERS),
+    "diloco-m1": ("diloco", 1),
+    "diloco-m2": ("diloco", 2),
+    "diloco-m4": ("diloco", 4),
+    "decoupled-m4": ("decoupled", 4),
+}
+
+
+def gpt(size: str, seq_len: int) -> GPTConfig:
+    d, layers, heads = SIZES[size]
+    return GPTConfig(vocab_size=256, seq_len=seq_len, d_model=d, n_layers=layers, n_heads=heads)
+
+
+@functools.cache
+def parameters(size: str, seq_len: int) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in GPT(gpt(size, seq_len)).parameters())
+
+
+def algorithm(method: str, outer_lr: float, sync_every: int) -> AlgorithmConfig:
+    if method == "decoupled":
+        return AlgorithmConfig(
+            fragments=4, sync_every=sync_every, overlap=2, quorum=1, grace=0.9, outer_lr=outer_lr, outer_momentum=0.5
+        )
+    return AlgorithmConfig(  # SimConfig.effective_algorithm makes it blocking with K = M
+        fragments=1, sync_every=sync_every, overlap=0, grace=0.0, merge="mean", outer_lr=outer_lr, outer_momentum=0.5
+    )
+
+
+def job(cfg: dict, ratio: float, size: str, method: str, seed: int, inner_lr: float, outer_lr, batch: int) -> dict:  # noqa: ANN001
+    learners = SPECS[method][1]
+    params = parameters(size, cfg["seq_len"])
+    return {
+        "ratio": ratio,
+        "size": size,
+        "params": params,
+        "tokens": int(round(ratio * params)),
+        "method": method,
+        "learners": learners,
+        "seed": seed,
+        "inner_lr": inner_lr,
+        "outer_lr": outer_lr,
+        "global_batch": batch,
+        "per_learner_batch": batch // learners,
+    }
+
+
+def ident(row: dict) -> tuple:
+    return tuple(row[k] for k in ("ratio", "size", "method", "seed", "inner_lr", "outer_lr", "global_batch"))
+
+
+class Runner:
+    """Runs jobs one at a time, each at most once: a job already in the results file is taken from it;
+    every new one is written to the file as soon as it ends (atomically)."""
+
+    def __init__(self, cfg: dict, args: argparse.Namespace, rows: list[dict]) -> None:
+        self.cfg, self.args, self.rows = cfg, args, rows
+        self.done = {ident(r): r for r in rows}
+        self.tasks: dict[str, LanguageModelTask] = {}
+        self.started, self.count = time.perf_counter(), 0
+
+    def task(self, size: str) -> LanguageModelTask:
+        if size not in self.tasks:
+            corpus = encoded_corpus(self.args.data and Path(self.args.data), "byte", 1024, 0.1)
+            self.tasks[size] = LanguageModelTask("gpt", gpt(size, self.cfg["seq_len"]), corpus)
+        return self.tasks[size]
+
+    def __call__(self, j: dict) -> dict:
+        if ident(j) in self.done:
+            return self.done[ident(j)]
+        method, learners = SPECS[j["method"]]
+        config = SimConfig(
+            method=method,  # type: ignore[arg-type]  # one of SPECS' sim methods
+            data=self.args.data,
+            seq_len=self.cfg["seq_len"],
+            learners=learners,
+            tokens=j["tokens"],
+            seed=j["seed"],
+            eval_batches=self.cfg["eval_batches"],
+            inner=InnerConfig(lr=j["inner_lr"], batch_size=j["per_learner_batch"], warmup_steps=10),
+            # data-parallel has no outer step: it ignores the algorithm
+            algorithm=AlgorithmConfig()
+            if method == "ddp"
+            else algorithm(method, j["outer_lr"], self.cfg["sync_every"]),
+        )
+        result = run_sim(config, task=self.task(j["size"]))
+        row = {
+            **j,
+            "eval_loss": result["eval_loss"],
+            "goodput": result["goodput"],
+            "outer_steps": result.get("outer_steps"),
+            "wall_seconds": result["wall_seconds"],
+        }
+        self.rows.append(row)
+        self.done[ident(row)] = row
+        self.count += 1
+        print(
+            f"[{len(self.rows)}] {j['ratio']:g} tok/param {j['size']} {j['method']} seed {j['seed']} lr "
+            f"{j['inner_lr']:g}/{j['outer_lr']} G {j['global_batch']}: {row['eval_loss']:.4f} "
+            f"({row['wall_seconds']:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+        save(self.args.out, self.cfg, self.args.quick, self.args.data, self.rows, time.perf_counter() - self.started)
+        return row
+
+
+def save(path: Path, cfg: dict, quick: bool, data: str | None, rows: list[dict], wall: float) -> None:
+    chosen = choose(rows)
+    report = {
+        "quick": quick,
+        "config": {
+            **cfg,
+            "data": data,
+            "plan": {str(k): v for k, v in cfg["plan"].items()},
+            "sizes": {s: SIZES[s] for s in SIZES},
+        },
+        "rows": rows,
+        "chosen": chosen,
+        "fits": fits(chosen),
+        "wall_seconds_this_session": wall,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def sweep(cfg: dict, run: Runner) -> None:
+    """Per ratio and size: data-parallel's grid, then the DiLoCo family's at data-parallel's best inner
+    lr; after the first ratio, the extra seeds at each method's best point at its two largest sizes."""
+    for i, (ratio, sizes) in enumerate(cfg["plan"].items()):
+        for size in sizes:
+            ddp = [
+                run(job(cfg, ratio, size, "ddp", 0, lr, None, g))
+                for lr in cfg["inner_lrs"]
+                for g in cfg["global_batches"]
+            ]
+            inner = min(ddp, key=lambda r: r["eval_loss"])["inner_lr"]
+            for method in METHODS[1:]:
+                for olr in cfg["outer_lrs"]:
+                    for g in cfg["global_batches"]:
+                        run(job(cfg, ratio, size, method, 0, inner, olr, g))
+        if i == 0:
+            for size in sorted(sizes, key=lambda s: parameters(s, cfg["seq_len"]))[-2:]:
+                seed0 = [r for r in run.rows if r["ratio"] == ratio and r["size"] == size and r["seed"] == 0]
+                for c in choose(seed0):
+                    for seed in cfg["extra_seeds"]:
+                        run(job(cfg, ratio, size, c["method"], seed, c["inner_lr"], c["outer_lr"], c["global_batch"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="two tiny sizes, a 2 x 1 grid: 1-2 minutes")
+    parser.add_argument("--json", action="store_true", help="end with one line of JSON (chosen settings and fits)")
+    parser.add_argument("--out", type=Path, default=None, help="results file (resumed from if it exists)")
+    parser.add_argument("--load", type=Path, default=None, help="print the table and fits of this results file")
+    parser.add_argument("--data", default=None, help="training text (default: the Python standard library's source)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    args = parser.parse_args(argv)
+    if args.load:
+        rows = json.loads(args.load.read_text())["rows"]
+    else:
+        cfg = QUICK if args.quick else FULL
+        args.out = args.out or ROOT / "benchmarks" / "results" / (
+            "scaling-quick.json" if args.quick else "scaling.json"
+        )
+        rows = []
+        if args.out.exists():
+            old = json.loads(args.out.read_text())
+            same = {k: old["config"].get(k) for k in RESUME_KEYS} == {k: cfg[k] for k in RESUME_KEYS}
+            if not same or old["config"].get("data") != args.data:
+                parser.error(f"{args.out} holds runs of another configuration: give another --out")
+            rows = old["rows"]
+            print(f"resuming from {args.out}: {len(rows)} runs done", file=sys.stderr, flush=True)
+        torch.set_num_threads(args.threads)
+        runner = Runner(cfg, args, rows)
+        sweep(cfg, runner)
+        save(args.out, cfg, args.quick, args.data, rows, time.perf_counter() - runner.started)
+    chosen = choose(rows)
+    fitted = fits(chosen)
+    print_report(chosen, fitted)
+    if args.json:
+        print(json.dumps({"runs": len(rows), "chosen": chosen, "fits": fitted}, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

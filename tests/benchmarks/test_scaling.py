@@ -1,0 +1,165 @@
+"""The scaling benchmark: its fits on hand-made numbers, --load on a hand-written file, and the quick
+run end to end (its numbers are reported, never asserted: only their shape)."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from scaling_fit import choose, fit_power_law, fits, gap_trend, line_fit  # noqa: E402
+
+METHODS = ("ddp", "diloco-m1", "diloco-m2", "diloco-m4", "decoupled-m4")
+LEARNERS = {"ddp": 4, "diloco-m1": 1, "diloco-m2": 2, "diloco-m4": 4, "decoupled-m4": 4}
+
+
+def test_line_fit_slope_and_its_standard_error_by_hand():
+    # y = 1 + 2x with residuals (+1, -2, +1) at x = 0, 1, 2: the slope stays 2, SSR = 6, Sxx = 2
+    f = line_fit([0, 1, 2], [2, 1, 6])
+    assert f["slope"] == pytest.approx(2.0) and f["intercept"] == pytest.approx(1.0)
+    assert f["slope_se"] == pytest.approx(math.sqrt(6 / 1 / 2))
+
+
+def test_power_law_of_halving_loss_per_decade():
+    # loss halves per 10x parameters: alpha = log10(2) = 0.30103, exact, so no error
+    p = fit_power_law([10, 100, 1000], [1.0, 0.5, 0.25])
+    assert p["alpha"] == pytest.approx(math.log10(2)) and p["alpha_se"] == pytest.approx(0.0, abs=1e-12)
+    assert p["A"] == pytest.approx(2.0)  # 2 * 10^-0.30103 = 1
+
+
+def test_gap_trend_finds_parity_where_a_closing_gap_reaches_zero():
+    # log ratio falls by half of log(1.1) per decade from 1.1 at N = 10: zero at N = 1000; noise
+    # (+-0.002, summing to 0 and orthogonal to x) keeps the slope and gives it an error
+    noise = [0.002, -0.004, 0.0, 0.004, -0.002]
+    n = [10, 100, 1000, 1e4, 1e5]
+    ratios = [1.1 ** (1 - (math.log10(x) - 1) / 2) * math.exp(e) for x, e in zip(n, noise, strict=True)]
+    g = gap_trend(n, ratios)
+    assert g["beta_per_decade"] == pytest.approx(-math.log(1.1) / 2, rel=1e-3)
+    assert g["parity_params"] == pytest.approx(1000, rel=0.05)
+    lo, hi = g["parity_log10_ci90"]
+    assert lo < 3 < hi and hi - lo < 1
+    assert "closes" in g["verdict"]
+
+
+def test_gap_trend_says_when_it_cannot_say_and_when_the_gap_grows():
+    flat = gap_trend([1e4, 1e5, 1e6, 1e7], [1.02, 1.03, 1.01, 1.02])
+    assert flat["parity_params"] is None and "cannot say" in flat["verdict"]
+    grows = gap_trend([1e4, 1e5, 1e6, 1e7], [1.010, 1.021, 1.029, 1.040])
+    assert grows["parity_params"] is None and "away" in grows["verdict"]
+    assert "too few" in gap_trend([1e4, 1e5], [1.1, 1.05])["verdict"]
+
+
+def row(size, params, method, loss, seed=0, lr=3e-3, olr=None, batch=32):  # noqa: ANN001
+    learners = LEARNERS[method]
+    return {
+        "ratio": 20.0,
+        "size": size,
+        "params": params,
+        "tokens": 20 * params,
+        "method": method,
+        "learners": learners,
+        "seed": seed,
+        "inner_lr": lr,
+        "outer_lr": olr,
+        "global_batch": batch,
+        "per_learner_batch": batch // learners,
+        "eval_loss": loss,
+    }
+
+
+def hand_rows() -> list[dict]:
+    """Three sizes; ddp follows 4 * N^-0.1 at its best point (lr 6e-3, G 64); diloco-m4 is 2 % worse at
+    1e4, 1 % at 1e5, 0 % at 1e6; a worse grid point and a second seed at the largest size."""
+    rows = []
+    for i, n in enumerate((10_000, 100_000, 1_000_000)):
+        size = f"s{i}"
+        ddp = 4 * n**-0.1
+        rows += [row(size, n, "ddp", ddp, lr=6e-3, batch=64), row(size, n, "ddp", ddp + 0.1)]
+        rows += [row(size, n, "diloco-m4", ddp * (1.02 - 0.01 * i), olr=1.0), row(size, n, "diloco-m4", 9.0, olr=0.5)]
+    rows.append(row("s2", 1_000_000, "ddp", 4 * 1e6**-0.1 + 0.02, seed=1, lr=6e-3, batch=64))
+    rows.append(row("s2", 1_000_000, "ddp", 1.0, seed=1))  # not the chosen point: ignored
+    return rows
+
+
+def test_choose_takes_the_best_seed0_point_and_averages_its_seeds():
+    chosen = {(c["size"], c["method"]): c for c in choose(hand_rows())}
+    big = chosen[("s2", "ddp")]
+    assert (big["inner_lr"], big["global_batch"], big["seeds"]) == (6e-3, 64, 2)
+    assert big["eval_loss"] == pytest.approx(4 * 1e6**-0.1 + 0.01) and big["grid_points"] == 2
+    assert chosen[("s0", "diloco-m4")]["outer_lr"] == 1.0
+    assert chosen[("s0", "diloco-m4")]["gap_vs_ddp"] == pytest.approx(0.02)
+
+
+def test_load_prints_the_table_and_the_fits_of_a_hand_written_file(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"rows": hand_rows()}))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "scaling.py"), "--load", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [c["method"] for c in report["chosen"]] == ["ddp", "diloco-m4"] * 3
+    ddp, m4 = report["fits"]
+    # three sizes: 4 N^-0.1 exactly at the two small ones, +0.01 at the largest (mean of two seeds)
+    # by hand: the largest size's log loss is up by ln(1 + 0.01 / (4e6^-0.1)) = 0.009904 at x = 6 ln 10, which
+    # moves the slope by (ln 10 * 0.009904) / (2 (ln 10)^2) = 0.0021506
+    assert ddp["method"] == "ddp" and ddp["power_law"]["alpha"] == pytest.approx(0.1 - 0.0021506, abs=2e-6)
+    assert report["chosen"][4]["seeds"] == 2 and "±0.0141" in out.stdout  # stdev of 1.0048 and 1.0248
+    assert "gap_trend" not in ddp
+    # the gap 2 % -> 1 % -> 0 % (the ddp +0.01 at 1e6 makes the last one slightly negative)
+    assert m4["gap_trend"]["beta_per_decade"] < 0
+    assert "+2.00%" in out.stdout and "diloco-m4" in out.stdout and "alpha 0.1" in out.stdout
+
+
+def test_fits_leave_out_a_cell_whose_grid_is_unfinished():
+    rows = hand_rows() + [row("s3", 10_000_000, "ddp", 1.0, lr=6e-3, batch=64)]  # 1 of 2 points done
+    [ddp, m4] = fits(choose(rows))
+    assert (ddp["sizes"], ddp["incomplete"]) == (3, 1) and (m4["sizes"], m4["incomplete"]) == (3, 0)
+    assert ddp["power_law"]["alpha"] == pytest.approx(0.1 - 0.0021506, abs=2e-6)  # as without s3
+
+
+def test_fits_skip_a_method_with_one_size():
+    chosen = choose([row("s0", 10_000, "ddp", 2.0), row("s0", 10_000, "diloco-m1", 1.9, olr=0.5)])
+    assert all("power_law" not in f and "gap_trend" not in f for f in fits(chosen))
+
+
+@pytest.mark.slow
+def test_quick_run_has_every_method_at_every_size_and_resumes(tmp_path, shakespeare):
+    def quick() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "scaling.py"),
+                "--quick",
+                "--json",
+                "--data",
+                shakespeare,
+                "--out",
+                str(tmp_path / "q.json"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    out = quick()
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    cells = {(c["ratio"], c["size"], c["method"]) for c in report["chosen"]}
+    assert cells == {(r, s, m) for r, sizes in ((4.0, ("12k", "25k")), (2.0, ("12k",))) for s in sizes for m in METHODS}
+    for c in report["chosen"]:
+        assert c["eval_loss"] > 0 and c["grid_points"] == 2
+        assert c["per_learner_batch"] * LEARNERS[c["method"]] == c["global_batch"]
+        assert c["seeds"] == (2 if (c["ratio"], c["size"]) in {(4.0, "12k"), (4.0, "25k")} else 1)
+    saved = json.loads((tmp_path / "q.json").read_text())
+    assert saved["chosen"] == report["chosen"] and len(saved["rows"]) == report["runs"]
+    again = quick()  # every run is in the file: nothing is trained again
+    assert again.returncode == 0 and "resuming" in again.stderr and "tok/param 12k" not in again.stderr
+    assert json.loads(again.stdout.strip().splitlines()[-1])["chosen"] == report["chosen"]
