@@ -167,6 +167,7 @@ class Network(str, enum.Enum):  # ddiloco run --network
 class Backend(str, enum.Enum):
     local = "local"
     slurm = "slurm"
+    skypilot = "skypilot"
 
 
 class LearnerState(str, enum.Enum):  # cluster.sbatch.LEARNER_STATES

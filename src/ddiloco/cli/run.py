@@ -127,8 +127,10 @@ def run(
         help="local: processes on this machine; slurm: one job per "
         "synchronizer shard and per learner (docs/cluster.md).",
     ),
-    dry_run: bool = typer.Option(False, help="slurm: write the sbatch scripts to RUN_DIR/slurm and stop."),
-    detach: bool = typer.Option(False, help="slurm: submit and return (end it with ddiloco slurm-stop RUN_DIR)."),
+    dry_run: bool = typer.Option(False, help="slurm, skypilot: write the sbatch scripts (task YAMLs) and stop."),
+    detach: bool = typer.Option(
+        False, help="slurm, skypilot: submit and return (end it with ddiloco slurm-stop or skypilot-stop RUN_DIR)."
+    ),
     partition: str | None = typer.Option(None, help="slurm: partition of every job."),
     account: str | None = typer.Option(None, help="slurm: account of every job."),
     time_limit: str | None = typer.Option(None, "--time", help="slurm: time limit of every job (sbatch --time)."),
@@ -174,6 +176,14 @@ def run(
     sbatch_arg: list[str] | None = typer.Option(
         None, help="slurm: one more sbatch option for every job, e.g. --sbatch-arg=--qos=preempt (repeatable)."
     ),
+    store: str | None = typer.Option(None, help="skypilot: the run directory's store: s3://.., volume:NAME or a path."),
+    infra: list[str] | None = typer.Option(
+        None, help="skypilot: infra, e.g. aws/us-east-1; ROLE=INFRA for sync, learner or learnerM (repeatable)."
+    ),
+    accelerators: list[str] | None = typer.Option(None, help="skypilot: e.g. H100:8, or ROLE=ACC (as --infra)."),
+    spot: bool = typer.Option(True, help="skypilot: learners on spot capacity (the synchronizer is on-demand)."),
+    tls: bool | None = typer.Option(None, help="skypilot: TLS; default on unless all is on one Kubernetes/Slurm."),
+    sky_port: int = typer.Option(7070, min=1024, max=65000, help="skypilot: shard S listens on port+S, bulk +100."),
 ) -> None:
     """Train with real processes and real sockets, inject faults, report goodput, stalls and loss."""
 
@@ -315,6 +325,16 @@ def run(
     given = [flag for flag, value in slurm_only.items() if value]
     if options.plain(backend)[0] == "local" and given:
         raise user_error(ValueError(f"{', '.join(given)}: only with --backend slurm"))
+    if options.plain(backend)[0] == "skypilot":
+        from ._skypilot import run_from_cli
+
+        sky = {"store": store, "infra": infra, "accelerators": accelerators, "spot": spot, "tls": tls, "port": sky_port}
+        chaos_given = (learner_mtbf, straggle, kill_synchronizer_at, chaos_trace, net_delay or None)
+        return run_from_cli(config, threads, given, sky, chaos_given, sync_host, term_grace, max_restarts, as_json)
+    if store or infra or accelerators or not spot or tls is not None or sky_port != 7070:
+        raise user_error(
+            ValueError("--store, --infra, --accelerators, --no-spot, --tls, --sky-port: only with skypilot")
+        )
     if options.plain(backend)[0] == "slurm":
         from ..cluster.sbatch import SlurmOptions
         from ..cluster.slurm import SlurmError

@@ -1,0 +1,184 @@
+"""`ddiloco run --backend skypilot`: the same run as on one machine, as SkyPilot tasks.
+
+Writes the task YAMLs (`--dry-run` stops there), launches them, then follows the run through the
+synchronizer's Status until it ends (`--detach` returns at once). Ctrl+C or SIGTERM while following
+ends the run as `ddiloco stop` does (learners send what they hold), then cancels the learners' jobs
+and takes the synchronizer's cluster down. `ddiloco skypilot-stop RUN_DIR` does the same later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+import signal
+import threading
+import time
+from pathlib import Path
+
+from ..cluster import skypilot as sky
+from ..cluster.skypilot_tasks import SkyOptions, parse_roles, slug, write_tasks
+from ..launch.config import RunConfig
+from .output import stderr
+
+FOLLOW_POLL = 2.0
+STOP_WAIT = 120.0
+SLURM_ONLY_ALLOWED = {"--dry-run", "--detach", "--sync-host", "--max-restarts"}
+
+
+def options_from_cli(
+    learners: int, store: str | None, infra: list[str] | None, accelerators: list[str] | None, **rest: object
+) -> SkyOptions:
+    return SkyOptions(
+        store=store,
+        infra=parse_roles(infra, "--infra", learners),
+        accelerators=parse_roles(accelerators, "--accelerators", learners),
+        **rest,  # type: ignore[arg-type]
+    )
+
+
+def run_from_cli(
+    config: RunConfig,
+    threads: int,
+    given: list[str],
+    sky_flags: dict,
+    chaos: tuple,
+    host: str,
+    term_grace: float,
+    max_restarts: int,
+    as_json: bool,
+) -> None:
+    """`ddiloco run --backend skypilot`, from the flags `run` parsed (kept here: `run` is long enough)."""
+    from ._slurm import check_local_only
+    from .output import user_error
+
+    try:
+        wrong = [flag for flag in given if flag not in SLURM_ONLY_ALLOWED]
+        if wrong:
+            raise ValueError(f"{', '.join(wrong)}: only with --backend slurm")
+        names = ("learner_mtbf", "straggle", "kill_synchronizer_at", "chaos_trace", "net_delay")
+        check_local_only(**dict(zip(names, chaos, strict=True)))
+        opts = options_from_cli(
+            config.learners, host=host, term_grace=term_grace, max_restarts=max_restarts, **sky_flags
+        )
+        result = run_on_skypilot(
+            dataclasses.replace(config, threads=threads), opts, "--dry-run" in given, "--detach" in given
+        )
+    except (ValueError, sky.SkyError) as exc:
+        raise user_error(exc) from None
+    if as_json:
+        print(json.dumps(result, sort_keys=True), flush=True)
+
+
+def prepare(config: RunConfig, opts: SkyOptions) -> tuple[RunConfig, dict[str, Path]]:
+    """A token always (the synchronizer listens beyond loopback), in a 0600 file; and the task YAMLs."""
+    if config.token is None:
+        config = dataclasses.replace(config, token=secrets.token_hex(16))
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    token = config.run_dir / "token"
+    token.touch(mode=0o600, exist_ok=True)
+    token.chmod(0o600)
+    token.write_text(config.token or "")
+    return config, write_tasks(config, opts)
+
+
+def _ca(run_dir: Path) -> Path | None:
+    ca = run_dir / "skypilot" / "tls-ca" / "ca.pem"
+    return ca if ca.is_file() else None
+
+
+def run_on_skypilot(config: RunConfig, opts: SkyOptions, dry_run: bool, detach: bool) -> dict:
+    if opts.store is None and not dry_run:
+        raise ValueError("--backend skypilot needs --store: a bucket (s3://...), volume:NAME or a shared path")
+    config, tasks = prepare(config, opts)
+    result: dict = {
+        "backend": "skypilot",
+        "run_dir": str(config.run_dir),
+        "tasks": {r: str(p) for r, p in tasks.items()},
+    }
+    if dry_run:
+        stderr.print(f"wrote {len(tasks)} SkyPilot task YAMLs to {config.run_dir / 'skypilot'} (not launched)")
+        return result
+    run: dict = {
+        "cluster": f"{slug(config)}-sync",
+        "host": opts.host,
+        "public": opts.public(config.learners),
+        "port": opts.port,
+        "shards": config.sync_shards,
+    }
+    run = sky.launch(config.run_dir, tasks, run, config.token or "")
+    result["jobs"] = run["jobs"]
+    stderr.print(f"launched {run['cluster']} and {len(run['jobs'])} learner jobs")
+    if detach:
+        stderr.print(f"stop the run with: ddiloco skypilot-stop {config.run_dir}")
+        return result
+    result["summary"] = follow(config.run_dir, run, config.token)
+    return result
+
+
+def _statuses(run: dict, token: str | None, ca: Path | None) -> list[dict] | None:
+    try:
+        return [sky.status(a, token, ca) for a in run.get("addresses") or []] or None
+    except ConnectionError:
+        return None
+
+
+def follow(run_dir: Path, run: dict, token: str | None) -> dict:
+    """Watch the run until every shard says it is finished; keep their final status as the summary."""
+    interrupted = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: interrupted.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    ca, last, last_line = _ca(run_dir), None, 0.0
+    try:
+        while not interrupted.is_set():
+            now = _statuses(run, token, ca)
+            last = now or last
+            if now and all(s.get("finished") for s in now):
+                break
+            if time.monotonic() - last_line > 10.0:
+                last_line = time.monotonic()
+                st = (now or [{}])[0]
+                stderr.print(
+                    "synchronizer not answering"
+                    if not now
+                    else f"merges {st.get('merges', 0)}, learners {len(st.get('learners', {}))}, "
+                    f"progress {100 * float(st.get('progress', 0.0)):.0f}%"
+                )
+            interrupted.wait(FOLLOW_POLL)
+        if interrupted.is_set():
+            last = stop(run_dir, run, token, "the launcher was interrupted") or last
+        else:
+            sky.cancel(run)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    for shard, final in enumerate(last or []):  # the same summary file as the other backends
+        (run_dir / f"sync-{shard}").mkdir(parents=True, exist_ok=True)
+        (run_dir / f"sync-{shard}" / "summary.json").write_text(json.dumps(final, indent=1, sort_keys=True))
+    return (last or [{}])[0]
+
+
+def stop(run_dir: Path, run: dict, token: str | None, reason: str = "ddiloco skypilot-stop") -> list[dict] | None:
+    """End the run the clean way (shards checkpoint, learners send their work), then cancel the jobs
+    and take the synchronizer's cluster down; returns the shards' last status."""
+    ca, last = _ca(run_dir), None
+    try:
+        for address in run.get("addresses") or []:
+            sky.stop(address, token, ca, reason)
+        deadline = time.monotonic() + STOP_WAIT
+        while time.monotonic() < deadline:
+            last = _statuses(run, token, ca) or last
+            if last and all(s.get("finished") or s.get("stopping") and not s.get("learners") for s in last):
+                break
+            time.sleep(FOLLOW_POLL)
+    except ConnectionError as exc:
+        stderr.print(f"[yellow]{exc}; cancelling the jobs[/]")
+    sky.cancel(run)
+    return last
+
+
+def stop_from_run_dir(run_dir: Path) -> dict:
+    """`ddiloco skypilot-stop`: the launch, token and CA recorded in the run directory."""
+    run = sky.read_run(run_dir)
+    token_file = run_dir / "token"
+    stop(run_dir, run, token_file.read_text().strip() if token_file.is_file() else None)
+    return run
