@@ -103,6 +103,7 @@ def test_event_log_records_failures_and_merges(shakespeare, tmp_path):
     assert {"fragment", "version", "learners", "expected", "quorum_seconds", "grace_seconds"} <= set(merged)
 
 
+@pytest.mark.slow  # a whole run on the virtual clock or in processes: minutes under load on 2 cores
 def test_bpe_tokenizer_option(shakespeare):
     out = ddiloco(
         "sim",
@@ -173,6 +174,7 @@ def test_bad_flags_fail_with_a_clear_message(args, message):
     assert message in out.stderr
 
 
+@pytest.mark.slow  # a whole run on the virtual clock or in processes: minutes under load on 2 cores
 def test_codec_sends_outer_gradients_through_the_wire_codec(shakespeare):
     """--codec int4 puts about a seventh of fp32's bytes on the simulated link (4 bits plus block scales)."""
     peak = {}

@@ -23,7 +23,7 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 STEPS, H = 24, 4
 
 
-def run_learner(tmp_path: Path, shakespeare: Path, name: str, ranks: int) -> tuple[dict, str]:
+def run_learner(tmp_path: Path, shakespeare: Path, name: str, ranks: int, attach: bool = False) -> tuple[dict, str]:
     out = tmp_path / f"{name}.safetensors"
     # blocking syncs (overlap 0) and one learner: the same steps meet the same updates in both runs
     # fp32 updates: in bf16 a rounding step apart in the two runs' sums would be a visible difference
@@ -41,7 +41,15 @@ def run_learner(tmp_path: Path, shakespeare: Path, name: str, ranks: int) -> tup
             ]
         )
         done = subprocess.run(
-            [*launcher, str(SCRIPT), sync.address, str(shakespeare), str(STEPS), str(out)],
+            [
+                *launcher,
+                str(SCRIPT),
+                sync.address,
+                str(shakespeare),
+                str(STEPS),
+                str(out),
+                *(["attach"] if attach else []),
+            ],
             capture_output=True,
             text=True,
             timeout=240,
@@ -54,17 +62,21 @@ def run_learner(tmp_path: Path, shakespeare: Path, name: str, ranks: int) -> tup
 @pytest.mark.timeout(400)
 @pytest.mark.skipif(not TORCHRUN.exists() and shutil.which("torchrun") is None, reason="torchrun not installed")
 def test_fsdp_learner_trains_the_same_global_model_as_one_process(tmp_path, shakespeare):
+    """Also through `client.attach` (#29): the optimizer's step hook on an FSDP2 learner under
+    torchrun is the same step boundary as `client.step`."""
     single, _ = run_learner(tmp_path, shakespeare, "single", 1)
     sharded, log = run_learner(tmp_path, shakespeare, "fsdp", 2)
+    attached, attach_log = run_learner(tmp_path, shakespeare, "fsdp-attach", 2, attach=True)
     initial = dict(model().named_parameters())
-    assert set(sharded) == set(single) == set(initial)
+    assert set(sharded) == set(single) == set(attached) == set(initial)
     for name in single:
         assert not torch.allclose(single[name], initial[name].detach()), f"{name} never changed"
-        assert torch.allclose(sharded[name], single[name], atol=1e-5, rtol=1e-5), (
-            name,
-            float((sharded[name] - single[name]).abs().max()),
-            log[-1500:],
-        )
+        for got, why in ((sharded, log), (attached, attach_log)):
+            assert torch.allclose(got[name], single[name], atol=1e-5, rtol=1e-5), (
+                name,
+                float((got[name] - single[name]).abs().max()),
+                why[-1500:],
+            )
 
 
 PEER_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "fsdp_peer_learner.py"

@@ -97,9 +97,12 @@ def test_a_client_reuses_one_buffer_set_per_fragment_over_a_real_run():
     with mlp_run() as (_, client, model):
         stager = client.core.stage.__self__
         assert isinstance(stager, SnapshotStager) and not stager.pinned  # no CUDA here: plain host buffers
-        assert train_until_accepted(client, model, 8) >= 8
-    # every contribution after the first of its fragment reused that fragment's buffers
-    assert stager.allocated <= 2 + 1, f"{stager.allocated} buffer sets for 2 fragments"
+        accepted = train_until_accepted(client, model, 12)
+        assert accepted >= 12
+    # Buffers are reused: without reuse every snapshot takes a set (12 or more here). A snapshot whose
+    # fragment's previous push is still being encoded (under load, a gRPC push's frames are made as
+    # gRPC sends them) takes a fresh one, so the bound is "most reuse", not one set per fragment.
+    assert stager.allocated <= accepted // 2, f"{stager.allocated} buffer sets for {accepted} contributions"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -65,6 +65,7 @@ def test_sim_run_dir_holds_config_summary_metrics_and_events(two_runs):
     assert {e["kind"] for e in record.events} >= {"down", "up", "join", "merge"}
 
 
+@pytest.mark.slow  # a whole run on the virtual clock or in processes: minutes under load on 2 cores
 def test_recording_does_not_change_the_run(two_runs, shakespeare, tmp_path):
     base, results = two_runs
     trace = base / "trace.csv"
@@ -105,6 +106,7 @@ def test_report_refuses_what_is_not_a_run_directory(tmp_path):
     assert result.exit_code == 2 and "not a run directory" in result.output
 
 
+@pytest.mark.slow  # a whole run on the virtual clock or in processes: minutes under load on 2 cores
 def test_tensorboard_gets_the_same_metrics(shakespeare, tmp_path):
     pytest.importorskip("tensorboard", reason="tensorboard is an optional extra (pip install 'ddiloco[tensorboard]')")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

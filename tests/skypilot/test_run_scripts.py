@@ -57,6 +57,7 @@ def shard_pid(run: Path) -> int | None:
     return None
 
 
+@pytest.mark.slow  # a whole run on the virtual clock or in processes: minutes under load on 2 cores
 @pytest.mark.timeout(300)
 def test_a_killed_learner_job_recovers_and_rejoins_and_every_token_is_accounted(tmp_path, shakespeare):
     run, port = tmp_path / "run", free_port()

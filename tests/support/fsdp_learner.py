@@ -52,7 +52,8 @@ def sharded_model() -> tuple[torch.nn.Module, int, int]:
     return net, rank, world
 
 
-def main(address: str, data: str, steps: int, out: str) -> None:
+def main(address: str, data: str, steps: int, out: str, attach: bool = False) -> None:
+    """`attach`: the step boundary comes from `client.attach`'s optimizer hook, not `client.step`."""
     net, rank, world = sharded_model()
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3)
     text = np.frombuffer(open(data, "rb").read(), dtype=np.uint8)
@@ -60,6 +61,8 @@ def main(address: str, data: str, steps: int, out: str) -> None:
     client = ddiloco.LearnerClient(net, address, 0, codec="fp32", timeouts=Timeouts.derive(0.2))
     client.start()
     per_rank = BATCH // world
+    if attach:
+        client.attach(optimizer, tokens_per_step=per_rank * SEQ)
     for step in range(steps):
         rng = np.random.default_rng(step)
         starts = rng.integers(0, len(text) - SEQ - 1, BATCH)[rank * per_rank : (rank + 1) * per_rank]
@@ -69,7 +72,8 @@ def main(address: str, data: str, steps: int, out: str) -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        client.step(tokens=per_rank * SEQ, loss=loss.item())
+        if not attach:
+            client.step(tokens=per_rank * SEQ, loss=loss.item())
     stats = client.finish()
     if rank == 0:
         save_file(ddiloco.fetch_global(address), out)
@@ -86,4 +90,4 @@ def main(address: str, data: str, steps: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], attach=sys.argv[5:] == ["attach"])
