@@ -153,3 +153,32 @@ def stop_from_run_dir(run_dir: Path) -> dict[str, str]:
     shards = int(json.loads((run_dir / "slurm" / "run.json").read_text()).get("sync_shards", 1))
     stop(run_dir, shards, token, jobs)
     return jobs
+
+
+def run_from_cli(
+    config: RunConfig,
+    threads: int,
+    flags: dict,
+    chaos_given: tuple,
+    dry_run: bool,
+    detach: bool,
+    as_json: bool,
+) -> None:
+    """`ddiloco run --backend slurm`: the flags checked, the jobs submitted (or written), the summary
+    printed; bad values end as the CLI's clear errors."""
+    from .output import user_error
+
+    learner_mtbf, straggle, kill_synchronizer_at, chaos_trace, net_delay = chaos_given
+    try:
+        check_local_only(
+            learner_mtbf=learner_mtbf,
+            straggle=straggle,
+            kill_synchronizer_at=kill_synchronizer_at,
+            chaos_trace=chaos_trace,
+            net_delay=net_delay,
+        )
+        result = run_on_slurm(dataclasses.replace(config, threads=threads), SlurmOptions(**flags), dry_run, detach)
+    except (ValueError, slurm.SlurmError) as exc:
+        raise user_error(exc) from None
+    if as_json:
+        print(json.dumps(result, sort_keys=True), flush=True)

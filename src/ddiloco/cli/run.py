@@ -3,8 +3,6 @@ or, with `--backend slurm`, the same processes as Slurm jobs (`_slurm`)."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -336,38 +334,24 @@ def run(
             ValueError("--store, --infra, --accelerators, --no-spot, --tls, --sky-port: only with skypilot")
         )
     if options.plain(backend)[0] == "slurm":
-        from ..cluster.sbatch import SlurmOptions
-        from ..cluster.slurm import SlurmError
-        from ._slurm import check_local_only, run_on_slurm
+        from ._slurm import run_from_cli as run_slurm_from_cli
 
-        try:
-            check_local_only(
-                learner_mtbf=learner_mtbf,
-                straggle=straggle,
-                kill_synchronizer_at=kill_synchronizer_at,
-                chaos_trace=chaos_trace,
-                net_delay=net_delay or None,
-            )
-            opts = SlurmOptions(
-                partition=partition,
-                account=account,
-                time_limit=time_limit,
-                nodes_per_learner=nodes_per_learner,
-                procs_per_node=procs_per_node,
-                gpus_per_node=gpus_per_node,
-                cpus_per_task=cpus_per_task,
-                host=sync_host,
-                term_grace=term_grace,
-                extra=tuple(sbatch_arg or ()),
-                max_restarts=max_restarts,
-                learner_state=options.plain(learner_state)[0],
-            )
-            result = run_on_slurm(dataclasses.replace(config, threads=threads), opts, dry_run, detach)
-        except (ValueError, SlurmError) as exc:
-            raise user_error(exc) from None
-        if as_json:
-            print(json.dumps(result, sort_keys=True), flush=True)
-        return
+        chaos_given = (learner_mtbf, straggle, kill_synchronizer_at, chaos_trace, net_delay or None)
+        slurm_flags = {
+            "partition": partition,
+            "account": account,
+            "time_limit": time_limit,
+            "nodes_per_learner": nodes_per_learner,
+            "procs_per_node": procs_per_node,
+            "gpus_per_node": gpus_per_node,
+            "cpus_per_task": cpus_per_task,
+            "host": sync_host,
+            "term_grace": term_grace,
+            "extra": tuple(sbatch_arg or ()),
+            "max_restarts": max_restarts,
+            "learner_state": options.plain(learner_state)[0],
+        }
+        return run_slurm_from_cli(config, threads, slurm_flags, chaos_given, dry_run, detach, as_json)
 
     from ._local import run_locally
 
