@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         default=10.0,
         help="elastic-ddp pause per membership change, in step times (default: the mean downtime)",
     )
+    parser.add_argument(
+        "--rows", nargs="+", default=None, metavar="NAME", help="only these rows (e.g. decoupled-hetero-k1 ddp)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="where to write the JSON table")
     parser.add_argument("--load", type=Path, default=None, help="print the table of a JSON file this wrote instead")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/results.md)")
@@ -129,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not Path(args.data).is_file():
         parser.error(f"--data {args.data} does not exist")
+    known = [name for name, _ in rows(LEARNERS, args.sync_every)]
+    unknown = sorted(set(args.rows or ()) - set(known))
+    if unknown:
+        parser.error(f"--rows: no row named {', '.join(unknown)}; the rows are {', '.join(known)}")
     out_path = args.out or ROOT / "benchmarks" / "results" / ("quality-quick.json" if args.quick else "quality.json")
 
     started = time.perf_counter()
@@ -137,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         if spec["model"] not in args.models:
             continue
         jobs = configs(spec, args.seed, args.data, args.sync_every, args.reconfigure_seconds)
+        jobs = [(name, config) for name, config in jobs if args.rows is None or name in args.rows]
         task = build_task(jobs[0][1])
         for name, config in jobs:
             console.log(f"{spec['model']}: {name} ...")

@@ -363,3 +363,17 @@ def test_without_final_momentum_the_final_flush_takes_a_plain_outer_step_by_hand
     # first step: -0.5 * 1.9 * (-1) = 0.95; with momentum: buf = 0.9 * -1 - 1 = -1.9, update -1 + 0.9 * -1.9
     assert torch.allclose(run(True), torch.tensor([0.95 + 0.5 * 2.71, 0.0]))
     assert torch.allclose(run(False), torch.tensor([0.95 + 0.5 * 1.0, 0.0]))  # lr * delta alone
+
+
+def test_arrival_auto_rebases_only_where_rounds_average():
+    """`arrival="auto"` (the default) keeps in-flight steps where a round averages several learners (a
+    grace window, or K > 1) and overwrites with K = 1 and no grace, where each round merges its opener
+    alone and re-based work would be summed learner after learner (docs/results.md, "Keeping the work")."""
+    assert AlgorithmConfig().arrival == "auto" and AlgorithmConfig().rebases  # K = 1, grace 0.9
+    assert not AlgorithmConfig(quorum=1, grace=0.0).rebases
+    assert AlgorithmConfig(quorum=2, grace=0.0).rebases
+    assert AlgorithmConfig(quorum=4, grace=0.0).rebases  # synchronous DiLoCo's K = M
+    assert AlgorithmConfig(quorum=1, grace=0.0, arrival="rebase").rebases  # an explicit choice wins
+    assert not AlgorithmConfig(quorum=4, grace=0.9, arrival="overwrite").rebases
+    with pytest.raises(ValueError, match="arrival must be 'auto', 'overwrite' or 'rebase'"):
+        AlgorithmConfig(arrival="sometimes")  # type: ignore[arg-type]

@@ -61,7 +61,8 @@ ARRIVAL = typer.Option(
     _D.arrival,
     "--arrival",
     help="When a global fragment arrives: overwrite (the paper's; the "
-    "steps since the snapshot are lost) or rebase (keep them: Theta + theta - theta_snapshot).",
+    "steps since the snapshot are lost), rebase (keep them: Theta + theta - theta_snapshot), or auto "
+    "(rebase where rounds average several learners: a grace window or K > 1; overwrite otherwise).",
 )
 FINAL_MOMENTUM = typer.Option(
     _D.final_momentum,
@@ -186,6 +187,7 @@ class BudgetCounts(str, enum.Enum):  # synchronizer.settings.BUDGET_COUNTS
 
 
 class Arrival(str, enum.Enum):  # core.config.ArrivalMode
+    auto = "auto"
     overwrite = "overwrite"
     rebase = "rebase"
 

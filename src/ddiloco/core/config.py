@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 MergeMode = Literal["rda", "mean"]
-ArrivalMode = Literal["overwrite", "rebase"]
+ArrivalMode = Literal["auto", "overwrite", "rebase"]
 LateMode = Literal["merge", "refuse"]
 
 
@@ -30,7 +30,11 @@ class AlgorithmConfig:
     arrival: what a learner does with its fragment when a new global value arrives. "overwrite" (the
     paper's): theta <- Theta_new, and the steps taken since the snapshot are lost. "rebase" keeps
     them: theta <- Theta_new + (theta - theta_at_snapshot), counters keep the steps since the snapshot
-    (a learner that did not contribute keeps all its unsent work: theta - its last Theta).
+    (a learner that did not contribute keeps all its unsent work: theta - its last Theta). "auto" (the
+    default) re-bases wherever rounds average several learners (a grace window, or K > 1) and
+    overwrites with K = 1 and no grace: there each round merges its opener alone, and re-based work
+    would be applied learner after learner, a sum where the model wants an average (`rebases`;
+    docs/results.md, "Keeping the work").
     quorum is capped at the number of live learners, so K >= M means "wait for every live learner".
     overlap 0 means blocking syncs: a learner waits at the boundary for the fragment it just sent
     (classic synchronous DiLoCo).
@@ -55,7 +59,7 @@ class AlgorithmConfig:
     ema: float = 0.2
     max_outer_norm_ratio: float = 10.0
     final_momentum: bool = False  # measured: docs/results.md, "The end of a run"
-    arrival: ArrivalMode = "rebase"  # measured: docs/results.md, "Long links"
+    arrival: ArrivalMode = "auto"  # measured: docs/results.md, "Long links" and "Keeping the work"
     overlap_auto: bool = True
     late: LateMode = "merge"
     max_staleness: int = 4
@@ -84,8 +88,8 @@ class AlgorithmConfig:
             problems.append(f"outer_momentum must be in [0, 1), got {self.outer_momentum}")
         if self.merge not in ("rda", "mean"):
             problems.append(f"merge must be 'rda' or 'mean', got {self.merge!r}")
-        if self.arrival not in ("overwrite", "rebase"):
-            problems.append(f"arrival must be 'overwrite' or 'rebase', got {self.arrival!r}")
+        if self.arrival not in ("auto", "overwrite", "rebase"):
+            problems.append(f"arrival must be 'auto', 'overwrite' or 'rebase', got {self.arrival!r}")
         if self.late not in ("merge", "refuse"):
             problems.append(f"late must be 'merge' or 'refuse', got {self.late!r}")
         if not 1 <= self.max_staleness <= 1000:
@@ -102,6 +106,13 @@ class AlgorithmConfig:
             problems.append(f"max_outer_norm_ratio must be a finite number >= 0, got {self.max_outer_norm_ratio}")
         if problems:
             raise ValueError("invalid algorithm config: " + "; ".join(problems))
+
+    @property
+    def rebases(self) -> bool:
+        """Whether learners keep their in-flight steps when a global value arrives (`arrival`)."""
+        if self.arrival == "auto":
+            return self.grace > 0 or self.quorum > 1
+        return self.arrival == "rebase"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -77,7 +77,7 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         self.versions = {p: 0 for p in self.owned}
         self.merged_into: dict[int, tuple[int, ...]] = {p: () for p in self.owned}  # who made each version
         self.outer = {p: NesterovOuterOptimizer(config.outer_lr, config.outer_momentum) for p in self.owned}
-        self.grace = GraceWindow(config.overlap, config.grace, config.ema, cover_pulls=config.arrival == "rebase")
+        self.grace = GraceWindow(config.overlap, config.grace, config.ema, cover_pulls=config.rebases)
         self.live: set[int] = set()
         self.rounds: dict[int, Round] = {}
         self.carries: dict[int, Carry] = {}  # late work waiting for its fragment's next round (`late`)

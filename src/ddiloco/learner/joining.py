@@ -100,7 +100,7 @@ def make_core(
 ) -> LearnerCore:
     """The algorithm's learner side, as the run's config says (`sharded`: an FSDP learner). With the
     base copy on the host (the default) snapshots go through reused host buffers (`staging`)."""
-    rebase = config.arrival == "rebase"
+    rebase = config.rebases
     if rebase and sharded:  # rank 0's copy of a fragment is current only when it is snapshotted
         log.warning(
             "arrival 'rebase' is not supported with FSDP-sharded learners yet: this learner overwrites its "

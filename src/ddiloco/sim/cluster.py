@@ -145,7 +145,7 @@ class DecoupledCluster:
             self.plan,
             self.schedule,
             ema=self.algorithm.ema,
-            rebase=self.algorithm.arrival == "rebase",
+            rebase=self.algorithm.rebases,
             late_merged=self.algorithm.late == "merge",
         )
         if now > 0:

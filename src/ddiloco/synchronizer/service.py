@@ -256,7 +256,7 @@ class SynchronizerService(Membership):
         refused and arrivals re-based, a learner re-bases a stale snapshot's work onto the version it
         missed and sends it again (`LearnerCore._rebase`), so it is booked when that merges."""
         algorithm = self.core.config
-        stale_resent = algorithm.late == "refuse" and algorithm.arrival == "rebase" and reason.startswith("stale")
+        stale_resent = algorithm.late == "refuse" and algorithm.rebases and reason.startswith("stale")
         return reason.startswith("duplicate") or stale_resent
 
     def reject(self, s: Session | None, fragment: int | None, reason: str, learner: int | None = None) -> dict:
