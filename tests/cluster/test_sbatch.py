@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 
@@ -143,3 +145,34 @@ def test_slurm_options_without_the_slurm_backend_are_errors(tmp_path):
         timeout=120,
     )
     assert out.returncode == 2 and "--partition, --learner-state: only with --backend slurm" in out.stderr
+
+
+def test_each_node_of_a_multi_node_learner_finds_its_address_rendezvous_role_and_gloo_interface(tmp_path):
+    """Not from its host name (which may resolve to 127.0.1.1, or to no address of the cluster's
+    network): from Slurm's NodeAddr, run here with a stand-in scontrol and the real `ip`."""
+    text = open(dry_run(tmp_path, "--nodes-per-learner", "2")["scripts"]["learner0"]).read()
+    assert "export FIRST RDZV PORT" in text
+    srun = shlex.split(text[text.index("exec srun ") :])
+    assert srun[:5] == ["exec", "srun", "--ntasks-per-node=1", "bash", "-c"] and len(srun) == 6
+    *setup, torchrun = srun[5].splitlines()
+    assert torchrun.startswith("exec ") and '--rdzv-endpoint "$RDZV:$PORT"' in torchrun
+    assert '--rdzv-conf is_host=$IS_HOST --local-addr "$ADDR" -m ddiloco learner' in torchrun
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"  # `scontrol show node NAME -o`, as Slurm prints it
+    scontrol.write_text('#!/bin/sh\necho "NodeName=$3 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=somewhere"\n')
+    scontrol.chmod(0o755)
+    probe = "\n".join([*setup, 'echo "$ADDR $IS_HOST ${GLOO_SOCKET_IFNAME:-unset}"'])
+
+    def node(name: str, **env: str) -> list[str]:
+        base = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
+        env = {**base, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURMD_NODENAME": name, "FIRST": "n1", **env}
+        out = subprocess.run(["bash", "-c", probe], env=env, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert f"learner node {name} at 127.0.0.1" in out.stderr  # said in the job's log
+        return out.stdout.split()
+
+    loopback = "lo" if shutil.which("ip") else "unset"  # the interface that holds 127.0.0.1
+    assert node("n1") == ["127.0.0.1", "1", loopback]  # the first node hosts the rendezvous store
+    assert node("n2") == ["127.0.0.1", "0", loopback]
+    assert node("n2", GLOO_SOCKET_IFNAME="ib0") == ["127.0.0.1", "0", "ib0"]  # the user's choice stays

@@ -84,11 +84,32 @@ class SlurmHosts:
             time.sleep(0.5)
         raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
-    def run(self, *argv: str, timeout: float = 20) -> subprocess.CompletedProcess:
-        """A Slurm command (sinfo, sbatch, ...) inside host ctl."""
+    def run(self, *argv: str, timeout: float = 20, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """A command inside host ctl (sinfo, sbatch, `ddiloco run --backend slurm`, ...), with SLURM_CONF
+        and `env` added to this process's environment."""
         return subprocess.run(
-            self.net.command(self.ctl, list(argv)), env=self.env, capture_output=True, text=True, timeout=timeout
+            self.net.command(self.ctl, list(argv)),
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
+
+    def scontrol(self, *argv: str) -> str:
+        done = self.run("scontrol", *argv)
+        assert done.returncode == 0, (argv, done.stderr)
+        return done.stdout
+
+    def nodes_of(self, job: str) -> list[str]:
+        """The nodes a running job holds (empty while it is not running)."""
+        out = self.run("squeue", "-h", "-t", "RUNNING", "-j", job, "-o", "%N")
+        if out.returncode != 0 or not out.stdout.strip():
+            return []
+        return self.scontrol("show", "hostnames", out.stdout.strip()).split()
+
+    def set_state(self, node: str, state: str) -> None:
+        """`drain` (no new job there; what runs goes on) or `resume`."""
+        self.scontrol("update", f"nodename={node}", f"state={state}", *(["reason=test"] if state == "drain" else []))
 
     def wait_idle(self, timeout: float = 90) -> None:
         def idle() -> bool:

@@ -88,6 +88,23 @@ def _command(args: list[str]) -> str:
     return " ".join(special.get(a) or shlex.quote(a) for a in args)
 
 
+# What each node of a multi-node learner finds out for itself before its torchrun starts, from Slurm
+# rather than from its host name (which may resolve to 127.0.1.1, or to another interface than the
+# cluster's): its own address (Slurm's NodeAddr), which torchrun advertises to the other nodes
+# (--local-addr, MASTER_ADDR), whether it hosts the rendezvous store (the first node; torchrun's own
+# guess compares the endpoint with what the host name resolves to, and may find no host at all), and
+# the interface gloo binds (GLOO_SOCKET_IFNAME, unless set: the one that holds that address).
+_NODE_SETUP = [
+    'ADDR="$(scontrol show node "$SLURMD_NODENAME" -o | sed -n "s/.*NodeAddr=\\([^ ]*\\).*/\\1/p")"',
+    'IS_HOST=0; [ "$SLURMD_NODENAME" = "$FIRST" ] && IS_HOST=1',
+    'if [ -z "${GLOO_SOCKET_IFNAME:-}" ] && [ -n "$ADDR" ] && command -v ip >/dev/null; then',
+    '    IFACE="$(ip -o addr show to "$ADDR" 2>/dev/null | head -n1 | cut -d" " -f2)"',
+    '    [ -n "$IFACE" ] && export GLOO_SOCKET_IFNAME="$IFACE"',
+    "fi",
+    'echo "learner node $SLURMD_NODENAME at ${ADDR:-?}, rendezvous host $IS_HOST, gloo ${GLOO_SOCKET_IFNAME:-}" >&2',
+]
+
+
 def job_name(config: RunConfig, role: str) -> str:
     return f"ddiloco-{config.run_dir.name}-{role}"
 
@@ -156,6 +173,7 @@ def learner_script(config: RunConfig, opts: SlurmOptions, m: int) -> str:
             'FIRST="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
             'RDZV="$(scontrol show node "$FIRST" -o | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')"',
             "PORT=$((29500 + SLURM_JOB_ID % 1000))",
+            f"export FIRST RDZV PORT{' SCRATCH' if scratch else ''}  # read on every node, by the lines below",
         ]
         torchrun = [
             opts.python,
@@ -173,13 +191,23 @@ def learner_script(config: RunConfig, opts: SlurmOptions, m: int) -> str:
             "__JOB__",
             "--rdzv-endpoint",
             "__RDZV__",
+            "--rdzv-conf",
+            "__IS_HOST__",
+            "--local-addr",
+            "__ADDR__",
             "-m",
             "ddiloco",
             *args,
         ]
-        run = "exec srun --ntasks-per-node=1 " + _command(torchrun).replace("__JOB__", '"$SLURM_JOB_ID"').replace(
-            "__RDZV__", '"$RDZV:$PORT"'
-        )
+        command = _command(torchrun)
+        for mark, value in (
+            ("__JOB__", '"$SLURM_JOB_ID"'),
+            ("__RDZV__", '"$RDZV:$PORT"'),
+            ("__IS_HOST__", "is_host=$IS_HOST"),
+            ("__ADDR__", '"$ADDR"'),
+        ):
+            command = command.replace(mark, value)
+        run = "exec srun --ntasks-per-node=1 bash -c " + shlex.quote("\n".join([*_NODE_SETUP, f"exec {command}"]))
     return (
         "\n".join(
             [
