@@ -11,6 +11,11 @@ is a `client.step`), stops the Trainer when the run's token budget is reached an
 at the end. Run the same learner command again after a crash: it resumes from its newest whole
 checkpoint and rejoins. `main` starts the synchronizer in this process (as examples/own_model.py
 does) and the two learners as child processes, and exits non-zero unless both learners' work merged.
+
+FSDP2 (on GPUs, under torchrun or `accelerate launch`) needs no other `# ddiloco` line, only the
+Trainer's own arguments: `TrainingArguments(..., fsdp=True, fsdp_config={"version": 2,
+"auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})`.
+Accelerate does not shard on the CPU (it trains with DDP there); docs/api.md says why and how it is tested.
 """
 
 from __future__ import annotations

@@ -38,3 +38,30 @@ def test_bad_inputs():
         balanced_fragments([("a", 1)], 0)
     with pytest.raises(ValueError, match="unique"):
         balanced_fragments([("a", 1), ("a", 2)], 1)
+
+
+def test_fragments_by_name_keep_the_groups_given_and_the_model_order_inside():
+    from ddiloco.core.fragments import named_fragments
+
+    plan = named_fragments([("a", 10), ("b", 100), ("c", 50), ("d", 60)], [["c", "a"], ["d"], ["b"]])
+    assert plan.names == (("a", "c"), ("d",), ("b",))
+    assert plan.sizes == (60, 60, 100)
+    assert plan.fragment_of("b") == 2
+
+
+@pytest.mark.parametrize(
+    ("groups", "message"),
+    [
+        ([["a", "b"], ["c", "x"]], "'x', which is not a parameter"),
+        ([["a", "b"], ["c", "a"]], "'a' is in fragments 0 and 1"),
+        ([["a"], ["c"]], "1 parameters are in no fragment"),
+        ([["a", "b", "c"], []], "fragment 1 names no parameter"),
+        ([], "give a list of fragments"),
+        (["abc"], "give a list of fragments"),
+    ],
+)
+def test_fragments_by_name_are_refused_unless_each_parameter_is_in_exactly_one(groups, message):
+    from ddiloco.core.fragments import named_fragments
+
+    with pytest.raises(ValueError, match=message):
+        named_fragments([("a", 1), ("b", 2), ("c", 3)], groups)

@@ -50,7 +50,43 @@ class Windows(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def arguments(out: str, max_steps: int, save_steps: int = 0, seed: int = 0) -> TrainingArguments:
+def fsdp_arguments() -> dict:
+    """FSDP2 through Accelerate (Transformers' default FSDP version), each decoder layer its own unit."""
+    return dict(
+        fsdp=True,  # full sharding (reshard_after_forward); the string "full_shard" is deprecated
+        fsdp_config={
+            "version": 2,
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
+            "reshard_after_forward": True,
+        },
+    )
+
+
+def fsdp_on_cpu() -> None:
+    """Let Accelerate run its FSDP2 path on the CPU (gloo). Accelerate 1.16 turns FSDP on only for GPU-like
+    device types (`AcceleratorState.__init__`, accelerate/state.py: `DistributedType.FSDP` is set only when
+    the type is MULTI_GPU, MULTI_XPU, ...), so with `use_cpu=True` it drops the Trainer's FSDP plugin
+    without a word and trains with DDP. Here the Accelerator the Trainer builds takes the plugin anyway:
+    everything after that (`fsdp2_prepare_model`: `fully_shard` per decoder layer and on the model, the
+    optimizer's parameters swapped for the DTensor ones, clipping, the Trainer's FSDP branches) is
+    Accelerate's and the Trainer's own code, which runs on the CPU as `fully_shard` does (tests/learner/
+    test_fsdp.py). On GPUs none of this is needed."""
+    import accelerate
+    import transformers.trainer
+    from accelerate.utils import DistributedType
+
+    class Accelerator(accelerate.Accelerator):
+        def __init__(self, *args, fsdp_plugin=None, **kwargs) -> None:
+            super().__init__(*args, fsdp_plugin=fsdp_plugin, **kwargs)
+            if fsdp_plugin is not None and self.state.distributed_type == DistributedType.MULTI_CPU:
+                self.state.distributed_type = DistributedType.FSDP
+                self.state.fsdp_plugin = fsdp_plugin
+
+    transformers.trainer.Accelerator = Accelerator  # type: ignore[misc]
+
+
+def arguments(out: str, max_steps: int, save_steps: int = 0, seed: int = 0, fsdp: bool = False) -> TrainingArguments:
     return TrainingArguments(
         output_dir=out,
         use_cpu=True,
@@ -66,14 +102,26 @@ def arguments(out: str, max_steps: int, save_steps: int = 0, seed: int = 0) -> T
         dataloader_num_workers=0,
         include_num_input_tokens_seen="all",
         disable_tqdm=True,
+        **(fsdp_arguments() if fsdp else {}),
     )
+
+
+def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter whole: FSDP2's sharded ones (DTensor) gathered, on every rank (collective)."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, p in sorted(model.named_parameters()):
+        t = p.detach()
+        out[name] = (t.full_tensor() if isinstance(t, DTensor) else t).float().contiguous()
+    return out
 
 
 def digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
-    for name, p in sorted(model.named_parameters()):
+    for name, t in full_parameters(model).items():
         h.update(name.encode())
-        h.update(p.detach().float().contiguous().numpy().tobytes())
+        h.update(t.numpy().tobytes())
     return h.hexdigest()
 
 
@@ -89,15 +137,18 @@ def main() -> int:
     parser.add_argument("--save-steps", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--codec", default="bf16", help="how contributions travel (fp32: exact)")
+    parser.add_argument("--fsdp", action="store_true", help="FSDP2 (full_shard) through the Trainer's Accelerate")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = build()
+    if args.fsdp:
+        fsdp_on_cpu()
     callbacks = (
         [DecoupledDiLoCoCallback(args.connect, args.id, codec=args.codec, report_every=1e9)] if args.connect else []
     )
     trainer = Trainer(
         model=model,
-        args=arguments(args.out, args.max_steps, args.save_steps),
+        args=arguments(args.out, args.max_steps, args.save_steps, fsdp=args.fsdp),
         train_dataset=Windows(args.data, args.id, 2),
         callbacks=callbacks,
     )
@@ -114,6 +165,8 @@ def main() -> int:
         "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
         "client": {k: stats.get(k) for k in ("steps", "tokens", "accepted", "pushed", "registrations")},
         "params_sha": digest(model),
+        "sharded": sorted(n for n, p in model.named_parameters() if type(p).__name__ == "DTensor"),
+        "fsdp_module": type(trainer.model).__name__,
     }
     Path(args.out, f"rank-{rank}.json").write_text(json.dumps(result))
     return 0

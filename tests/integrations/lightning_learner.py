@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 import lightning
@@ -46,6 +47,8 @@ def main() -> int:
     parser.add_argument("--data", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--max-steps", type=int, default=500)
+    parser.add_argument("--ready", default=None, help="a folder: start training once --peers learners wrote to it")
+    parser.add_argument("--peers", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -62,6 +65,11 @@ def main() -> int:
         enable_model_summary=False,
     )
     loader = torch.utils.data.DataLoader(windows(args.data, args.id, 2), batch_size=BATCH, shuffle=True)
+    if args.ready:  # on two busy cores one learner's imports can take the whole budget's time: start together
+        Path(args.ready, f"ready-{args.id}").touch()
+        deadline = time.monotonic() + 60
+        while len(list(Path(args.ready).glob("ready-*"))) < args.peers and time.monotonic() < deadline:
+            time.sleep(0.05)
     trainer.fit(module, loader)
     stats = callback.stats()
     result = {

@@ -1,13 +1,22 @@
 """Fragments from module names on a llama-shaped stand-in (plain torch, no torchtitan): by hand, torchft's
-layout (embeddings with the first layers, norm and head with the last, the rest split evenly)."""
+layout (embeddings with the first layers, norm and head with the last, the rest split evenly); and end to
+end, a synchronizer given them and a learner in its own process whose fragments and merges follow them."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from ddiloco.integrations.fragments import clean_name, module_fragments, parameter_fragments
+import ddiloco
+from ddiloco.core import plan_for_model
+from ddiloco.integrations.fragments import clean_name, layer_fragments, module_fragments, parameter_fragments
+
+from . import layer_learner
 
 
 class Block(torch.nn.Module):
@@ -63,3 +72,64 @@ def test_impossible_layouts_are_refused():
         module_fragments(torch.nn.Linear(2, 2), 1)
     with pytest.raises(ValueError, match="belongs to no fragment"):
         parameter_fragments(Stand(), [["tok_embeddings"], ["layers.0"]])
+
+
+@pytest.mark.timeout(120)
+def test_a_synchronizer_given_layer_fragments_hands_them_to_a_learner_and_merges_by_them(tmp_path, shakespeare):
+    """The synchronizer owns the split: given `layer_fragments`, its plan is the module names' (not the
+    balanced one), a learner in another process registers and receives exactly those fragments, and
+    each fragment's merges come back as that fragment's layers, at its own staggered steps."""
+    model = layer_learner.build()  # tok_embeddings, layers.0-3, norm + output: 6 units
+    fragments = layer_fragments(model, 3)
+    assert fragments == [
+        [
+            "tok_embeddings.weight",
+            *[f"layers.{i}.{m}.{w}" for i in (0,) for m in ("norm", "mlp") for w in ("weight", "bias")],
+        ],
+        [f"layers.{i}.{m}.{w}" for i in (1, 2) for m in ("norm", "mlp") for w in ("weight", "bias")],
+        [
+            *[f"layers.3.{m}.{w}" for m in ("norm", "mlp") for w in ("weight", "bias")],
+            "norm.weight",
+            "norm.bias",
+            "output.weight",
+            "output.bias",
+        ],
+    ]
+    balanced = plan_for_model(dict(model.named_parameters()), 3)
+    assert [list(n) for n in balanced.names] != fragments  # without them the synchronizer would split otherwise
+    out, steps = tmp_path / "learner.json", 30
+    sync = ddiloco.Synchronizer(
+        model, learners=1, fragments=fragments, sync_every=6, overlap=0, quorum=1, grace=0.0, heartbeat=0.1
+    )
+    assert sync.algorithm.fragments == 3 and [list(n) for n in sync.service.core.plan.names] == fragments
+    with sync:
+        done = subprocess.run(
+            [sys.executable, layer_learner.__file__, sync.address, shakespeare, str(steps), str(out)],
+            capture_output=True,
+            text=True,
+            timeout=100,
+        )
+        status = sync.status()
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["names"] == fragments and got["steps"] == steps and got["accepted"] > 0
+    assert all(v >= 2 for v in status["versions"].values()), status["versions"]  # each fragment merged
+    first = {p: next(s for s, applied in enumerate(got["applied"]) if p in applied) for p in range(3)}
+    # blocking syncs (overlap 0): each fragment's merge comes back at its own step of the staggered schedule
+    assert len(set(first.values())) == 3, got["applied"]
+    assert all(len(applied) <= 1 for applied in got["applied"]), got["applied"]
+
+
+def test_fragments_by_name_are_checked_where_the_synchronizer_takes_them():
+    model = layer_learner.build()
+    groups = layer_fragments(model, 3)
+    with pytest.raises(ValueError, match="not a parameter"):
+        ddiloco.Synchronizer(model, fragments=[*groups[:2], [*groups[2], "layers.9.mlp.weight"]], sync_every=6)
+    with pytest.raises(ValueError, match="in fragments 0 and 1"):
+        ddiloco.Synchronizer(model, fragments=[groups[0], [*groups[1], groups[0][0]], groups[2]], sync_every=6)
+    with pytest.raises(ValueError, match="in no fragment"):
+        ddiloco.Synchronizer(model, fragments=groups[:2], sync_every=6)
+    with pytest.raises(ValueError, match="names no parameter"):
+        ddiloco.Synchronizer(model, fragments=[*groups, []], sync_every=6)
+    with pytest.raises(ValueError, match=r"fragments \(P=3\) must be <= sync_every"):
+        ddiloco.Synchronizer(model, fragments=groups, sync_every=2)

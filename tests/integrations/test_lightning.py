@@ -42,6 +42,7 @@ def test_two_lightning_learners_merge_and_count_their_steps(procs, tmp_path, sha
             out = tmp_path / f"learner-{m}"
             out.mkdir()
             cmd = [sys.executable, str(SCRIPT), "--connect", address, "--id", str(m), "--data", shakespeare]
+            cmd += ["--ready", str(tmp_path), "--peers", "2"]
             children.append(procs.start(f"learner-{m}", [*cmd, "--out", str(out)], out / "stderr.log"))
             outs.append(out)
         codes = wait_exit(children, 150)

@@ -71,3 +71,29 @@ def test_the_token_counter_counts_training_forward_passes_only():
     counter.remove()
     model(ids)
     assert counter.pending == 0
+
+
+def test_fsdp1_is_refused_and_fsdp2_accepted(tmp_path):
+    """FSDP1 flattens parameters into per-rank FlatParameters: refused from the Trainer's arguments (before
+    training) and from the model a framework hands over; FSDP2 (the Trainer's default) is accepted."""
+    from ddiloco.integrations.common import FSDP1_REFUSED, refuse_fsdp1
+
+    with pytest.raises(ValueError) as refused:
+        refuse_fsdp1(SimpleNamespace(fsdp=True, fsdp_config={"version": 1}))
+    assert str(refused.value) == FSDP1_REFUSED
+    refuse_fsdp1(SimpleNamespace(fsdp=True, fsdp_config={"version": 2}))
+    refuse_fsdp1(SimpleNamespace(fsdp=None, fsdp_config={"version": 1}))  # FSDP off: its config is unused
+    FullyShardedDataParallel = type("FullyShardedDataParallel", (torch.nn.Module,), {})
+    wrapped = torch.nn.Sequential(torch.nn.Linear(2, 2), FullyShardedDataParallel())
+    with pytest.raises(ValueError, match="not FSDP1"):
+        refuse_fsdp1(model=wrapped)
+    refuse_fsdp1(model=torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    pytest.importorskip("transformers", reason="the Hugging Face extra: pip install -e '.[hf]'")
+    from transformers import TrainingArguments
+
+    from ddiloco.integrations.transformers import DecoupledDiLoCoCallback
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    args.fsdp, args.fsdp_config = True, {"version": 1}  # what fsdp_config={"fsdp_version": 1} leaves there
+    with pytest.raises(ValueError, match="not FSDP1"):
+        DecoupledDiLoCoCallback("127.0.0.1:1", learner_id=0).on_init_end(args, None, None)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 
 from ..core.config import AlgorithmConfig
+from ..core.fragments import plan_by_names
 from ..synchronizer.server import SynchronizerServer, build_service
 from ..synchronizer.settings import ServiceSettings
 from ..wire.timeouts import Timeouts
@@ -41,7 +42,7 @@ class Synchronizer:
         learners: int = 4,
         host: str = "127.0.0.1",
         port: int = 0,
-        fragments: int | None = None,
+        fragments: int | Sequence[Sequence[str]] | None = None,
         plain_names: list[str] | None = None,
         algorithm: AlgorithmConfig | None = None,
         tokens: int | None = None,
@@ -59,7 +60,9 @@ class Synchronizer:
         Embeddings: `plain_names`, else every nn.Embedding of `model` and the weights tied to one.
         `tokens` counts what `budget_counts` says: "trained" (every token learners trained) or "merged".
         `codec_down`: how updates travel to learners, "bf16" (half the bytes), "fp32" (exact), or "int8" /
-        "int4": quantised differences from the version a learner holds, with error feedback."""
+        "int4": quantised differences from the version a learner holds, with error feedback.
+        `fragments`: how many (balanced by size), or the fragments themselves, each a list of parameter
+        names (layer-wise from module names: `integrations.fragments.layer_fragments`); checked here."""
         params = parameters(model)
         if plain_names is not None:
             plain = check_plain_names(plain_names, params)
@@ -72,11 +75,16 @@ class Synchronizer:
                 f"unknown settings {sorted(unknown)}; AlgorithmConfig has "
                 f"{[f.name for f in dataclasses.fields(AlgorithmConfig)]}"
             )
-        requested = fragments if fragments is not None else (base.fragments if algorithm is not None else None)
+        by_name = None
+        count = fragments if fragments is None or isinstance(fragments, int) else None
+        if fragments is not None and not isinstance(fragments, int):
+            by_name = [list(group) for group in plan_by_names(params, fragments).names]  # checked: each once
+            count = len(by_name)
+        requested = count if count is not None else (base.fragments if algorithm is not None else None)
         sync_every = int(knobs.get("sync_every", base.sync_every))  # type: ignore[call-overload]
         fitted = fit_fragments(len(params), requested, sync_every)
         self.algorithm = dataclasses.replace(base, fragments=fitted, **knobs)  # type: ignore[arg-type]  # names checked above
-        note = balance_note(params, self.algorithm.fragments)
+        note = balance_note(params, self.algorithm.fragments) if by_name is None else None
         if note:
             log.warning(note)
         self.settings = ServiceSettings(
@@ -88,7 +96,9 @@ class Synchronizer:
             budget_counts=budget_counts,
             codec_down=codec_down,
         )
-        self.service = build_service(params, self.algorithm, self.settings, plain, checkpoint_dir, event_log)
+        self.service = build_service(
+            params, self.algorithm, self.settings, plain, checkpoint_dir, event_log, fragment_names=by_name
+        )
         self.plain_names = plain
         self._server = SynchronizerServer(self.service, host, port, token)
         self.address: str | None = None

@@ -75,3 +75,39 @@ def balanced_fragments(numels: Mapping[str, int] | Sequence[tuple[str, int]], nu
 def plan_for_model(named_parameters: Mapping[str, torch.Tensor], num_fragments: int) -> FragmentPlan:
     """Plan from a name -> tensor mapping (e.g. dict(model.named_parameters()))."""
     return balanced_fragments([(n, int(t.numel())) for n, t in named_parameters.items()], num_fragments)
+
+
+def named_fragments(
+    numels: Mapping[str, int] | Sequence[tuple[str, int]], groups: Sequence[Sequence[str]]
+) -> FragmentPlan:
+    """The plan a caller chose by name (layer-wise fragments from module names, as torchft's): each
+    group one fragment, in the order given. Every tensor must be in exactly one non-empty group; within
+    a fragment, tensors keep the order they had in the model (as `balanced_fragments`)."""
+    items = list(numels.items()) if isinstance(numels, Mapping) else list(numels)
+    order = {name: i for i, (name, _) in enumerate(items)}
+    if isinstance(groups, str) or not groups or any(isinstance(g, str) for g in groups):
+        raise ValueError("fragments by name: give a list of fragments, each a list of parameter names")
+    seen: dict[str, int] = {}
+    for f, group in enumerate(groups):
+        if not group:
+            raise ValueError(f"fragment {f} names no parameter")
+        for name in group:
+            if name not in order:
+                raise ValueError(f"fragment {f} names {name!r}, which is not a parameter of the model")
+            if name in seen:
+                raise ValueError(f"parameter {name!r} is in fragments {seen[name]} and {f}: each belongs to one")
+            seen[name] = f
+    missing = [name for name in order if name not in seen]
+    if missing:
+        raise ValueError(f"{len(missing)} parameters are in no fragment, e.g. {missing[:3]}")
+    sizes = dict(items)
+    members = [sorted(group, key=order.__getitem__) for group in groups]
+    return FragmentPlan(
+        names=tuple(tuple(m) for m in members),
+        sizes=tuple(sum(int(sizes[n]) for n in m) for m in members),
+    )
+
+
+def plan_by_names(named_parameters: Mapping[str, torch.Tensor], groups: Sequence[Sequence[str]]) -> FragmentPlan:
+    """`named_fragments` from a name -> tensor mapping."""
+    return named_fragments([(n, int(t.numel())) for n, t in named_parameters.items()], groups)

@@ -7,5 +7,6 @@ transformers  `DecoupledDiLoCoCallback` for the Hugging Face `Trainer` (extra `[
 accelerate    `join` for an `Accelerator` loop without the Trainer (extra `[hf]`)
 lightning     `DecoupledDiLoCo`, a Lightning `Callback` (extra `[lightning]`)
 torchtitan    `DecoupledDiLoCoTrainer` and config functions for torchtitan (extra `[torchtitan]`)
-fragments     a model's fragments from its module names (layer-wise, as torchft's); plain torch
+fragments     a model's fragments from its module names (layer-wise, as torchft's), for
+              `Synchronizer(fragments=layer_fragments(model, P))`; plain torch
 """

@@ -10,14 +10,14 @@
 The client gets the unwrapped model and is attached to the torch optimizer inside Accelerate's
 wrapper, so a step the grad scaler skipped (or a gradient-accumulation micro-step, which does not step
 the inner optimizer) is not counted. Tokens are those of the training forward passes since the last
-step, unless `tokens_per_step` is given. DeepSpeed ZeRO is refused (`common.ZERO_REFUSED`).
+step, unless `tokens_per_step` is given. DeepSpeed ZeRO and FSDP1 are refused (`common`); FSDP2 works.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ddiloco.integrations.common import TokenCounter, refuse_deepspeed, torch_optimizer
+from ddiloco.integrations.common import TokenCounter, refuse_deepspeed, refuse_fsdp1, torch_optimizer
 from ddiloco.learner.client import LearnerClient
 
 
@@ -35,6 +35,7 @@ def join(
     """Create, start and attach a client on this process (every rank calls it); returns it started.
     `client.finish()` at the end (collective); `client.attachment` is the hook's handle."""
     refuse_deepspeed(accelerator=accelerator)
+    refuse_fsdp1(model=model)
     module = accelerator.unwrap_model(model)
     inner = torch_optimizer(optimizer)
     client = LearnerClient(module, address, learner_id, optimizer=inner, **client_kwargs)

@@ -1,5 +1,6 @@
 """What the framework integrations share: counting the tokens a model trained on between optimizer
-steps, finding the torch optimizer inside a framework's wrapper, and refusing DeepSpeed ZeRO."""
+steps, finding the torch optimizer inside a framework's wrapper, and refusing DeepSpeed ZeRO and FSDP1
+(FSDP2 works: the client keeps DTensor shards in step, `learner.fanout`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,24 @@ ZERO_REFUSED = (
     "parameters the learner client writes into the model would be lost at the next step. Train this learner "
     "with DDP or FSDP2 instead (remove the deepspeed setting / ACCELERATE_USE_DEEPSPEED)."
 )
+
+
+FSDP1_REFUSED = (
+    "Decoupled DiLoCo learners support FSDP2 (`fully_shard`), not FSDP1: FSDP1 flattens each wrapped "
+    "module's parameters into one FlatParameter and keeps only this rank's slice, so the model's named "
+    "parameters are no longer its tensors. Use FSDP2: fsdp_config={'version': 2} (the Trainer's default)."
+)
+
+
+def refuse_fsdp1(args: Any = None, model: torch.nn.Module | None = None) -> None:
+    """Raise with FSDP1_REFUSED when training arguments ask for FSDP version 1 or the model holds an
+    FSDP1 `FullyShardedDataParallel` module."""
+    config = getattr(args, "fsdp_config", None)
+    version = config.get("version", config.get("fsdp_version", 2)) if isinstance(config, dict) else 2
+    uses = bool(getattr(args, "fsdp", None)) and str(version) == "1"
+    uses = uses or (model is not None and any(type(m).__name__ == "FullyShardedDataParallel" for m in model.modules()))
+    if uses:
+        raise ValueError(FSDP1_REFUSED)
 
 
 def refuse_deepspeed(args: Any = None, accelerator: Any = None) -> None:

@@ -2,6 +2,9 @@
 them: the modules before the list of layers (embeddings) go with the first layers, those after it (final
 norm, output head) with the last, each counting as one layer, and the layers are split evenly, the first
 fragments taking one more where they do not divide. Plain torch: tested without torchtitan installed.
+
+The synchronizer owns the split (learners take it at registration): give it the layer-wise one as
+`ddiloco.Synchronizer(model, fragments=layer_fragments(model, P))` (without, it balances by size).
 """
 
 from __future__ import annotations
@@ -56,3 +59,10 @@ def parameter_fragments(model: torch.nn.Module, modules: list[list[str]]) -> lis
             raise ValueError(f"parameter {name} belongs to no fragment's module")
         out[fragment].append(name)
     return out
+
+
+def layer_fragments(model: torch.nn.Module, num_fragments: int) -> list[list[str]]:
+    """The (clean) parameter names of each layer-wise fragment: what the synchronizer takes as
+    `ddiloco.Synchronizer(model, fragments=layer_fragments(model, P))`. The synchronizer owns the
+    split; learners receive it when they register, so every learner's fragments follow these names."""
+    return parameter_fragments(model, module_fragments(model, num_fragments))

@@ -26,7 +26,7 @@ except ImportError as exc:  # an optional extra: say which
         f"ddiloco.integrations.lightning needs lightning: pip install 'ddiloco[lightning]' ({exc})"
     ) from exc
 
-from ddiloco.integrations.common import torch_optimizer
+from ddiloco.integrations.common import refuse_fsdp1, torch_optimizer
 from ddiloco.learner.attach import Attachment
 from ddiloco.learner.client import LearnerClient
 
@@ -65,6 +65,7 @@ class DecoupledDiLoCo(Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.optimizers:
             raise RuntimeError("the LightningModule configured no optimizer: nothing to attach to")
+        refuse_fsdp1(model=pl_module)  # Lightning's FSDPStrategy is FSDP1 (FSDP2: ModelParallelStrategy)
         inner = torch_optimizer(trainer.optimizers[0])
         self.client = LearnerClient(pl_module, self.address, self.learner_id, optimizer=inner, **self.client_kwargs)
         self.client.start()  # after Lightning restored a checkpoint: the global parameters win

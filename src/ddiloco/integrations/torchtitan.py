@@ -11,8 +11,10 @@ each `optimizers.step()` is a `client.step` with this rank's tokens (local batch
 gradient accumulation). Training stops when the run's budget is reached; the client finishes after the
 loop. Data parallelism only (FSDP2 over all ranks, or DDP): TP, CP, PP, EP and HSDP are refused.
 
-Fragments from module names: `module_fragments` and `parameter_fragments` (`integrations.fragments`,
-re-exported here); the client takes the parameters under their `clean_name`, the unwrapped model's.
+Fragments from module names: the synchronizer owns the split and learners take it at registration, so
+start the synchronizer with `ddiloco.Synchronizer(model, fragments=layer_fragments(model, P))` (from
+`integrations.fragments`, re-exported here with `module_fragments` and `parameter_fragments`); the
+client names the parameters by their `clean_name`, the unwrapped model's, as those functions do.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ except ImportError as exc:  # an optional extra: say which
         f"(0.3 imports triton: with a CPU build of torch, pip install triton too) ({exc})"
     ) from exc
 
-from ddiloco.integrations.fragments import clean_name, module_fragments, parameter_fragments
+from ddiloco.integrations.fragments import clean_name, layer_fragments, module_fragments, parameter_fragments
 from ddiloco.learner.attach import Attachment
 from ddiloco.learner.client import LearnerClient
 
@@ -64,6 +66,7 @@ __all__ = [
     "DecoupledDiLoCoSettings",
     "DecoupledDiLoCoTrainer",
     "clean_name",
+    "layer_fragments",
     "llama3_ddiloco_debugmodel",
     "module_fragments",
     "parameter_fragments",

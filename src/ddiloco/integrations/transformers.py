@@ -8,8 +8,10 @@ The client is created at `on_train_begin`, when the Trainer has built (and, on r
 optimizer, and is attached to it: every optimizer step the Trainer takes is a `client.step`, with the
 tokens its training forward passes saw since the step before (steps AMP skipped are not counted).
 When the run's budget is reached the callback stops the Trainer; `on_train_end` finishes the client.
-Under torchrun / `accelerate launch` (DDP, FSDP2) every rank does the same: the client is collective.
-DeepSpeed ZeRO is refused (`common.ZERO_REFUSED`).
+Under torchrun / `accelerate launch` (DDP, FSDP2) every rank does the same: the client is collective;
+with FSDP2 the Trainer's model holds DTensor shards, which the client keeps in step as in a hand-written
+FSDP2 loop (rank 0 holds a full copy for the algorithm, each rank writes its own shard of a merge).
+DeepSpeed ZeRO (`common.ZERO_REFUSED`) and FSDP1 (`common.FSDP1_REFUSED`) are refused.
 
 After kill -9 the newest `checkpoint-N` folder may be half written (the Trainer writes in place, and
 `resume_from_checkpoint=True` takes it anyway and fails): `last_checkpoint` skips those.
@@ -18,6 +20,7 @@ After kill -9 the newest `checkpoint-N` folder may be half written (the Trainer 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from pathlib import Path
@@ -30,9 +33,17 @@ except ImportError as exc:  # an optional extra: say which
         f"ddiloco.integrations.transformers needs transformers: pip install 'ddiloco[hf]' ({exc})"
     ) from exc
 
-from ddiloco.integrations.common import TokenCounter, refuse_deepspeed, torch_optimizer
+from ddiloco.integrations.common import TokenCounter, refuse_deepspeed, refuse_fsdp1, torch_optimizer
 from ddiloco.learner.attach import Attachment
 from ddiloco.learner.client import LearnerClient
+from ddiloco.learner.fanout import is_sharded
+
+log = logging.getLogger(__name__)
+
+FSDP_DROPPED = (
+    "fsdp is set but the model's parameters are not sharded: Accelerate turns FSDP on only for GPU-like "
+    "devices and trains with DDP elsewhere (use_cpu=True); the learner takes part as a DDP learner"
+)
 
 
 class DecoupledDiLoCoCallback(TrainerCallback):
@@ -51,11 +62,15 @@ class DecoupledDiLoCoCallback(TrainerCallback):
 
     def on_init_end(self, args, state, control, **kwargs):
         refuse_deepspeed(args)  # as early as the Trainer exists: before any training
+        refuse_fsdp1(args)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         refuse_deepspeed(args)
         if model is None or optimizer is None:
             raise RuntimeError("the Trainer gave the callback no model or optimizer at on_train_begin")
+        refuse_fsdp1(args, model)
+        if getattr(args, "fsdp", None) and not any(is_sharded(p) for p in model.parameters()):
+            log.warning(FSDP_DROPPED)
         inner = torch_optimizer(optimizer)
         self.client = LearnerClient(model, self.address, self.learner_id, optimizer=inner, **self.client_kwargs)
         self.client.start()  # after the Trainer loaded a checkpoint: the global parameters win

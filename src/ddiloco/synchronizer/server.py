@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
 
 from ..core import AlgorithmConfig, SynchronizerCore, plan_for_model
+from ..core.fragments import plan_by_names
 from ..records.events import EventLog
 from ..wire import auth, rpc
 from ..wire.protocol import plan_to_json, signature
@@ -35,10 +36,18 @@ def build_service(
     plain_names: frozenset[str] = frozenset(),
     checkpoint_dir: str | Path | None = None,
     event_log: str | Path | None = None,
+    fragment_names: Sequence[Sequence[str]] | None = None,
 ) -> SynchronizerService:
     """The service for shard settings.shard of settings.num_shards, restored from checkpoint_dir if it
-    holds a checkpoint. Only the owned fragments are kept; the rest of `params` can be dropped."""
-    plan = plan_for_model(params, algorithm.fragments)
+    holds a checkpoint. Only the owned fragments are kept; the rest of `params` can be dropped.
+    `fragment_names`: the fragments by parameter name (e.g. layer-wise, from module names) instead of
+    the balanced split; as many as `algorithm.fragments`. Learners take the plan from the shard."""
+    if fragment_names is None:
+        plan = plan_for_model(params, algorithm.fragments)
+    else:
+        plan = plan_by_names(params, fragment_names)
+        if plan.num_fragments != algorithm.fragments:
+            raise ValueError(f"{plan.num_fragments} fragments by name, but the algorithm has {algorithm.fragments}")
     owned = owned_fragments(settings.shard, settings.num_shards, plan.num_fragments)
     core = SynchronizerCore(
         algorithm,
