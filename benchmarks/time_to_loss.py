@@ -13,8 +13,8 @@ step pad (--min-step-seconds: each learner behaves like its own accelerator) and
                     1 Gbit/s links, 35 ms one way (latency scaled by the step time too)
     mixed_hardware  learner 2 is 2x slower, learner 3 1.3x (DDILOCO_STEP_SLOWDOWN stretches their pad)
     preemptible     preemptions (kill -9) with requeue waits: one every 60 s, back after 30 s. On the
-                    local backend for all four: the data-parallel baselines have no Slurm backend, and
-                    one failure trace for all four matters more here than the scheduler (see the note)
+                    local backend for all four: ddp and elastic-ddp run on Slurm now, but decoupled and
+                    diloco on Slurm write no eval-loss curve (no metrics.jsonl), which this needs (note)
 
 --quick scales the budget down and the failure clock with it (kills 6x as often, outages 6x shorter).
 Every run is capped at --cap times the time the budget takes without failures or waits (a run that
@@ -102,7 +102,8 @@ def scenarios(args: argparse.Namespace, base: Path, params: int) -> list[Scenari
         if name == "preemptible":
             sc.note = (
                 "local backend (kill -9, restart after the requeue wait) for all four methods: ddp and "
-                "elastic-ddp have no Slurm backend, so Slurm requeues could not give them the same trace"
+                "elastic-ddp run on Slurm (--backend slurm), but decoupled and diloco on Slurm write no "
+                "eval-loss curve over time (metrics.jsonl), which seconds to target are read from"
             )
         if name == "cross_site":
             latency, bandwidth, scaling = cross_site_link(params, args.min_step_seconds)

@@ -200,6 +200,20 @@ def run(
     on_hosts = options.plain(network)[0] == "hosts"
     if on_hosts and (options.plain(backend)[0] != "local" or method in ("ddp", "elastic-ddp")):
         raise user_error(ValueError("--network hosts: with --backend local and --method decoupled or diloco only"))
+    slurm_flags = {  # `cluster.sbatch.SlurmOptions`' fields, for both launchers on Slurm
+        "partition": partition,
+        "account": account,
+        "time_limit": time_limit,
+        "nodes_per_learner": nodes_per_learner,
+        "procs_per_node": procs_per_node,
+        "gpus_per_node": gpus_per_node,
+        "cpus_per_task": cpus_per_task,
+        "host": sync_host,
+        "term_grace": term_grace,
+        "extra": tuple(sbatch_arg or ()),
+        "max_restarts": max_restarts,
+        "learner_state": options.plain(learner_state)[0],
+    }
     try:  # before anything is built: a bad --link or a machine that cannot make hosts fails at once
         hosts = hosts_plan(
             options.plain(network)[0], link, learners, sync_shards, net_latency or net_bandwidth or net_jitter
@@ -230,8 +244,10 @@ def run(
         if method in ("ddp", "elastic-ddp"):  # the data-parallel baselines have their own launcher
             from ._dataparallel import run_baseline
 
-            if options.plain(backend)[0] != "local" or kill_synchronizer_at is not None:
-                raise ValueError(f"--method {method}: local backend only, and there is no synchronizer to kill")
+            if options.plain(backend)[0] not in ("local", "slurm") or kill_synchronizer_at is not None:
+                raise ValueError(f"--method {method}: local or slurm backend, and there is no synchronizer to kill")
+            if options.plain(backend)[0] == "slurm" and (dry_run or detach):
+                raise ValueError(f"--method {method} on slurm: the launcher holds the store; no --dry-run, --detach")
             if net_delay:
                 raise ValueError(f"--method {method}: --net-delay is not emulated here; use --net-latency")
             return run_baseline(
@@ -255,6 +271,7 @@ def run(
                 net=(net_latency, net_bandwidth, net_jitter),
                 run_dir=run_dir,
                 as_json=as_json,
+                slurm=slurm_flags if options.plain(backend)[0] == "slurm" else None,
             )
         fragments = fit_fragments(len(list(task.build_model(seed).parameters())), fragments, sync_every)
         config = RunConfig(
@@ -337,20 +354,6 @@ def run(
         from ._slurm import run_from_cli as run_slurm_from_cli
 
         chaos_given = (learner_mtbf, straggle, kill_synchronizer_at, chaos_trace, net_delay or None)
-        slurm_flags = {
-            "partition": partition,
-            "account": account,
-            "time_limit": time_limit,
-            "nodes_per_learner": nodes_per_learner,
-            "procs_per_node": procs_per_node,
-            "gpus_per_node": gpus_per_node,
-            "cpus_per_task": cpus_per_task,
-            "host": sync_host,
-            "term_grace": term_grace,
-            "extra": tuple(sbatch_arg or ()),
-            "max_restarts": max_restarts,
-            "learner_state": options.plain(learner_state)[0],
-        }
         return run_slurm_from_cli(config, threads, slurm_flags, chaos_given, dry_run, detach, as_json)
 
     from ._local import run_locally

@@ -10,6 +10,7 @@ replicated  the state every rank holds alike (counters, data positions, optimize
 checkpoint  model + optimizer in safetensors, counters in JSON, written atomically
 worker      one worker process: join a generation, train, regroup after a failure
 launcher    starts, kills (chaos), restarts the workers; `ddp` restarts the job, `elastic-ddp` regroups
+slurm       the launcher with each worker a Slurm job (`--backend slurm`; the jobs: `cluster.dataparallel_jobs`)
 summary     the run's summary in the fields `ddiloco run` writes, from journals and the last checkpoint
 evaluation  eval loss of the newest checkpoint during the run, and of the final one
 run         one run from start to summary (what `ddiloco run --method ddp|elastic-ddp` calls)

@@ -59,6 +59,8 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--store-port", type=int, required=True)
     worker.add_argument("--workers", type=int, required=True)
     worker.add_argument("--clock-origin", type=float, default=0.0)
+    worker.add_argument("--store-host", default="127.0.0.1", help="where the launcher's store listens")
+    worker.add_argument("--incarnation", type=int, help="on Slurm: the job's restart count")
     return top
 
 

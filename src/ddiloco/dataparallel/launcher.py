@@ -46,6 +46,8 @@ class WorkerSlot:
 
 
 class Launcher:
+    backend = "local"  # where the workers run (`slurm.SlurmLauncher`: Slurm jobs)
+
     def __init__(self, config: DataParallelConfig) -> None:
         self.config = config
         config.run_dir.mkdir(parents=True, exist_ok=True)

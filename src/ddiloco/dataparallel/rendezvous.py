@@ -12,12 +12,14 @@ Keys (all small text):
 
     gen             the newest generation the launcher opened (an integer)
     members/G       its members, in rank order (JSON list of worker slots; survivors first)
-    hello/S         the PID of worker S once it is ready to join (model built, checkpoint read)
+    hello/S         "PID" (or "PID INCARNATION" on Slurm: the job's restart count) of worker S once
+                    it is ready to join (model built, checkpoint read)
     failed/S        the generation in which worker S saw a collective fail
     formed/G        written by rank 0 once generation G formed: world, step, tokens_merged
     stop            written by rank 0 when the budget is reached: the run is over
 
-Only 127.0.0.1; every wait is bounded.
+Workers reach the store on 127.0.0.1 by default; on Slurm, at the address `--sync-host` gives
+(`dataparallel/slurm.py`). Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -64,8 +66,12 @@ class Coordinator:
         return self.store.get(key).decode() if self.store.check([key]) else None
 
     def hello_pid(self, slot: int) -> int | None:
-        value = self._read(f"hello/{slot}")
-        return int(value) if value else None
+        return self.hello(slot)[0]
+
+    def hello(self, slot: int) -> tuple[int | None, int | None]:
+        """(PID, incarnation) of the newest hello of worker `slot`; (None, None) before any."""
+        value = (self._read(f"hello/{slot}") or "").split()
+        return (int(value[0]) if value else None), (int(value[1]) if len(value) > 1 else None)
 
     def failed_in(self, slot: int) -> int:
         value = self._read(f"failed/{slot}")
@@ -82,12 +88,13 @@ class Coordinator:
 class Membership:
     """A worker's side: say it is ready, wait for a generation that names it, report failures."""
 
-    def __init__(self, port: int, slot: int, timeout: float = 30.0) -> None:
+    def __init__(self, port: int, slot: int, timeout: float = 30.0, host: str = HOST) -> None:
         self.slot = slot
-        self.store = dist.TCPStore(HOST, port, is_master=False, timeout=_timeout(timeout))
+        self.store = dist.TCPStore(host, port, is_master=False, timeout=_timeout(timeout))
 
-    def hello(self, pid: int) -> None:
-        self.store.set(f"hello/{self.slot}", str(pid))
+    def hello(self, pid: int, incarnation: int | None = None) -> None:
+        """Ready to join; one key, so the launcher never pairs a PID with another start's incarnation."""
+        self.store.set(f"hello/{self.slot}", str(pid) if incarnation is None else f"{pid} {incarnation}")
 
     def newest(self) -> int:
         return int(self.store.get("gen").decode())

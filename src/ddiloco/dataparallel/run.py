@@ -12,6 +12,7 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -23,13 +24,16 @@ from .launcher import Launcher
 from .summary import summarize
 
 
-def run_data_parallel(config: DataParallelConfig) -> dict:
+def run_data_parallel(
+    config: DataParallelConfig, launcher_factory: Callable[[DataParallelConfig], Launcher] = Launcher
+) -> dict:
     """Run to the budget (or an interrupt, or the time limit); returns the summary it wrote. Its
-    "error" is None on a run that finished."""
+    "error" is None on a run that finished. `launcher_factory`: where the workers run (local processes,
+    or Slurm jobs: `slurm.SlurmLauncher`)."""
     torch.set_num_threads(max(1, config.threads))
     task = make_task(config.model, config.data, seq_len=config.seq_len, model_size=config.model_size)
     params = count_parameters(task.build_model(config.seed))
-    launcher = Launcher(config)
+    launcher = launcher_factory(config)
     record = RunDir(config.run_dir)
     record.write_config("run", config, clock_origin=launcher.start_wall)
     metrics = record.metrics()
@@ -48,7 +52,7 @@ def run_data_parallel(config: DataParallelConfig) -> dict:
         evaluator.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    result = summarize(config, launcher, params, time.time())
+    result = summarize(launcher.config, launcher, params, time.time())
     values: dict[str, float] = {"eval_loss": math.nan}
     with contextlib.suppress(OSError, ValueError, KeyError, RuntimeError):
         found = evaluate_checkpoint(task, config.seed, config.checkpoint_dir, config.eval_batches)

@@ -60,6 +60,7 @@ def summarize(config: DataParallelConfig, launcher: Launcher, params: int, end_w
     )
     return {
         **config.as_dict(),
+        "backend": launcher.backend,
         "tokens": trained,
         "tokens_trained": trained,
         "tokens_merged": merged,

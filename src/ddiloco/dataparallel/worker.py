@@ -67,6 +67,8 @@ class WorkerSettings:
     net_latency: float = 0.0  # ms (`link`: the all-reduce's emulated link)
     net_bandwidth: float = 0.0  # MB/s
     net_jitter: float = 0.0  # ms
+    store_host: str = "127.0.0.1"  # where the launcher's store listens (on Slurm: --sync-host)
+    incarnation: int | None = None  # on Slurm: the job's restart count, so the launcher tells starts apart
 
 
 class Worker:
@@ -86,7 +88,7 @@ class Worker:
         link = LinkSettings(s.net_latency / 1000.0, s.net_bandwidth * 1e6, s.net_jitter / 1000.0)
         self.link = AllReduceLink(link, grad_bytes, seed=s.seed * 1000 + s.slot)
         self.pad_to = s.min_step_seconds * step_slowdown(s.slot)  # this worker's emulated accelerator
-        self.membership = Membership(s.store_port, s.slot, timeout=s.collective_timeout)
+        self.membership = Membership(s.store_port, s.slot, timeout=s.collective_timeout, host=s.store_host)
         self.journal = Journal(s.run_dir / f"learner-{s.slot}" / f"journal-{os.getpid()}-{time.time_ns()}.json")
         # this process's journal: what it computed (tokens, seconds, steps), how much of it was merged
         self.books: dict[str, Any] = {"slot": s.slot, "pid": os.getpid(), "tokens": 0, "seconds": 0.0, "steps": 0}
@@ -104,7 +106,7 @@ class Worker:
         # Read before saying hello: every generation that names this process is opened after its
         # hello, so an older one (that of the job it replaces) is never joined.
         self.generation = self.membership.newest()
-        self.membership.hello(os.getpid())
+        self.membership.hello(os.getpid(), self.s.incarnation)
         while True:
             generation, members = self.membership.wait(self.generation, self.s.join_timeout)
             if generation == 0:
