@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 from ddiloco.cluster import slurm as jobs_api
 
+from ..dataparallel.runs import terminate
 from ..support.runtime import wait_for
 
 BATCH, SEQ = 4, 32
@@ -59,13 +59,7 @@ def launch(run: Path, method: str, shakespeare: str) -> subprocess.Popen:
 
 def end(launcher: subprocess.Popen, run: Path) -> None:
     """The launcher cancels its jobs on SIGTERM; whatever is left is cancelled by job ID."""
-    if launcher.poll() is None:
-        launcher.send_signal(signal.SIGTERM)
-        try:
-            launcher.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            launcher.wait(timeout=10)
+    terminate(launcher, grace=60)
     with contextlib.suppress(FileNotFoundError, ValueError, jobs_api.SlurmError):
         jobs_api.cancel(jobs_api.read_jobs(run))
 

@@ -87,15 +87,20 @@ def started_pids(run_dir: Path) -> list[dict]:
     return [e for e in map(json.loads, path.read_text().splitlines()) if e.get("kind") == "learner_started"]
 
 
-def end(launcher: subprocess.Popen, run_dir: Path) -> None:
-    """The launcher ends its workers on SIGTERM; whatever is still running after that is killed by PID."""
+def terminate(launcher: subprocess.Popen, grace: float) -> None:
+    """SIGTERM (the launcher ends what it started), then SIGKILL after `grace` seconds."""
     if launcher.poll() is None:
         launcher.send_signal(signal.SIGTERM)
         try:
-            launcher.wait(timeout=30)
+            launcher.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             launcher.kill()
             launcher.wait(timeout=10)
+
+
+def end(launcher: subprocess.Popen, run_dir: Path) -> None:
+    """The launcher ends its workers on SIGTERM; whatever is still running after that is killed by PID."""
+    terminate(launcher, grace=30)
     for e in started_pids(run_dir):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(e["pid"], signal.SIGKILL)

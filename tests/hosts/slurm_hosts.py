@@ -15,15 +15,18 @@ What it takes, found by trying (see docs/hosts.md):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..support import slurm_cluster as sc
+from .conftest import close_and_check, new_network
 
 
 class SlurmHosts:
@@ -137,3 +140,23 @@ class SlurmHosts:
     def remove_munge_dir(self) -> None:
         """Once munged is stopped (the network closed)."""
         shutil.rmtree(self.munge_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def slurm_hosts(d: Path, nodes: list[str]) -> Iterator[SlurmHosts]:
+    """Hosts `ctl` and `nodes`, and a Slurm cluster on them, every slurmd idle; on exit the jobs are
+    cancelled, the network (and with it every daemon) ends, and munged's folder is removed."""
+    net = new_network(["ctl", *nodes])
+    cluster = None
+    try:
+        cluster = SlurmHosts(net, d, nodes)
+        cluster.wait_idle()
+        yield cluster
+    finally:
+        try:
+            if cluster is not None:
+                cluster.close()
+        finally:
+            close_and_check(net)
+            if cluster is not None:
+                cluster.remove_munge_dir()

@@ -28,8 +28,7 @@ from ddiloco.records.events import read_events
 
 from ..support import slurm_cluster as sc
 from ..support.runtime import wait_for
-from .conftest import close_and_check, new_network
-from .slurm_hosts import SlurmHosts
+from .slurm_hosts import SlurmHosts, slurm_hosts
 
 TOKEN = "slurm-hosts-token"
 TOKENS_PER_STEP = 4 * 16  # one rank's tokens per step (--batch-size 4, --seq-len 16)
@@ -42,11 +41,7 @@ def test_one_slurmd_per_host_runs_a_two_node_job(tmp_path):
     reason = sc.missing()
     if reason:
         pytest.skip(reason)
-    net = new_network(["ctl", "n1", "n2"])
-    cluster = None
-    try:
-        cluster = SlurmHosts(net, tmp_path / "slurm", ["n1", "n2"])
-        cluster.wait_idle()
+    with slurm_hosts(tmp_path / "slurm", ["n1", "n2"]) as cluster:
         out = tmp_path / "job.out"
         task = tmp_path / "task.sh"  # a file: expanded where each task runs, not by the batch script's shell
         task.write_text("echo \"$SLURMD_NODENAME $(ip -4 -o addr show eth0 | awk '{print $4}')\"\n")
@@ -56,15 +51,7 @@ def test_one_slurmd_per_host_runs_a_two_node_job(tmp_path):
         assert len(lines) == 2, lines
         seen = dict(lines)
         # one task on each host, at that host's own address (each slurmd its own NodeAddr)
-        assert seen == {"n1": f"{net.address('n1')}/15", "n2": f"{net.address('n2')}/15"}, seen
-    finally:
-        try:
-            if cluster is not None:
-                cluster.close()
-        finally:
-            close_and_check(net)
-            if cluster is not None:
-                cluster.remove_munge_dir()
+        assert seen == {"n1": f"{cluster.net.address('n1')}/15", "n2": f"{cluster.net.address('n2')}/15"}, seen
 
 
 @pytest.fixture(scope="module")
@@ -73,20 +60,8 @@ def hosts_cluster(tmp_path_factory):
     reason = sc.missing()
     if reason:
         pytest.skip(reason)
-    net = new_network(["ctl", *NODES])
-    cluster = None
-    try:
-        cluster = SlurmHosts(net, tmp_path_factory.mktemp("slurm-hosts") / "slurm", NODES)
-        cluster.wait_idle()
+    with slurm_hosts(tmp_path_factory.mktemp("slurm-hosts") / "slurm", NODES) as cluster:
         yield cluster
-    finally:
-        try:
-            if cluster is not None:
-                cluster.close()
-        finally:
-            close_and_check(net)
-            if cluster is not None:
-                cluster.remove_munge_dir()
 
 
 def ddiloco(cluster: SlurmHosts, *args: str, timeout: float) -> subprocess.CompletedProcess:
