@@ -118,3 +118,23 @@ def test_merges_a_shard_crash_lost_are_not_counted(tmp_path):
     s = summarize([tmp_path / "sync-0"], [tmp_path / "learner-0"], learners=1, end_wall=120.0, fallback_start=0.0)
     assert s["tokens_merged"] == pytest.approx((100 + 100 + 180) * 0.5)
     assert s["outer_steps"] == 3 and s["contributions"] == 3
+
+
+def test_goodput_never_exceeds_utilization_when_every_step_is_merged(tmp_path):
+    # the same step times summed in two orders: 0.1 + 0.2 + 0.3 != 0.3 + 0.2 + 0.1 in binary floats
+    admitted = [
+        {"learner": 0, "tokens": 10, "seconds": s, "share": 1.0, "span_start": 0.0, "snapshot_wall": 1.0}
+        for s in (0.1, 0.2, 0.3)
+    ]
+    assert sum(a["seconds"] for a in admitted) > 0.3 + 0.2 + 0.1
+    write_events(
+        tmp_path / "sync-0" / "events.jsonl",
+        [{"t": 0.0, "kind": "join", "learner": 0}, {"t": 1.0, "kind": "merge", "fragment": 0, "admitted": admitted}]
+        + [{"t": 1.0, "kind": "stop"}],
+    )
+    for name, seconds in zip("abc", (0.3, 0.2, 0.1), strict=True):  # read back in name order
+        j = Journal(tmp_path / "learner-0" / f"journal-{name}.json")
+        j.write({"tokens": 10, "seconds": seconds})
+        j.close()
+    s = summarize([tmp_path / "sync-0"], [tmp_path / "learner-0"], learners=1, end_wall=1.0, fallback_start=0.0)
+    assert 0 < s["goodput"] <= s["utilization"] and s["goodput"] == pytest.approx(0.6)

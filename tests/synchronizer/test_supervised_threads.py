@@ -9,7 +9,6 @@ import threading
 
 import pytest
 
-from ddiloco.records.supervise import Supervisor, run_supervised
 from ddiloco.synchronizer.checkpoint import read_manifest
 from ddiloco.synchronizer.timer import Timer
 
@@ -140,41 +139,3 @@ def test_the_stream_guard_survives_a_failing_check(caplog, monkeypatch):
     guard._thread.join(10)
     assert not guard._thread.is_alive()
     assert len(traced(caplog, "ddiloco.synchronizer.streams")) == 1
-
-
-def test_the_supervisor_backs_off_logs_repeats_briefly_and_never_swallows_baseexceptions(caplog):
-    log = logging.getLogger("ddiloco.test.supervise")
-    caplog.set_level(logging.INFO, logger=log.name)
-    supervisor = Supervisor("worker", log, first=0.1, cap=0.5)
-    waits: list[float] = []
-    steps = iter([ValueError("x")] * 5 + [True, ValueError("x"), False])
-
-    def step() -> bool:
-        outcome = next(steps)
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
-
-    run_supervised(step, lambda seconds: waits.append(seconds) or True, supervisor)
-    assert waits == [0.1, 0.2, 0.4, 0.5, 0.5, 0.1]  # doubling to the cap, back to the start after a success
-    assert len(traced(caplog, log.name)) == 1
-    assert any("recovered after 5 failures" in r.getMessage() for r in caplog.records)
-    repeats = [r for r in caplog.records if "failed again" in r.getMessage()]
-    assert len(repeats) == 3  # the burst; the fifth failure's line is dropped (and counted)
-
-    def die() -> bool:
-        raise SystemExit(3)
-
-    with pytest.raises(SystemExit):
-        run_supervised(die, lambda seconds: True, supervisor)
-    assert caplog.records[-1].levelno == logging.CRITICAL and "worker" in caplog.records[-1].getMessage()
-
-    stopped = []
-
-    def fail() -> bool:
-        raise ValueError("x")
-
-    run_supervised(fail, lambda seconds: stopped.append(seconds) and False, supervisor)
-    assert len(stopped) == 1  # the owner is closing: no retry
-    with pytest.raises(ValueError):
-        Supervisor("bad", log, first=0.0)

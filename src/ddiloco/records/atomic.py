@@ -25,14 +25,18 @@ def atomic_save(path: str | Path, write: Callable[[Path], None], durable: bool =
     as safetensors' `save_file`, which skips building the whole file in memory first)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write(tmp)
-    if durable:
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed write leaves the old file and no half-written temporary
+        raise
     if durable:
         fd = os.open(path.parent, os.O_RDONLY)
         try:
