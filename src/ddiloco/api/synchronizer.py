@@ -53,12 +53,14 @@ class Synchronizer:
         event_log: str | Path | None = None,
         token: str | None = None,
         heartbeat: float = 0.5,
+        min_bandwidth: float = 10e6,
         codec_down: str = "bf16",
         **knobs: object,
     ) -> None:
         """`knobs` are AlgorithmConfig fields (sync_every, overlap, quorum, grace, outer_lr, ...).
         Embeddings: `plain_names`, else every nn.Embedding of `model` and the weights tied to one.
         `tokens` counts what `budget_counts` says: "trained" (every token learners trained) or "merged".
+        `min_bandwidth`: bytes/s of the slowest link a push or fetch may travel (its deadline).
         `codec_down`: how updates travel to learners, "bf16" (half the bytes), "fp32" (exact), or "int8" /
         "int4": quantised differences from the version a learner holds, with error feedback.
         `fragments`: how many (balanced by size), or the fragments themselves, each a list of parameter
@@ -91,7 +93,7 @@ class Synchronizer:
             max_learners=learners,
             tokens=tokens,
             duration=duration,
-            timeouts=Timeouts.derive(heartbeat),
+            timeouts=Timeouts.derive(heartbeat, min_bandwidth=min_bandwidth),
             keep_versions=keep_versions,
             budget_counts=budget_counts,
             codec_down=codec_down,

@@ -219,6 +219,13 @@ HEARTBEAT = typer.Option(
     max=3600.0,
     help="Heartbeat interval h in seconds; the other timeouts derive from it (docs/runtime.md).",
 )
+MIN_BANDWIDTH = typer.Option(
+    None,
+    min=0.001,
+    max=1e6,
+    help="The slowest link a push or fetch may travel, MB/s: a bulk stream's deadline is rpc + bytes / this "
+    "+ the failure timeout (default 10; ddiloco run --net-bandwidth B takes B / 2).",
+)
 # The bounds of a run's budget, in tokens and in seconds.
 TOKENS_MIN, TOKENS_MAX = 1, 2**53
 DURATION_MIN, DURATION_MAX = 0.001, 1e7

@@ -64,6 +64,7 @@ def run(
         "(ddiloco synchronizer --bulk-socket); --no-bulk-socket: over gRPC.",
     ),
     heartbeat: float = options.HEARTBEAT,
+    min_bandwidth: float | None = options.MIN_BANDWIDTH,
     checkpoint_every: int = typer.Option(1, min=0, help="Synchronizer merges between checkpoints."),
     threads: int = options.THREADS,
     min_step_seconds: float = typer.Option(
@@ -307,6 +308,7 @@ def run(
             bulk_socket=bulk_socket,
             wan=(net_latency, net_bandwidth, net_jitter),
             heartbeat=heartbeat,
+            min_bandwidth=min_bandwidth,
             checkpoint_every=checkpoint_every,
             threads=options.shared_threads(threads, learners + sync_shards),
             min_step_seconds=min_step_seconds,

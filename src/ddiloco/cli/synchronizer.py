@@ -112,6 +112,7 @@ def synchronizer(
     failure_timeout: float | None = typer.Option(
         None, min=0.01, help="Declare a silent learner gone after this (6 h)."
     ),
+    min_bandwidth: float | None = options.MIN_BANDWIDTH,
     token: str | None = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN); required beyond loopback."),
     insecure_no_auth: bool = typer.Option(False, help="Allow listening beyond loopback without a token."),
     tls_cert: Path | None = typer.Option(None, help="TLS certificate (PEM)."),
@@ -204,6 +205,8 @@ def synchronizer(
         if note:
             logging.getLogger(__name__).warning(note)
         extra = {} if failure_timeout is None else {"failure": failure_timeout}
+        if min_bandwidth is not None:
+            extra["min_bandwidth"] = min_bandwidth * 1e6
         settings = ServiceSettings(
             shard=shard,
             num_shards=num_shards,

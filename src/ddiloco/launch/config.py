@@ -46,6 +46,7 @@ class RunConfig:
     bulk_socket: bool = True  # pushes on the synchronizers' plain TCP bulk plane (`wire.sockets`), not gRPC
     wan: tuple[float, float, float] = (0.0, 0.0, 0.0)  # emulated link: latency ms, MB/s, jitter ms
     heartbeat: float = 0.5
+    min_bandwidth: float | None = None  # MB/s the bulk deadlines assume; None: `bulk_min_bandwidth`
     checkpoint_every: int = 1
     threads: int = 1
     eval_batches: int = 20
@@ -65,6 +66,14 @@ class RunConfig:
             raise ValueError("need at least one learner and one synchronizer shard")
         if self.tokens is not None and self.tokens < 1 or self.duration is not None and self.duration <= 0:
             raise ValueError("--tokens and --duration must be positive")
+
+    @property
+    def bulk_min_bandwidth(self) -> float | None:
+        """MB/s the synchronizers' push and fetch deadlines assume: the flag, else half the emulated
+        link's rate (a whole-model push on a slow link must not outlive a deadline sized for 10 MB/s)."""
+        if self.min_bandwidth is not None:
+            return self.min_bandwidth
+        return max(0.001, min(10.0, self.wan[1] / 2)) if self.wan[1] > 0 else None
 
     @property
     def horizon(self) -> float:
@@ -159,6 +168,8 @@ class RunConfig:
             args += ["--tokens", str(self.tokens)]
         if self.duration is not None:
             args += ["--duration", str(self.duration)]
+        if self.bulk_min_bandwidth is not None:
+            args += ["--min-bandwidth", str(self.bulk_min_bandwidth)]
         return args
 
     def learner_args(self, m: int, addresses: list[str]) -> list[str]:
