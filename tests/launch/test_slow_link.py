@@ -1,6 +1,7 @@
 """Synchronous DiLoCo's whole-model pushes on an emulated link slower than the bulk deadline's
-default 10 MB/s: `ddiloco run --net-bandwidth B` sizes the synchronizers' push deadline for B, so the
-pushes land and are merged instead of being cancelled halfway, round after round."""
+default 10 MB/s: `ddiloco run --net-bandwidth B` sizes the synchronizers' push deadline for B, and
+their wire chunks so that each crosses the link well within the streams' idle limit, so the pushes
+land and are merged instead of being cancelled halfway, round after round."""
 
 import json
 
@@ -32,11 +33,16 @@ def test_whole_model_pushes_on_a_slow_link_are_merged(tmp_path, shakespeare):
 def test_the_push_deadline_follows_the_emulated_link_or_the_flag(tmp_path):
     base = dict(run_dir=tmp_path, data=tmp_path / "d.txt", tokens=1000)
 
-    def flag(config: RunConfig) -> str | None:
+    def flag(config: RunConfig, name: str = "--min-bandwidth") -> str | None:
         args = config.synchronizer_args(0, 0)
-        return args[args.index("--min-bandwidth") + 1] if "--min-bandwidth" in args else None
+        return args[args.index(name) + 1] if name in args else None
 
     assert flag(RunConfig(**base)) is None  # no link: the default 10 MB/s
     assert flag(RunConfig(**base, wan=(100.0, 0.03, 0.0))) == "0.015"
     assert flag(RunConfig(**base, wan=(100.0, 500.0, 0.0))) == "10.0"  # never above the default
     assert flag(RunConfig(**base, wan=(0.0, 0.03, 0.0), min_bandwidth=2.0)) == "2.0"
+    # a wire chunk crosses the link in a quarter of the failure timeout (6 h = 3 s): 0.03 MB/s x 0.75 s
+    assert flag(RunConfig(**base), "--chunk-bytes") is None
+    assert flag(RunConfig(**base, wan=(0.0, 0.03, 0.0)), "--chunk-bytes") == "22496"
+    assert flag(RunConfig(**base, wan=(0.0, 0.001, 0.0)), "--chunk-bytes") == "4096"  # at least 4 KiB
+    assert flag(RunConfig(**base, wan=(0.0, 500.0, 0.0)), "--chunk-bytes") == str(1 << 20)  # at most 1 MiB

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from ..chaos.injector import ChaosSettings
 from ..core.config import AlgorithmConfig
+from ..wire.framing import DEFAULT_CHUNK_BYTES
+from ..wire.timeouts import Timeouts
 
 _D = AlgorithmConfig()  # the algorithm's defaults live there, once
 
@@ -74,6 +76,16 @@ class RunConfig:
         if self.min_bandwidth is not None:
             return self.min_bandwidth
         return max(0.001, min(10.0, self.wan[1] / 2)) if self.wan[1] > 0 else None
+
+    @property
+    def link_chunk_bytes(self) -> int | None:
+        """Wire chunk that crosses the emulated link in a quarter of the failure timeout. The emulation
+        holds a whole chunk back until its bytes are paid for, where a real link trickles them; a 1 MiB
+        chunk on a slow link would leave the stream silent past the synchronizer's idle limit."""
+        if not self.wan[1] > 0:
+            return None
+        fitting = int(self.wan[1] * 1e6 * Timeouts.derive(self.heartbeat).failure / 4) // 16 * 16
+        return min(DEFAULT_CHUNK_BYTES, max(4096, fitting))
 
     @property
     def horizon(self) -> float:
@@ -170,6 +182,8 @@ class RunConfig:
             args += ["--duration", str(self.duration)]
         if self.bulk_min_bandwidth is not None:
             args += ["--min-bandwidth", str(self.bulk_min_bandwidth)]
+        if self.link_chunk_bytes is not None:
+            args += ["--chunk-bytes", str(self.link_chunk_bytes)]
         return args
 
     def learner_args(self, m: int, addresses: list[str]) -> list[str]:
