@@ -262,10 +262,20 @@ def synchronizer(
         stop.wait(0.2)
     if board is not None:
         board.stop()
-    server.stop()
+    failed = None
+    try:
+        server.stop()
+    except OSError as exc:  # the servers are down; the run resumes from the last checkpoint written
+        failed = f"the final checkpoint could not be written: {exc}"
     status = service.status()
     if summary is not None:
-        atomic_write(summary, json.dumps(status, indent=1, sort_keys=True).encode())
+        try:
+            atomic_write(summary, json.dumps(status, indent=1, sort_keys=True).encode())
+        except OSError as exc:
+            failed = failed or f"the summary could not be written: {exc}"
+    if failed:
+        logging.getLogger(__name__).error(failed)
+        sys.exit(1)
     print(
         json.dumps(
             {

@@ -145,8 +145,10 @@ class SynchronizerServer:
         """Final checkpoint, then close every stream and the listening socket. Waits until gRPC's
         threads are done (bounded): a process that exits while one is still inside gRPC's C core can
         abort at interpreter shutdown ("terminate called without an active exception")."""
-        self.service.close()
-        if self.bulk is not None:
-            self.bulk.stop()
-        if not self.server.stop(grace).wait(grace + 10.0):
-            log.warning("the gRPC server did not finish stopping within %.0f s", grace + 10.0)
+        try:
+            self.service.close()
+        finally:  # a failed final checkpoint raises after the servers stopped: no RPC thread outlives this
+            if self.bulk is not None:
+                self.bulk.stop()
+            if not self.server.stop(grace).wait(grace + 10.0):
+                log.warning("the gRPC server did not finish stopping within %.0f s", grace + 10.0)

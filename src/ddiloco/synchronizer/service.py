@@ -145,12 +145,16 @@ class SynchronizerService(Membership):
         self.merger.close()  # merges already due are applied, so the final checkpoint holds them
         if self.commit is not None:
             self.commit.close()
-        with self.cond:
-            self.checkpoint()
-            for s in self.sessions:
-                self.sessions.close(s)
-        self._timer.join(timeout=5)
-        self.events.write("closed", versions=self.core.versions)
+        try:
+            with self.cond:
+                try:
+                    self.checkpoint()
+                finally:  # a final checkpoint that fails (a full or vanished disk) still ends every stream
+                    for s in self.sessions:
+                        self.sessions.close(s)
+        finally:
+            self._timer.join(timeout=5)
+            self.events.write("closed", versions=self.core.versions)
 
     def checkpoint(self) -> None:
         """A synchronous checkpoint (at the end and on SIGTERM); the caller holds the lock."""
