@@ -1,7 +1,9 @@
 """`ddiloco run` as a user runs it: real processes, chaos, a JSON last line, nothing left running."""
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -59,8 +61,32 @@ def ddiloco_run(tmp_path, data, *args, timeout=150):
         "--quiet",
         *args,
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "300"})
-    return out, tmp_path / "run"
+    with subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "300"},
+        start_new_session=True,
+    ) as launcher:
+        try:
+            stdout, stderr = launcher.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            end_run(launcher, tmp_path / "run")
+            raise
+    return subprocess.CompletedProcess(cmd, launcher.returncode, stdout, stderr), tmp_path / "run"
+
+
+def end_run(launcher: subprocess.Popen, run_dir) -> None:
+    """A run past its test's limit: kill -9 its launcher and every process the launcher started (each in
+    a session of its own: their PIDs are in the run's event log), so none outlives the test."""
+    pids = {launcher.pid}
+    if (run_dir / "events.jsonl").is_file():
+        pids |= {e["pid"] for e in read_events(run_dir / "events.jsonl") if isinstance(e.get("pid"), int)}
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    launcher.communicate(timeout=30)
 
 
 def assert_all_ended(run_dir):
