@@ -14,7 +14,8 @@ requeues (offsets from its own submission):
 Reported per run: goodput, uptime (share of learner-time inside a running learner process, from the
 journals), goodput / uptime, the longest gap between two merges, eval loss at equal tokens, requeues.
 Slurm: the cluster `sinfo` reaches (SLURM_CONF or the system's), else a private one on 127.0.0.1
-started from tests/support/slurm_cluster.py (root, Debian's slurmctld/slurmd/munge).
+started from tests/support/slurm_cluster.py (root, Debian's slurmctld/slurmd/munge). `cluster`,
+`schedule`, `requeue_due` and `stop_cluster` also serve time_to_loss.py's preemptible scenario.
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
@@ -65,6 +70,40 @@ def schedule(learners: int, mtbf: float, horizon: float, seed: int) -> list[tupl
             out.append((t, m))
             t += float(rng.exponential(mtbf))
     return sorted(out)
+
+
+def requeue_due(
+    pending: list[tuple[float, int]], elapsed: float, jobs: dict[str, str], states: dict[str, str], console: Console
+) -> int:
+    """Requeue (`scontrol requeue`, what a preemption does) every learner whose time in `pending` has
+    come, `elapsed` seconds after its run's submission, taking them off `pending`; returns how many were
+    requeued. A learner's job is `learnerM` (ddiloco) or `workerM` (the data-parallel baselines); one
+    that is not RUNNING then (already requeued, not back yet) is skipped, as a preemption would find
+    nothing to preempt."""
+    from ddiloco.cluster import slurm
+
+    done = 0
+    while pending and pending[0][0] <= elapsed:
+        _, m = pending.pop(0)
+        role = next((r for r in (f"learner{m}", f"worker{m}") if r in jobs), None)
+        if role is None or states.get(role) != "RUNNING":
+            continue
+        try:
+            slurm.requeue(jobs[role])
+            done += 1
+        except slurm.SlurmError as exc:  # it left RUNNING meanwhile (requeued, ending)
+            console.print(f"  requeue of {role} skipped: {exc}")
+    return done
+
+
+def stop_cluster(private: Path | None) -> None:
+    """Stop the private cluster `cluster` started (None: a cluster that was there before, left alone)."""
+    if private is None:
+        return
+    sys.path.insert(0, str(ROOT))
+    from tests.support import slurm_cluster
+
+    slurm_cluster.stop(private)
 
 
 def run_one(name: str, args, run_dir: Path, env: dict, requeues: list[tuple[float, int]], console) -> dict:  # noqa: ANN001
@@ -131,14 +170,7 @@ def run_one(name: str, args, run_dir: Path, env: dict, requeues: list[tuple[floa
             states = slurm.states(jobs)
             if states["sync0"] in slurm.FINISHED | {"GONE"}:
                 break
-            while pending and pending[0][0] <= time.time() - submitted:
-                _, m = pending.pop(0)
-                if states.get(f"learner{m}") == "RUNNING":
-                    try:
-                        slurm.requeue(jobs[f"learner{m}"])
-                        done += 1
-                    except slurm.SlurmError as exc:  # it left RUNNING meanwhile (requeued, ending)
-                        console.print(f"  requeue of learner {m} skipped: {exc}")
+            done += requeue_due(pending, time.time() - submitted, jobs, states, console)
             time.sleep(0.5)
         else:
             raise SystemExit(f"{name}: the run did not end within {args.timeout:.0f} s")
@@ -171,11 +203,7 @@ def main(args, console) -> dict:  # noqa: ANN001
             requeues = schedule(args.learners, args.mtbf, args.timeout, args.seed)
             results = {name: run_one(name, args, base / name, env, requeues, console) for name in CONFIGS}
     finally:
-        if private is not None:
-            sys.path.insert(0, str(ROOT))
-            from tests.support import slurm_cluster
-
-            slurm_cluster.stop(private)
+        stop_cluster(private)
     d, s = results["decoupled"], results["diloco"]
     return {
         **results,

@@ -5,16 +5,20 @@ in four scenarios, each also run on the virtual clock (`ddiloco sim`) to say how
 
 All four methods train the same model on the same data shards with the same AdamW, token budget,
 step pad (--min-step-seconds: each learner behaves like its own accelerator) and failure trace
-(one CSV, replayed to every method with --chaos-trace, offsets from each run's launch):
+(one CSV, replayed to every method with --chaos-trace, offsets from each run's launch; on Slurm one
+schedule of requeues, offsets from each run's submission):
 
     one_site        one site; a learner killed (kill -9) about once a minute, back after 15 s
     cross_site      four sites on a cross-region link, scaled to the model (`cross_site_link`): bytes per
                     step over bandwidth x step time as for a 1B-parameter model with 1 s steps on
                     1 Gbit/s links, 35 ms one way (latency scaled by the step time too)
     mixed_hardware  learner 2 is 2x slower, learner 3 1.3x (DDILOCO_STEP_SLOWDOWN stretches their pad)
-    preemptible     preemptions (kill -9) with requeue waits: one every 60 s, back after 30 s. On the
-                    local backend for all four: ddp and elastic-ddp run on Slurm now, but decoupled and
-                    diloco on Slurm write no eval-loss curve (no metrics.jsonl), which this needs (note)
+    preemptible     preemptions with requeue waits, one every 60 s. On Slurm for all four methods
+                    (--preemptible-backend slurm, the default when a cluster is reachable or a private
+                    one starts, time_to_loss_slurm.py): every run is `ddiloco run --backend slurm`,
+                    its learner (worker) jobs requeued with `scontrol requeue` on one schedule from
+                    its submission, back when Slurm restarts them. On the local backend (--preemptible-
+                    backend local, or no Slurm; the note says so): kill -9, back after 30 s
 
 --quick scales the budget down and the failure clock with it (kills 6x as often, outages 6x shorter).
 Every run is capped at --cap times the time the budget takes without failures or waits (a run that
@@ -50,15 +54,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
+from chaos_slurm import schedule
 from runs import ROOT, ddiloco_run, parse_run_arguments
 from time_to_loss_curves import loss_at, read_curve, seconds_to_target, sim_run, window
+from time_to_loss_show import console, plot, show
+from time_to_loss_slurm import preempted_run, slurm_or_local
 
 from ddiloco.chaos.injector import ChaosSettings, learner_trace
+from ddiloco.chaos.trace import FailureTrace, Outage
 from ddiloco.train.device import STEP_SLOWDOWN_ENV
 
-console = Console(stderr=True, width=160)
 SCENARIOS = ("one_site", "cross_site", "mixed_hardware", "preemptible")
 METHODS = ("ddp", "elastic-ddp", "diloco", "decoupled")
 BASELINES = METHODS[:3]
@@ -75,6 +80,8 @@ class Scenario:
     note: str = ""
     aim: str = ""
     extra: dict = field(default_factory=dict)
+    slurm: dict | None = None  # the Slurm commands' environment: run on Slurm, preempted on `requeues`
+    requeues: list[tuple[float, int]] = field(default_factory=list)
 
 
 def cross_site_link(params: int, step_seconds: float) -> tuple[float, float, dict]:
@@ -87,7 +94,8 @@ def cross_site_link(params: int, step_seconds: float) -> tuple[float, float, dic
     return latency, bandwidth / 1e6, {**REAL, "bandwidth_scale": scale, "latency_ms_scaled": latency}
 
 
-def scenarios(args: argparse.Namespace, base: Path, params: int) -> list[Scenario]:
+def scenarios(args: argparse.Namespace, base: Path, params: int, slurm: tuple[dict | None, str]) -> list[Scenario]:
+    """The scenarios asked for; `slurm`: (environment or None, why) of the preemptible scenario's backend."""
     m, speed = args.learners, args.failure_speedup
     out = []
     for name in args.scenarios:
@@ -100,11 +108,12 @@ def scenarios(args: argparse.Namespace, base: Path, params: int) -> list[Scenari
             sc.extra = {"kill_every_s": every / speed, "down_s": down / speed}
             sc.aim = "decoupled reaches the target sooner than elastic-ddp"
         if name == "preemptible":
-            sc.note = (
-                "local backend (kill -9, restart after the requeue wait) for all four methods: ddp and "
-                "elastic-ddp run on Slurm (--backend slurm), but decoupled and diloco on Slurm write no "
-                "eval-loss curve over time (metrics.jsonl), which seconds to target are read from"
-            )
+            sc.slurm, sc.note = slurm
+            if sc.slurm is not None:  # the same rate per learner, as requeues from each run's submission
+                sc.requeues = schedule(m, m * every / speed, args.cap_seconds, args.seed)
+                outages = [Outage(t, learner, t + down / speed) for t, learner in sc.requeues]
+                FailureTrace.of(outages).save(sc.trace)  # the virtual clock's stand-in: down for the nominal wait
+                sc.extra = {**sc.extra, "backend": "slurm", "requeues_scheduled": len(sc.requeues)}
         if name == "cross_site":
             latency, bandwidth, scaling = cross_site_link(params, args.min_step_seconds)
             sc.link, sc.extra = (latency, bandwidth), scaling
@@ -122,7 +131,7 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, lr: float, run
     flags += ["--tokens", str(args.tokens), "--duration", f"{args.cap_seconds:.1f}", "--seed", str(args.seed)]
     flags += ["--min-step-seconds", str(args.min_step_seconds), "--inner-lr", repr(lr), "--no-dashboard"]
     flags += ["--eval-every", str(args.eval_every), "--eval-batches", str(args.eval_batches)]
-    if sc.trace is not None:
+    if sc.trace is not None and sc.slurm is None:  # on Slurm, requeues instead (`preempted_run`)
         flags += ["--chaos-trace", str(sc.trace)]
     if sc.link is not None:
         flags += ["--net-latency", f"{sc.link[0]:.4g}", "--net-bandwidth", f"{sc.link[1]:.6g}"]
@@ -130,7 +139,12 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, lr: float, run
     if sc.slowdown:
         os.environ[STEP_SLOWDOWN_ENV] = ",".join(f"{f:g}" for f in sc.slowdown)
     try:
-        summary = ddiloco_run(flags, run_dir, f"{sc.name} / {method}")
+        if sc.slurm is not None:  # every job on this machine's cores: shared as the local launcher shares them
+            flags += ["--threads", str(max(1, (os.cpu_count() or 1) // (args.learners + 1)))]
+            what, limit = f"{sc.name} / {method}", args.cap_seconds + 300.0
+            summary = preempted_run(flags, run_dir, what, sc.requeues, sc.slurm, console, limit)
+        else:
+            summary = ddiloco_run(flags, run_dir, f"{sc.name} / {method}")
     finally:
         os.environ.pop(STEP_SLOWDOWN_ENV, None)
     span = window(run_dir, summary)
@@ -230,6 +244,7 @@ def one_scenario(args: argparse.Namespace, sc: Scenario, lrs: dict[str, float], 
             "tokens_merged": s["tokens_merged"],
             "tokens_trained": s["tokens_trained"],
             "inner_lr": lrs[m],
+            "requeues": s.get("requeues"),  # on Slurm: preemptions done (a job not running is skipped)
         }
         if cs is not None:
             ss = sim[m]["summary"]
@@ -274,59 +289,6 @@ def _winner(seconds: dict) -> str | None:
     return min(reached, key=lambda m: reached[m]) if reached else None
 
 
-def plot(name: str, real: dict, sim: dict, c: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2 if sim else 1, figsize=(12 if sim else 6.5, 4.2), squeeze=False)
-    for ax, runs, title in ((axes[0][0], real, "real processes (wall clock)"), (axes[0][-1], sim, "virtual clock")):
-        if not runs or (ax is axes[0][-1] and runs is sim and not sim):
-            continue
-        for m, r in runs.items():
-            if r["curve"]:
-                ax.plot(*zip(*r["curve"], strict=True), label=m, marker=".")
-        ax.set(title=f"{name}: {title}", xlabel="seconds", ylabel="eval loss")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    axes[0][0].axhline(c["target"], color="grey", ls="--", lw=0.8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def show(name: str, result: dict) -> None:
-    t = Table(
-        title=f"{name}: target {result['target']:.4f} (final loss of {result['best_baseline']}, "
-        f"+ {result['tolerance']:g}); "
-        f"first finish at {result['first_finish_seconds']:.1f} s"
-    )
-    cols = ("method", "s to target", "loss at first finish", "goodput", "eval loss", "finish s", "sim s to target")
-    for col in cols:
-        t.add_column(col, justify="right")
-
-    def f(v: float | None, fmt: str) -> str:
-        return "never" if v is None else fmt.format(v)
-
-    for r in result["rows"]:
-        t.add_row(
-            r["method"],
-            f(r["seconds_to_target"], "{:.1f}"),
-            f(r["loss_at_first_finish"], "{:.4f}"),
-            f"{r['goodput']:.3f}",
-            f(r["eval_loss"], "{:.4f}"),
-            f"{r['finish_seconds']:.1f}" + ("" if r["reached_budget"] else " (cap)"),
-            f(r.get("sim_seconds_to_target"), "{:.1f}") if "sim_seconds_to_target" in r else "-",
-        )
-    console.print(t)
-    met = {True: "met", False: "NOT met", None: "-"}[result["aim_met"]]
-    console.print(f"aim ({result['aim']}): {met}" + (f"; note: {result['note']}" if result["note"] else ""))
-    if result["agreement"]:
-        a = result["agreement"]
-        console.print(f"virtual clock vs real: {json.dumps({k: a[k] for k in a}, default=str)}")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
@@ -344,6 +306,7 @@ def main() -> None:
     p.add_argument("--no-sim", action="store_true", help="real processes only")
     p.add_argument("--no-sweep", action="store_true", help="no learning-rate sweep: every method --inner-lr")
     p.add_argument("--run-dir", type=Path, default=None)
+    p.add_argument("--preemptible-backend", choices=("local", "slurm"), default=None, help="default: slurm if it can")
     args = parse_run_arguments(p, tokens=3_000_000)
     args.failure_speedup = 1.0
     if args.quick:
@@ -359,10 +322,12 @@ def main() -> None:
     params = count_parameters(task.build_model(args.seed))
     lrs, sweep = ({m: args.inner_lr for m in METHODS}, {}) if args.no_sweep else sweep_lr(args, base)
     results = {}
-    for sc in scenarios(args, base, params):
-        results[sc.name] = one_scenario(args, sc, lrs, base)
-        show(sc.name, results[sc.name])
-        (base / "time_to_loss.json").write_text(json.dumps({"scenarios": results}, default=float))
+    wanted = args.preemptible_backend if "preemptible" in args.scenarios else "local"
+    with slurm_or_local(wanted, console) as slurm:
+        for sc in scenarios(args, base, params, slurm):
+            results[sc.name] = one_scenario(args, sc, lrs, base)
+            show(sc.name, results[sc.name])
+            (base / "time_to_loss.json").write_text(json.dumps({"scenarios": results}, default=float))
     console.print(f"run directory and plots: {base}")
     if args.json:
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}

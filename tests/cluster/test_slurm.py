@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -212,6 +213,38 @@ def test_the_launcher_follows_the_run_to_its_end_and_prints_the_summary(slurm, t
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["summary"]["finished"] and result["summary"]["tokens_reported"] >= budget
     assert set(jobs_api.states(result["jobs"]).values()) <= jobs_api.FINISHED | {"GONE"}  # nothing left queued
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_a_followed_run_records_what_a_local_run_records(slurm, tmp_path, shakespeare):
+    """metrics.jsonl with eval records over time, config.json, summary.json and the --json keys of a
+    local run (goodput, eval loss of the final checkpoint): time_to_loss and `ddiloco report` read it."""
+    run = tmp_path / "run"
+    budget = 2 * 500 * TOKENS_PER_STEP
+    done = launch(run, shakespeare, budget, "--method", "decoupled", "--eval-every", "2", timeout=330)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["summary"]["finished"] and result["backend"] == "slurm"
+    assert 0 < result["goodput"] <= 1 and math.isfinite(result["eval_loss"])
+    assert result["tokens_trained"] >= budget and 0 < result["tokens_merged"] <= result["tokens_trained"] * (1 + 1e-9)
+    assert 0 < result["availability"] <= 1 and result["window_start"] < result["window_stop"]
+    assert json.loads((run / "summary.json").read_text())["goodput"] == result["goodput"]
+    config = json.loads((run / "config.json").read_text())
+    assert config["settings"]["token"] == "<redacted>" and config["clock_origin"] <= result["window_start"]
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [e for e in lines if e["kind"] == "eval"]
+    assert len(evals) >= 4, lines  # every 2 s while it ran, and the final one
+    times = [e["t"] for e in evals]
+    assert times == sorted(times) and len(set(times)) == len(times) and times[0] > 0
+    assert all(math.isfinite(e["eval_loss"]) for e in evals)
+    assert evals[-1]["eval_loss"] == result["eval_loss"]  # the final evaluation comes last
+    assert {"progress", "train"} <= {e["kind"] for e in lines}
+    report = subprocess.run(
+        [sys.executable, "-m", "ddiloco", "report", str(run)], capture_output=True, text=True, timeout=120
+    )
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert (run / "report" / "report.html").is_file()
 
 
 @pytest.mark.slow  # the default suite keeps the requeue and scancel tests

@@ -138,3 +138,22 @@ def test_goodput_never_exceeds_utilization_when_every_step_is_merged(tmp_path):
         j.close()
     s = summarize([tmp_path / "sync-0"], [tmp_path / "learner-0"], learners=1, end_wall=1.0, fallback_start=0.0)
     assert 0 < s["goodput"] <= s["utilization"] and s["goodput"] == pytest.approx(0.6)
+
+
+def test_merged_tokens_summed_from_shares_are_not_more_than_the_whole(tmp_path):
+    # 64 tokens in nine shares of 1/9: the float sum is 64.00000000000001, more than was trained
+    admitted = [
+        {"learner": 0, "tokens": 64, "seconds": 0.1, "share": 1 / 9, "span_start": 0.0, "snapshot_wall": 1.0}
+        for _ in range(9)
+    ]
+    assert sum(a["tokens"] * a["share"] for a in admitted) > 64
+    write_events(
+        tmp_path / "sync-0" / "events.jsonl",
+        [{"t": 0.0, "kind": "join", "learner": 0}, {"t": 1.0, "kind": "merge", "fragment": 0, "admitted": admitted}]
+        + [{"t": 1.0, "kind": "stop"}],
+    )
+    j = Journal(tmp_path / "learner-0" / "journal-a.json")
+    j.write({"tokens": 64, "seconds": 1.0})
+    j.close()
+    s = summarize([tmp_path / "sync-0"], [tmp_path / "learner-0"], learners=1, end_wall=1.0, fallback_start=0.0)
+    assert s["tokens_merged"] <= s["tokens_trained"] == 64 and s["tokens_lost"] == 0

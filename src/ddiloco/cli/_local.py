@@ -50,7 +50,7 @@ def _run_locally(
 
     from ..launch.dashboard import Dashboard
     from ..launch.livestate import snapshot
-    from ..launch.metrics import RunMetrics
+    from ..launch.metrics import RunMetrics, RunView
     from ..launch.supervisor import Supervisor
     from ..records.rundir import RunDir, jsonable
     from ..wire import auth
@@ -77,7 +77,15 @@ def _run_locally(
             tensorboard, wandb, wandb_mode, wandb_project, config.run_dir, config.run_dir.name, jsonable(config)
         )
     )
-    metrics = RunMetrics(sup, task, log, eval_every, config.seed, config.token)
+    view = RunView(
+        sup.start_wall,
+        config.learners,
+        addresses=lambda: [s.address for s in sup.shards if s.address],
+        statuses=lambda: [s.status for s in sup.shards if s.status],
+        stopping=lambda: sup.stopping,
+        ended=sup.interrupted,
+    )
+    metrics = RunMetrics(view, task, log, eval_every, config.seed, config.token)
     board = None
     if dashboard is not None:
         dashboard_host, dashboard_port = dashboard

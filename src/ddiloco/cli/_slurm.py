@@ -3,7 +3,8 @@
 Writes the job scripts (`--dry-run` stops there), submits them, then follows the run until the
 synchronizer's jobs end (`--detach` returns at once). Ctrl+C or SIGTERM while following ends the run
 as `ddiloco stop` does (learners send what they hold), then cancels whatever is still queued.
-`ddiloco slurm-stop RUN_DIR` does the same for a detached run.
+`ddiloco slurm-stop RUN_DIR` does the same for a detached run. A followed run records what a local
+run does (config.json, metrics.jsonl over time, summary.json and the same --json keys: `_slurm_record`).
 """
 
 from __future__ import annotations
@@ -59,13 +60,22 @@ def run_on_slurm(config: RunConfig, opts: SlurmOptions, dry_run: bool, detach: b
         stderr.print(f"wrote {len(scripts)} job scripts to {config.run_dir / 'slurm'} (not submitted)")
         return result
     (config.run_dir / "slurm" / "run.json").write_text(json.dumps({"sync_shards": config.sync_shards}))
+    from ._slurm_record import SlurmRecord
+
+    started, wall_start = time.time(), time.perf_counter()
+    record = SlurmRecord(config, started)  # config.json: its clock origin is the submission
     jobs = slurm.submit(config.run_dir, scripts)
     result["jobs"] = jobs
     stderr.print(f"submitted {len(jobs)} jobs: " + ", ".join(f"{r} {j}" for r, j in jobs.items()))
     if detach:
         stderr.print(f"stop the run with: ddiloco slurm-stop {config.run_dir}")
         return result
+    record.start()
     result["summary"] = follow(config, jobs)
+    keys, error = record.finish(time.perf_counter() - wall_start)
+    result.update(keys)
+    if error:
+        result["error"] = error
     return result
 
 
@@ -180,5 +190,16 @@ def run_from_cli(
         result = run_on_slurm(dataclasses.replace(config, threads=threads), SlurmOptions(**flags), dry_run, detach)
     except (ValueError, slurm.SlurmError) as exc:
         raise user_error(exc) from None
+    if "goodput" in result:  # a followed run: the summary a local run prints
+        from .output import print_summary
+
+        print_summary(
+            {k: v for k, v in result.items() if k not in ("scripts", "jobs", "summary")},
+            title=f"ddiloco run --method {config.method} --backend slurm",
+        )
+    if result.get("error"):
+        stderr.print(f"[red]error:[/red] {result['error']}")
     if as_json:
         print(json.dumps(result, sort_keys=True), flush=True)
+    if result.get("error"):
+        raise SystemExit(1)

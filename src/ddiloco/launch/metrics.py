@@ -1,29 +1,45 @@
 """Metrics of a real run over time, for the run directory's metrics.jsonl (same schema as the
 simulator's): the global model's eval loss (fetched read-only from the shards), the learners' training
-loss, and tokens, merged tokens and goodput so far from the shards' status."""
+loss, and tokens, merged tokens and goodput so far from the shards' status.
+
+`RunMetrics` reads the run through a `RunView`, a few callables, not through the local supervisor:
+the same recorder follows a run on this machine (`cli/_local.py`) and one whose shards are Slurm jobs
+(`cli/_slurm.py`), so both write the same records on the same time origin."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from ..learner.fetch import fetch_params
 from ..records.rundir import MetricsLog
 from ..train.tasks import Task
 from .evaluate import evaluate_params
 
-if TYPE_CHECKING:  # the supervisor is handed in; nothing of it is imported at run time
-    from .supervisor import Supervisor
+
+@dataclass
+class RunView:
+    """What the recorder needs of a run: `t` counts from `start_wall` (the config's clock_origin);
+    `addresses` and `statuses` are asked at every record (shards move); `ended`, once set, ends the
+    loop without waiting out its period."""
+
+    start_wall: float
+    learners: int
+    addresses: Callable[[], list[str]]
+    statuses: Callable[[], list[dict]]
+    stopping: Callable[[], bool]
+    ended: threading.Event = field(default_factory=threading.Event)
 
 
 class RunMetrics:
-    """A thread that records every `every` seconds until the supervisor stops; `latest` feeds the live view."""
+    """A thread that records every `every` seconds until the run stops; `latest` feeds the live view."""
 
     def __init__(
         self,
-        sup: Supervisor,
+        view: RunView,
         task: Task,
         metrics: MetricsLog,
         every: float,
@@ -31,7 +47,7 @@ class RunMetrics:
         token: str | None,
         eval_batches: int = 4,
     ) -> None:
-        self.sup, self.task, self.metrics, self.every = sup, task, metrics, every
+        self.view, self.task, self.metrics, self.every = view, task, metrics, every
         self.seed, self.token, self.eval_batches = seed, token, eval_batches
         self.latest: dict = {"loss": None}
         self.history: deque[dict] = deque(maxlen=5000)  # eval and train points, for the dashboard's curves
@@ -41,13 +57,19 @@ class RunMetrics:
         if self.every > 0:
             self._thread.start()
 
+    def join(self, wait: float = 60.0) -> None:
+        """Once the view's `ended` is set: wait (bounded) for a record in progress, so that the
+        caller's final record comes last."""
+        if self._thread.is_alive():
+            self._thread.join(wait)
+
     def _loop(self) -> None:
-        while not self.sup.stopping and not self.sup.interrupted.wait(self.every):
+        while not self.view.stopping() and not self.view.ended.wait(self.every):
             self.record()
 
     def record(self) -> None:
-        t = time.time() - self.sup.start_wall
-        statuses = [s.status for s in self.sup.shards if s.status]
+        t = time.time() - self.view.start_wall
+        statuses = self.view.statuses()
         tokens = max((st.get("tokens_reported", 0) for st in statuses), default=0)
         losses = [
             info["loss"]
@@ -65,10 +87,11 @@ class RunMetrics:
                 "progress",
                 t,
                 tokens,
-                goodput=min(1.0, useful / (self.sup.config.learners * elapsed)),
+                goodput=min(1.0, useful / (self.view.learners * elapsed)),
                 tokens_merged=merged,
             )
-        params = fetch_params([s.address for s in self.sup.shards if s.address], self.token)
+        addresses = self.view.addresses()
+        params = fetch_params(addresses, self.token) if addresses else None
         if params is not None:
             try:
                 values = evaluate_params(self.task, self.seed, params, max_batches=self.eval_batches)

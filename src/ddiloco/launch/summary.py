@@ -91,6 +91,7 @@ def summarize(
     allocated = learners * window
     if busy < useful <= busy * (1 + 1e-9):
         useful = busy  # the same step times summed in another order: merged work is part of trained work
+    tokens_merged = round(tokens_merged, 6)  # shares of whole tokens: 91840.00000000001 is 91840
     return {
         "tokens": tokens_trained,
         "tokens_trained": tokens_trained,
