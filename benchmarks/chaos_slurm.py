@@ -73,13 +73,20 @@ def schedule(learners: int, mtbf: float, horizon: float, seed: int) -> list[tupl
 
 
 def requeue_due(
-    pending: list[tuple[float, int]], elapsed: float, jobs: dict[str, str], states: dict[str, str], console: Console
+    pending: list[tuple[float, int]],
+    elapsed: float,
+    jobs: dict[str, str],
+    states: dict[str, str],
+    console: Console,
+    held: list[tuple[float, str]] | None = None,
+    wait: float = 0.0,
 ) -> int:
     """Requeue (`scontrol requeue`, what a preemption does) every learner whose time in `pending` has
     come, `elapsed` seconds after its run's submission, taking them off `pending`; returns how many were
     requeued. A learner's job is `learnerM` (ddiloco) or `workerM` (the data-parallel baselines); one
     that is not RUNNING then (already requeued, not back yet) is skipped, as a preemption would find
-    nothing to preempt."""
+    nothing to preempt. With `held` (a list this appends to), each job is held in the queue and
+    released `wait` seconds later by `release_due`: the requeue wait of a preemption, not Slurm's own."""
     from ddiloco.cluster import slurm
 
     done = 0
@@ -89,11 +96,25 @@ def requeue_due(
         if role is None or states.get(role) != "RUNNING":
             continue
         try:
-            slurm.requeue(jobs[role])
+            slurm.requeue(jobs[role], hold=held is not None)
             done += 1
+            if held is not None:
+                held.append((elapsed + wait, jobs[role]))
         except slurm.SlurmError as exc:  # it left RUNNING meanwhile (requeued, ending)
             console.print(f"  requeue of {role} skipped: {exc}")
     return done
+
+
+def release_due(held: list[tuple[float, str]], elapsed: float, console: Console) -> None:
+    """Release every held job whose wait is over (`requeue_due` with `held`), taking it off `held`."""
+    from ddiloco.cluster import slurm
+
+    for entry in [h for h in held if h[0] <= elapsed]:
+        held.remove(entry)
+        try:
+            slurm.release(entry[1])
+        except slurm.SlurmError as exc:  # cancelled meanwhile (the run ended)
+            console.print(f"  release of job {entry[1]} skipped: {exc}")
 
 
 def stop_cluster(private: Path | None) -> None:

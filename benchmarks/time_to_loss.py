@@ -16,9 +16,10 @@ schedule of requeues, offsets from each run's submission):
     preemptible     preemptions with requeue waits, one every 60 s. On Slurm for all four methods
                     (--preemptible-backend slurm, the default when a cluster is reachable or a private
                     one starts, time_to_loss_slurm.py): every run is `ddiloco run --backend slurm`,
-                    its learner (worker) jobs requeued with `scontrol requeue` on one schedule from
-                    its submission, back when Slurm restarts them. On the local backend (--preemptible-
-                    backend local, or no Slurm; the note says so): kill -9, back after 30 s
+                    its learner (worker) jobs requeued and held (`scontrol requeuehold`) on one
+                    schedule from its submission, released after the requeue wait (30 s). On the
+                    local backend (--preemptible-backend local, or no Slurm; the note says so): kill
+                    -9, back after 30 s
 
 --quick scales the budget down and the failure clock with it (kills 6x as often, outages 6x shorter).
 Every run is capped at --cap times the time the budget takes without failures or waits (a run that
@@ -142,7 +143,8 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, lr: float, run
         if sc.slurm is not None:  # every job on this machine's cores: shared as the local launcher shares them
             flags += ["--threads", str(max(1, (os.cpu_count() or 1) // (args.learners + 1)))]
             what, limit = f"{sc.name} / {method}", args.cap_seconds + 300.0
-            summary = preempted_run(flags, run_dir, what, sc.requeues, sc.slurm, console, limit)
+            wait = sc.extra["down_s"]  # held in the queue for the scenario's requeue wait
+            summary = preempted_run(flags, run_dir, what, sc.requeues, sc.slurm, console, limit, wait)
         else:
             summary = ddiloco_run(flags, run_dir, f"{sc.name} / {method}")
     finally:

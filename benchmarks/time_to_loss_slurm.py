@@ -2,10 +2,11 @@
 
 Each method's run is `ddiloco run --backend slurm`, followed by its own launcher (which writes the
 eval-loss curve, metrics.jsonl, and the summary as a local run does), while this module preempts its
-learner jobs (ddiloco's `learnerM`, the data-parallel baselines' `workerM`) with `scontrol requeue`
-on one schedule, offsets from each run's submission; Slurm brings each job back by itself, so the
-requeue wait is Slurm's own. The schedule and the requeues are chaos_slurm.py's (`schedule`,
-`requeue_due`), and so is the cluster: the one `sinfo` reaches, else a private one on 127.0.0.1.
+learner jobs (ddiloco's `learnerM`, the data-parallel baselines' `workerM`) with `scontrol
+requeuehold` on one schedule, offsets from each run's submission, and releases each after the
+scenario's requeue wait (`scontrol release`), when Slurm starts it again. The schedule and the
+requeues are chaos_slurm.py's (`schedule`, `requeue_due`, `release_due`), and so is the cluster: the
+one `sinfo` reaches, else a private one on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def slurm_or_local(choice: str | None, console) -> Iterator[tuple[dict | None, s
             env,
             (
                 "Slurm backend for all four methods: learner (worker) jobs preempted with scontrol requeue "
-                "on one schedule from each run's submission; the requeue wait is Slurm's own"
+                "and held on one schedule from each run's submission, released after the requeue wait"
             ),
         )
     finally:
@@ -60,9 +61,11 @@ def preempted_run(
     env: dict,
     console,  # noqa: ANN001
     timeout: float,
+    wait: float,
 ) -> dict:
     """`ddiloco run FLAGS --backend slurm` followed to its end while its learner jobs are requeued on
-    `requeues` ((seconds after submission, learner)); its --json summary, with `requeues` done."""
+    `requeues` ((seconds after submission, learner)), each held in the queue for `wait` seconds (the
+    scenario's requeue wait); its --json summary, with `requeues` done."""
     from ddiloco.cluster import slurm
 
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -74,6 +77,7 @@ def preempted_run(
     with open(out_path, "w") as out, open(err_path, "w") as err:  # files, not pipes: nothing blocks
         launcher = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
     pending, done, submitted, timed_out = sorted(requeues), 0, None, False
+    held: list[tuple[float, str]] = []
     deadline = time.monotonic() + timeout
     try:
         while launcher.poll() is None and time.monotonic() < deadline:
@@ -82,7 +86,11 @@ def preempted_run(
             if submitted is not None and pending:
                 with contextlib.suppress(OSError, ValueError, slurm.SlurmError):
                     jobs = slurm.read_jobs(run_dir)  # read again: ddp's launcher may submit a job anew
-                    done += chaos_slurm.requeue_due(pending, time.time() - submitted, jobs, slurm.states(jobs), console)
+                    elapsed = time.time() - submitted
+                    states = slurm.states(jobs)
+                    done += chaos_slurm.requeue_due(pending, elapsed, jobs, states, console, held, wait)
+            if submitted is not None and held:
+                chaos_slurm.release_due(held, time.time() - submitted, console)
             time.sleep(POLL)
         timed_out = launcher.poll() is None
     finally:

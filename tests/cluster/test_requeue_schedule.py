@@ -21,7 +21,7 @@ QUIET = Console(file=open("/dev/null", "w"))
 
 def test_due_requeues_hit_running_learner_or_worker_jobs_only(monkeypatch):
     requeued: list[str] = []
-    monkeypatch.setattr(slurm, "requeue", requeued.append)
+    monkeypatch.setattr(slurm, "requeue", lambda job, hold=False: requeued.append(job))
     pending = [(1.0, 0), (2.0, 1), (3.0, 0), (9.0, 1)]
     jobs = {"sync0": "10", "learner0": "11", "learner1": "12"}
     states = {"sync0": "RUNNING", "learner0": "RUNNING", "learner1": "PENDING"}
@@ -33,13 +33,30 @@ def test_due_requeues_hit_running_learner_or_worker_jobs_only(monkeypatch):
 
 
 def test_a_requeue_slurm_refuses_is_skipped(monkeypatch):
-    def refuse(job: str) -> None:
+    def refuse(job: str, hold: bool = False) -> None:
         raise slurm.SlurmError("scontrol requeue failed: job is not running")
 
     monkeypatch.setattr(slurm, "requeue", refuse)
     pending = [(0.0, 0)]
     assert chaos_slurm.requeue_due(pending, 1.0, {"learner0": "1"}, {"learner0": "RUNNING"}, QUIET) == 0
     assert pending == []
+
+
+def test_held_requeues_are_released_after_the_wait(monkeypatch):
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(slurm, "requeue", lambda job, hold=False: calls.append(("hold" if hold else "requeue", job)))
+    monkeypatch.setattr(slurm, "release", lambda job: calls.append(("release", job)))
+    held: list[tuple[float, str]] = []
+    pending = [(1.0, 0), (4.0, 1)]
+    jobs = {"learner0": "11", "learner1": "12"}
+    running = {"learner0": "RUNNING", "learner1": "RUNNING"}
+    assert chaos_slurm.requeue_due(pending, 1.5, jobs, running, QUIET, held, wait=5.0) == 1
+    assert calls == [("hold", "11")] and held == [(6.5, "11")]
+    chaos_slurm.release_due(held, 6.0, QUIET)
+    assert calls == [("hold", "11")]  # its wait is not over
+    assert chaos_slurm.requeue_due(pending, 6.6, jobs, running, QUIET, held, wait=5.0) == 1
+    chaos_slurm.release_due(held, 6.6, QUIET)
+    assert calls[1:] == [("hold", "12"), ("release", "11")] and held == [(11.6, "12")]
 
 
 def test_one_schedule_for_every_run():

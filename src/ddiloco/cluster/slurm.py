@@ -81,9 +81,15 @@ def cancel(jobs: dict[str, str], signal: str | None = None) -> None:
     _run(args)
 
 
-def requeue(job: str) -> None:
-    """What a preemption does to a requeueable job: stop it (SIGTERM, then SIGKILL) and queue it again."""
-    _run(["scontrol", "requeue", job])
+def requeue(job: str, hold: bool = False) -> None:
+    """What a preemption does to a requeueable job: stop it (SIGTERM, then SIGKILL) and queue it again;
+    `hold`: held in the queue until `release` (a preemption whose capacity comes back later)."""
+    _run(["scontrol", "requeuehold" if hold else "requeue", job])
+
+
+def release(job: str) -> None:
+    """Let a held job start again (`requeue(job, hold=True)`)."""
+    _run(["scontrol", "release", job])
 
 
 def states(jobs: dict[str, str]) -> dict[str, str]:
