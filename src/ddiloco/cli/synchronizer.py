@@ -265,8 +265,8 @@ def synchronizer(
     failed = None
     try:
         server.stop()
-    except OSError as exc:  # the servers are down; the run resumes from the last checkpoint written
-        failed = f"the final checkpoint could not be written: {exc}"
+    except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own error: the servers are down either way
+        failed = f"the final checkpoint could not be written (the run resumes from the last one): {exc}"
     status = service.status()
     if summary is not None:
         try:
