@@ -34,14 +34,6 @@ def check_local_only(**given: object) -> None:
         raise ValueError(f"{', '.join(named)}: local chaos only; on Slurm, preempt jobs with scontrol requeue")
 
 
-def addresses(run_dir: Path, shards: int) -> list[str] | None:
-    """Every shard's address from its address file, or None while one is missing."""
-    files = [run_dir / f"sync-{s}" / "address" for s in range(shards)]
-    if not all(f.is_file() and f.read_text().strip() for f in files):
-        return None
-    return [f.read_text().strip() for f in files]
-
-
 def prepare(config: RunConfig, opts: SlurmOptions) -> tuple[RunConfig, dict[str, Path]]:
     """A token for a run that listens beyond loopback, and the scripts."""
     if config.token is None and opts.host not in ("127.0.0.1", "localhost", "::1"):
@@ -110,7 +102,7 @@ def _progress_line(config: RunConfig, states: dict[str, str]) -> str:
     for state in states.values():
         counts[state] = counts.get(state, 0) + 1
     line = "jobs " + ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
-    shards = addresses(config.run_dir, config.sync_shards)
+    shards = slurm.shard_addresses(config.run_dir, config.sync_shards)
     if shards:
         try:
             st = shard_status(shards[0], config.token)
@@ -127,7 +119,7 @@ def stop(
     run_dir: Path, shards: int, token: str | None, jobs: dict[str, str], reason: str = "ddiloco slurm-stop"
 ) -> None:
     """End the run the clean way (shards checkpoint, learners send their work), then cancel the jobs."""
-    live = addresses(run_dir, shards)
+    live = slurm.shard_addresses(run_dir, shards)
     if live:
         try:
             stop_run(live, token, reason)

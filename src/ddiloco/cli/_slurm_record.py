@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from ..api.control import shard_status
+from ..cluster import slurm
 from ..launch.config import RunConfig
 from ..launch.metrics import RunMetrics, RunView
 from ..learner.journal import read_journals
@@ -31,10 +32,8 @@ from ..train.tasks import Task, make_task
 
 
 def live_addresses(run_dir: Path, shards: int) -> list[str]:
-    """The address of every shard that has written one, read again at every call."""
-    files = [run_dir / f"sync-{s}" / "address" for s in range(shards)]
-    texts = [f.read_text().strip() if f.is_file() else "" for f in files]
-    return texts if all(texts) else []
+    """Every shard's address, read again at every call; none while one is missing."""
+    return slurm.shard_addresses(run_dir, shards) or []
 
 
 def live_statuses(run_dir: Path, shards: int, token: str | None) -> list[dict]:

@@ -44,6 +44,14 @@ def _run(args: list[str], timeout: float = COMMAND_TIMEOUT) -> str:
     return done.stdout
 
 
+def shard_addresses(run_dir: Path, shards: int) -> list[str] | None:
+    """Every shard's address from its address file (read again at each call: a requeued shard writes
+    a new one), or None while one is missing."""
+    files = [run_dir / f"sync-{s}" / "address" for s in range(shards)]
+    texts = [f.read_text().strip() if f.is_file() else "" for f in files]
+    return texts if all(texts) else None
+
+
 def jobs_file(run_dir: Path) -> Path:
     return run_dir / "slurm" / "jobs.json"
 
