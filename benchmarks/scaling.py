@@ -4,7 +4,7 @@ DiLoCo scaling-law paper (Charles et al., arXiv 2503.09799) finds? Virtual clock
 Every size is trained for `ratio` tokens per parameter (20, and a second ratio at some sizes) by
 data-parallel (4 workers), synchronous DiLoCo with M = 1, 2, 4 and Decoupled DiLoCo with M = 4
 (P = 4, tau = 2, K = 1, gamma = 0.9), outer momentum 0.5, H the same for the whole family. Each method
-gets the same 2 x 2 grid at each size: a learning rate (data-parallel: the inner lr; the DiLoCo family:
+gets the same 2 x 3 grid at each size: a learning rate (data-parallel: the inner lr; the DiLoCo family:
 the outer lr, its inner lr fixed at data-parallel's best at that size) times the global batch G in
 sequences (G / M per learner; at equal G every method takes the same number of inner steps). The best
 point per method and size is reported with its settings; the two largest sizes of the first ratio
@@ -12,8 +12,8 @@ are run again at those points with a second seed. Then loss(N) is fitted as a po
 and the gap to data-parallel as a trend in log N, with where that trend would reach parity.
 
     python benchmarks/scaling.py --quick --json      # tiny models and budgets: 1-2 minutes on 2 cores
-    python benchmarks/scaling.py --out benchmarks/results/scaling.json   # hours: saved after every run,
-                                                      # and started again it resumes from that file
+    python benchmarks/scaling.py --jobs 2 --out benchmarks/results/scaling.json   # hours: saved after
+                                                      # every run, and started again it resumes from that file
     python benchmarks/scaling.py --load benchmarks/results/scaling.json  # the table and fits of a file
 """
 
@@ -22,9 +22,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import multiprocessing as mp
 import os
 import sys
+import threading
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
@@ -59,7 +62,7 @@ FULL = dict(
     sync_every=16,
     inner_lrs=[3e-3, 6e-3],
     outer_lrs=[0.5, 1.0],
-    global_batches=[32, 64],
+    global_batches=[16, 32, 64],
     extra_seeds=[1],
     eval_batches=20,
 )
@@ -128,60 +131,98 @@ def ident(row: dict) -> tuple:
     return tuple(row[k] for k in ("ratio", "size", "method", "seed", "inner_lr", "outer_lr", "global_batch"))
 
 
+_TASKS: dict[tuple, LanguageModelTask] = {}  # per process: a size's model config and its encoded corpus
+
+
+def train(cfg: dict, data: str | None, j: dict) -> dict:
+    """One job on the virtual clock: its row (the job's fields and what the run measured). Module level,
+    so that a worker process of `--jobs` can run it."""
+    method, learners = SPECS[j["method"]]
+    if (j["size"], data) not in _TASKS:
+        corpus = encoded_corpus(data and Path(data), "byte", 1024, 0.1)
+        _TASKS[(j["size"], data)] = LanguageModelTask("gpt", gpt(j["size"], cfg["seq_len"]), corpus)
+    config = SimConfig(
+        method=method,  # type: ignore[arg-type]  # one of SPECS' sim methods
+        data=data,
+        seq_len=cfg["seq_len"],
+        learners=learners,
+        tokens=j["tokens"],
+        seed=j["seed"],
+        eval_batches=cfg["eval_batches"],
+        inner=InnerConfig(lr=j["inner_lr"], batch_size=j["per_learner_batch"], warmup_steps=10),
+        # data-parallel has no outer step: it ignores the algorithm
+        algorithm=AlgorithmConfig() if method == "ddp" else algorithm(method, j["outer_lr"], cfg["sync_every"]),
+    )
+    result = run_sim(config, task=_TASKS[(j["size"], data)])
+    return {
+        **j,
+        "eval_loss": result["eval_loss"],
+        "goodput": result["goodput"],
+        "outer_steps": result.get("outer_steps"),
+        "wall_seconds": result["wall_seconds"],
+    }
+
+
+def _worker_init(threads: int, parent: int) -> None:
+    torch.set_num_threads(threads)
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A worker ends when its parent is gone: a killed (kill -9) parent would leave it training."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
 class Runner:
-    """Runs jobs one at a time, each at most once: a job already in the results file is taken from it;
-    every new one is written to the file as soon as it ends (atomically)."""
+    """Runs jobs, each at most once: a job already in the results file is taken from it; every new one is
+    written to the file as soon as it ends (atomically). `--jobs N` trains up to N independent jobs (one
+    grid) at a time in worker processes, one per core; the results do not depend on N."""
 
     def __init__(self, cfg: dict, args: argparse.Namespace, rows: list[dict]) -> None:
         self.cfg, self.args, self.rows = cfg, args, rows
         self.done = {ident(r): r for r in rows}
-        self.tasks: dict[str, LanguageModelTask] = {}
-        self.started, self.count = time.perf_counter(), 0
-
-    def task(self, size: str) -> LanguageModelTask:
-        if size not in self.tasks:
-            corpus = encoded_corpus(self.args.data and Path(self.args.data), "byte", 1024, 0.1)
-            self.tasks[size] = LanguageModelTask("gpt", gpt(size, self.cfg["seq_len"]), corpus)
-        return self.tasks[size]
+        self.started = time.perf_counter()
+        self.pool: ProcessPoolExecutor | None = None
 
     def __call__(self, j: dict) -> dict:
-        if ident(j) in self.done:
-            return self.done[ident(j)]
-        method, learners = SPECS[j["method"]]
-        config = SimConfig(
-            method=method,  # type: ignore[arg-type]  # one of SPECS' sim methods
-            data=self.args.data,
-            seq_len=self.cfg["seq_len"],
-            learners=learners,
-            tokens=j["tokens"],
-            seed=j["seed"],
-            eval_batches=self.cfg["eval_batches"],
-            inner=InnerConfig(lr=j["inner_lr"], batch_size=j["per_learner_batch"], warmup_steps=10),
-            # data-parallel has no outer step: it ignores the algorithm
-            algorithm=AlgorithmConfig()
-            if method == "ddp"
-            else algorithm(method, j["outer_lr"], self.cfg["sync_every"]),
-        )
-        result = run_sim(config, task=self.task(j["size"]))
-        row = {
-            **j,
-            "eval_loss": result["eval_loss"],
-            "goodput": result["goodput"],
-            "outer_steps": result.get("outer_steps"),
-            "wall_seconds": result["wall_seconds"],
-        }
+        return self.many([j])[0]
+
+    def many(self, jobs: list[dict]) -> list[dict]:
+        """The rows of `jobs`, in their order; those not in the file yet are trained (in parallel)."""
+        todo = list({ident(j): j for j in jobs if ident(j) not in self.done}.values())
+        if self.args.jobs > 1 and len(todo) > 1:
+            if self.pool is None:
+                self.pool = ProcessPoolExecutor(
+                    self.args.jobs,
+                    mp_context=mp.get_context("spawn"),
+                    initializer=_worker_init,
+                    initargs=(self.args.threads, os.getpid()),
+                )
+            futures = [self.pool.submit(train, self.cfg, self.args.data, j) for j in todo]
+            for future in as_completed(futures):
+                self._record(future.result())
+        else:
+            for j in todo:
+                self._record(train(self.cfg, self.args.data, j))
+        return [self.done[ident(j)] for j in jobs]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+    def _record(self, row: dict) -> None:
         self.rows.append(row)
         self.done[ident(row)] = row
-        self.count += 1
         print(
-            f"[{len(self.rows)}] {j['ratio']:g} tok/param {j['size']} {j['method']} seed {j['seed']} lr "
-            f"{j['inner_lr']:g}/{j['outer_lr']} G {j['global_batch']}: {row['eval_loss']:.4f} "
+            f"[{len(self.rows)}] {row['ratio']:g} tok/param {row['size']} {row['method']} seed {row['seed']} lr "
+            f"{row['inner_lr']:g}/{row['outer_lr']} G {row['global_batch']}: {row['eval_loss']:.4f} "
             f"({row['wall_seconds']:.1f} s)",
             file=sys.stderr,
             flush=True,
         )
         save(self.args.out, self.cfg, self.args.quick, self.args.data, self.rows, time.perf_counter() - self.started)
-        return row
 
 
 def save(path: Path, cfg: dict, quick: bool, data: str | None, rows: list[dict], wall: float) -> None:
@@ -210,22 +251,27 @@ def sweep(cfg: dict, run: Runner) -> None:
     lr; after the first ratio, the extra seeds at each method's best point at its two largest sizes."""
     for i, (ratio, sizes) in enumerate(cfg["plan"].items()):
         for size in sizes:
-            ddp = [
-                run(job(cfg, ratio, size, "ddp", 0, lr, None, g))
-                for lr in cfg["inner_lrs"]
-                for g in cfg["global_batches"]
-            ]
+            grid = [(lr, g) for lr in cfg["inner_lrs"] for g in cfg["global_batches"]]
+            ddp = run.many([job(cfg, ratio, size, "ddp", 0, lr, None, g) for lr, g in grid])
             inner = min(ddp, key=lambda r: r["eval_loss"])["inner_lr"]
-            for method in METHODS[1:]:
-                for olr in cfg["outer_lrs"]:
-                    for g in cfg["global_batches"]:
-                        run(job(cfg, ratio, size, method, 0, inner, olr, g))
+            run.many(
+                [
+                    job(cfg, ratio, size, method, 0, inner, olr, g)
+                    for method in METHODS[1:]
+                    for olr in cfg["outer_lrs"]
+                    for g in cfg["global_batches"]
+                ]
+            )
         if i == 0:
+            again = []
             for size in sorted(sizes, key=lambda s: parameters(s, cfg["seq_len"]))[-2:]:
                 seed0 = [r for r in run.rows if r["ratio"] == ratio and r["size"] == size and r["seed"] == 0]
                 for c in choose(seed0):
                     for seed in cfg["extra_seeds"]:
-                        run(job(cfg, ratio, size, c["method"], seed, c["inner_lr"], c["outer_lr"], c["global_batch"]))
+                        again.append(
+                            job(cfg, ratio, size, c["method"], seed, c["inner_lr"], c["outer_lr"], c["global_batch"])
+                        )
+            run.many(again)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="results file (resumed from if it exists)")
     parser.add_argument("--load", type=Path, default=None, help="print the table and fits of this results file")
     parser.add_argument("--data", default=None, help="training text (default: the Python standard library's source)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per job")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="jobs trained at a time, in worker processes (one per core)"
+    )
     args = parser.parse_args(argv)
     if args.load:
         rows = json.loads(args.load.read_text())["rows"]
@@ -253,8 +302,13 @@ def main(argv: list[str] | None = None) -> int:
             rows = old["rows"]
             print(f"resuming from {args.out}: {len(rows)} runs done", file=sys.stderr, flush=True)
         torch.set_num_threads(args.threads)
+        if args.jobs < 1 or args.threads < 1:
+            parser.error("--jobs and --threads take 1 or more")
         runner = Runner(cfg, args, rows)
-        sweep(cfg, runner)
+        try:
+            sweep(cfg, runner)
+        finally:
+            runner.close()
         save(args.out, cfg, args.quick, args.data, rows, time.perf_counter() - runner.started)
     chosen = choose(rows)
     fitted = fits(chosen)

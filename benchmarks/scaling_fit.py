@@ -85,14 +85,26 @@ def key(row: dict) -> tuple:
     return (row["ratio"], row["size"], row["method"])
 
 
+def _best_seed0(runs: list[dict]) -> dict:
+    """The lowest-loss run among those of the first seed."""
+    first = min(r["seed"] for r in runs)
+    return min((r for r in runs if r["seed"] == first), key=lambda r: r["eval_loss"])
+
+
 def choose(rows: list[dict]) -> list[dict]:
     """Per (ratio, size, method): the grid point with the lowest seed-0 eval loss, and its loss as the
-    mean over every seed run at that point."""
+    mean over every seed run at that point. The DiLoCo family's grid is at data-parallel's best inner lr
+    (scaling.py's rule): its runs at another inner lr (made before a wider data-parallel grid moved that
+    best) are not part of the grid and are left out; a cell left with none is not reported yet."""
     cells: dict[tuple, list[dict]] = {}
     for r in rows:
         cells.setdefault(key(r), []).append(r)
+    ddp_lr = {k[:2]: _best_seed0(runs)["inner_lr"] for k, runs in cells.items() if k[2] == "ddp"}
     out = []
-    for (ratio, size, method), runs in cells.items():
+    for (ratio, size, method), every in cells.items():
+        runs = [r for r in every if method == "ddp" or r["inner_lr"] == ddp_lr.get((ratio, size), r["inner_lr"])]
+        if not runs:
+            continue
         first = [r for r in runs if r["seed"] == min(x["seed"] for x in runs)]
         best = min(first, key=lambda r: r["eval_loss"])
         point = (best["inner_lr"], best["outer_lr"], best["global_batch"])

@@ -3,8 +3,11 @@ run end to end (its numbers are reported, never asserted: only their shape)."""
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,7 +82,8 @@ def hand_rows() -> list[dict]:
         size = f"s{i}"
         ddp = 4 * n**-0.1
         rows += [row(size, n, "ddp", ddp, lr=6e-3, batch=64), row(size, n, "ddp", ddp + 0.1)]
-        rows += [row(size, n, "diloco-m4", ddp * (1.02 - 0.01 * i), olr=1.0), row(size, n, "diloco-m4", 9.0, olr=0.5)]
+        m4 = ddp * (1.02 - 0.01 * i)
+        rows += [row(size, n, "diloco-m4", m4, lr=6e-3, olr=1.0), row(size, n, "diloco-m4", 9.0, lr=6e-3, olr=0.5)]
     rows.append(row("s2", 1_000_000, "ddp", 4 * 1e6**-0.1 + 0.02, seed=1, lr=6e-3, batch=64))
     rows.append(row("s2", 1_000_000, "ddp", 1.0, seed=1))  # not the chosen point: ignored
     return rows
@@ -118,6 +122,21 @@ def test_load_prints_the_table_and_the_fits_of_a_hand_written_file(tmp_path):
     assert "+2.00%" in out.stdout and "diloco-m4" in out.stdout and "alpha 0.1" in out.stdout
 
 
+def test_choose_leaves_out_diloco_runs_at_an_inner_lr_that_is_no_longer_ddps_best():
+    # a wider ddp grid moved ddp's best to 1.2e-2 G 16: the diloco runs at 6e-3 are stale, even the better one
+    rows = hand_rows() + [row("s0", 10_000, "ddp", 1.0, lr=1.2e-2, batch=16)]
+    rows += [row("s0", 10_000, "diloco-m4", 0.5, lr=6e-3, olr=0.5, batch=64)]  # stale, lowest loss of all
+    rows += [row("s0", 10_000, "diloco-m4", 1.3, lr=1.2e-2, olr=1.0, batch=16)]
+    rows += [row("s0", 10_000, "diloco-m4", 1.2, lr=1.2e-2, olr=0.5, batch=32)]
+    chosen = {(c["size"], c["method"]): c for c in choose(rows)}
+    m4 = chosen[("s0", "diloco-m4")]
+    assert (m4["inner_lr"], m4["outer_lr"], m4["global_batch"], m4["grid_points"]) == (1.2e-2, 0.5, 32, 2)
+    assert m4["gap_vs_ddp"] == pytest.approx(0.2)
+    # a size whose diloco runs are all stale is not reported until they are made again
+    rows.append(row("s1", 100_000, "ddp", 0.1, lr=1.2e-2))
+    assert ("s1", "diloco-m4") not in {(c["size"], c["method"]) for c in choose(rows)}
+
+
 def test_fits_leave_out_a_cell_whose_grid_is_unfinished():
     rows = hand_rows() + [row("s3", 10_000_000, "ddp", 1.0, lr=6e-3, batch=64)]  # 1 of 2 points done
     [ddp, m4] = fits(choose(rows))
@@ -132,7 +151,7 @@ def test_fits_skip_a_method_with_one_size():
 
 @pytest.mark.slow
 def test_quick_run_has_every_method_at_every_size_and_resumes(tmp_path, shakespeare):
-    def quick() -> subprocess.CompletedProcess:
+    def quick(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [
                 sys.executable,
@@ -143,13 +162,14 @@ def test_quick_run_has_every_method_at_every_size_and_resumes(tmp_path, shakespe
                 shakespeare,
                 "--out",
                 str(tmp_path / "q.json"),
+                *extra,
             ],
             capture_output=True,
             text=True,
             timeout=600,
         )
 
-    out = quick()
+    out = quick("--jobs", "2")  # each grid trained by two worker processes
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     cells = {(c["ratio"], c["size"], c["method"]) for c in report["chosen"]}
@@ -163,3 +183,53 @@ def test_quick_run_has_every_method_at_every_size_and_resumes(tmp_path, shakespe
     again = quick()  # every run is in the file: nothing is trained again
     assert again.returncode == 0 and "resuming" in again.stderr and "tok/param 12k" not in again.stderr
     assert json.loads(again.stdout.strip().splitlines()[-1])["chosen"] == report["chosen"]
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is `pid` (from /proc: no dependency)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_jobs_workers_end_when_the_benchmark_is_killed(tmp_path, shakespeare):
+    """`--jobs 2` trains in worker processes; kill -9 of the benchmark must not leave them training."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "scaling.py"), "--quick", "--jobs", "2", "--data", shakespeare]
+    proc = subprocess.Popen([*cmd, "--out", str(tmp_path / "q.json")], stderr=subprocess.DEVNULL)
+    try:
+        workers: set[int] = set()
+        deadline = time.monotonic() + 120
+        while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            workers = {p for p in _children(proc.pid) if "spawn_main" in _cmdline(p)}
+            time.sleep(0.2)
+        assert len(workers) == 2, "the pool's two workers did not start"
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [w for w in workers if _alive(w)]
+    for w in left:  # so that a failure leaves nothing behind
+        os.kill(w, signal.SIGKILL)
+    assert not left, f"workers {left} outlived the killed benchmark"
