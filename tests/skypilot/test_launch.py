@@ -2,7 +2,7 @@
 that records its arguments and environment: the synchronizer's cluster first (provisioned, its public
 address asked for, then started with it), then one managed job per learner; the token only ever in
 sky's environment; the launch recorded for `ddiloco skypilot-stop`, which cancels the jobs and takes
-the cluster down. (The real `sky` was run against the local Slurm cluster by hand: docs/cluster.md.)"""
+the cluster down. (The real `sky` against a local Slurm cluster: test_sky_e2e.py.)"""
 
 from __future__ import annotations
 
@@ -105,3 +105,42 @@ def test_a_failed_launch_leaves_nothing_running_and_says_why(tmp_path, monkeypat
     assert sky.read_run(tmp_path)["jobs"] == {}
     with pytest.raises(FileNotFoundError, match="no SkyPilot launch recorded"):
         sky.read_run(tmp_path / "elsewhere")
+
+
+def test_on_a_private_infra_the_launcher_follows_the_addresses_published_on_a_local_store(tmp_path, monkeypatch):
+    """--sync-host not given on Slurm: the address is the node's, known only once the synchronizer
+    task publishes it on the store; the launcher reads it there (again each time), and a shard that
+    finished and exited between two polls is seen finished through the summary it left."""
+    from ddiloco.cli import _skypilot
+
+    store = tmp_path / "store"
+    run = {"cluster": "c-sync", "jobs": {}, "shards": 1, "store": str(store), "launched": 0.0}
+    assert _skypilot.addresses(run) == [] and _skypilot.addresses({**run, "store": "s3://b/x"}) == []
+    (store / "sync-0").mkdir(parents=True)
+    (store / "sync-0" / "address").write_text("127.0.0.1:7070\n")
+    assert _skypilot.addresses(run) == ["127.0.0.1:7070"]
+    assert _skypilot.addresses({**run, "addresses": ["10.0.0.1:7070"]}) == ["10.0.0.1:7070"]
+    asked = []
+
+    def status(address: str, token: object, ca: object) -> dict:
+        asked.append(address)
+        raise ConnectionError("gone")
+
+    monkeypatch.setattr(sky, "status", status)
+    assert _skypilot._statuses(run, TOKEN, None) is None  # no answer, no summary yet
+    (store / "sync-0" / "summary.json").write_text(json.dumps({"finished": True, "tokens_merged": 5}))
+    assert _skypilot._statuses(run, TOKEN, None) == [{"finished": True, "tokens_merged": 5}]
+    assert _skypilot._statuses({**run, "launched": 4e9}, TOKEN, None) is None  # an earlier run's summary
+    assert asked == ["127.0.0.1:7070"] * 3
+
+
+def test_the_python_and_setup_on_the_nodes_can_be_given_for_a_prebuilt_environment(tmp_path, monkeypatch):
+    from ddiloco.cli._skypilot import options_from_cli
+
+    monkeypatch.delenv("DDILOCO_SKY_PYTHON", raising=False)
+    monkeypatch.delenv("DDILOCO_SKY_SETUP", raising=False)
+    assert options_from_cli(2, None, None, None).python == "python3"
+    monkeypatch.setenv("DDILOCO_SKY_PYTHON", "/opt/venv/bin/python")
+    monkeypatch.setenv("DDILOCO_SKY_SETUP", "true")
+    opts = options_from_cli(2, "/shared/run", ["slurm/local"], None)
+    assert (opts.python, opts.setup, opts.infra) == ("/opt/venv/bin/python", "true", {"": "slurm/local"})

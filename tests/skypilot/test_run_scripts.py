@@ -5,7 +5,8 @@ kill -9 and its script started again as SkyPilot's job_recovery does (a new task
 same run directory on the store); a shard's process is killed and its task restarts it from its
 checkpoint. The learner recovers and rejoins, every token is accounted, and the run ends cleanly.
 
-SkyPilot itself does not run here (docs/cluster.md says why); this is the next best thing."""
+Without SkyPilot, in seconds; test_sky_e2e.py runs the same through SkyPilot itself on a local Slurm
+cluster (slow, and only where tools/skypilot_local.sh has set that up)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import secrets
 import signal
 import threading
@@ -29,10 +30,14 @@ SLURM_ONLY_ALLOWED = {"--dry-run", "--detach", "--sync-host", "--max-restarts"}
 def options_from_cli(
     learners: int, store: str | None, infra: list[str] | None, accelerators: list[str] | None, **rest: object
 ) -> SkyOptions:
+    """The options; $DDILOCO_SKY_PYTHON (the Python on the nodes) and $DDILOCO_SKY_SETUP (the task's
+    setup script) replace the defaults, for nodes with a prebuilt environment (docs/cluster.md)."""
+    node = {"python": os.environ.get("DDILOCO_SKY_PYTHON") or "python3", "setup": os.environ.get("DDILOCO_SKY_SETUP")}
     return SkyOptions(
         store=store,
         infra=parse_roles(infra, "--infra", learners),
         accelerators=parse_roles(accelerators, "--accelerators", learners),
+        **node,  # type: ignore[arg-type]
         **rest,  # type: ignore[arg-type]
     )
 
@@ -105,6 +110,8 @@ def run_on_skypilot(config: RunConfig, opts: SkyOptions, dry_run: bool, detach: 
         "public": opts.public(config.learners),
         "port": opts.port,
         "shards": config.sync_shards,
+        "store": opts.store,
+        "launched": time.time(),
     }
     run = sky.launch(config.run_dir, tasks, run, config.token or "")
     result["jobs"] = run["jobs"]
@@ -116,11 +123,48 @@ def run_on_skypilot(config: RunConfig, opts: SkyOptions, dry_run: bool, detach: 
     return result
 
 
+def addresses(run: dict) -> list[str]:
+    """The shards' addresses: known at launch (--sync-host, a public IP), else those the synchronizer
+    task published on the store (sync-S/address), read again each time, when the store is a path here."""
+    if run.get("addresses"):
+        return list(run["addresses"])
+    store = _local_store(run)
+    if store is None:
+        return []
+    found = []
+    for shard in range(int(run.get("shards", 1))):
+        try:
+            found.append((store / f"sync-{shard}" / "address").read_text().strip())
+        except OSError:
+            return []
+    return found if all(found) else []
+
+
+def _local_store(run: dict) -> Path | None:
+    store = run.get("store")
+    return Path(store) if store and "://" not in store and not store.startswith("volume:") else None
+
+
 def _statuses(run: dict, token: str | None, ca: Path | None) -> list[dict] | None:
     try:
-        return [sky.status(a, token, ca) for a in run.get("addresses") or []] or None
+        now = [sky.status(a, token, ca) for a in addresses(run)]
+        if now:
+            return now
     except ConnectionError:
+        pass
+    store = _local_store(run)  # a shard that finished and exited between two polls left its summary there
+    if store is None:
         return None
+    finals = []
+    for shard in range(int(run.get("shards", 1))):
+        path = store / f"sync-{shard}" / "summary.json"
+        try:
+            if path.stat().st_mtime < float(run.get("launched", 0.0)):
+                return None  # an earlier run's
+            finals.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            return None
+    return finals if all(isinstance(f, dict) and f.get("finished") for f in finals) else None
 
 
 def follow(run_dir: Path, run: dict, token: str | None) -> dict:
@@ -162,7 +206,7 @@ def stop(run_dir: Path, run: dict, token: str | None, reason: str = "ddiloco sky
     and take the synchronizer's cluster down; returns the shards' last status."""
     ca, last = _ca(run_dir), None
     try:
-        for address in run.get("addresses") or []:
+        for address in addresses(run):
             sky.stop(address, token, ca, reason)
         deadline = time.monotonic() + STOP_WAIT
         while time.monotonic() < deadline:
