@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..cluster import skypilot as sky
 from ..cluster.skypilot_tasks import SkyOptions, parse_roles, slug, write_tasks
+from ..cluster.slurm import shard_addresses
 from ..launch.config import RunConfig
 from .output import stderr
 
@@ -131,13 +132,7 @@ def addresses(run: dict) -> list[str]:
     store = _local_store(run)
     if store is None:
         return []
-    found = []
-    for shard in range(int(run.get("shards", 1))):
-        try:
-            found.append((store / f"sync-{shard}" / "address").read_text().strip())
-        except OSError:
-            return []
-    return found if all(found) else []
+    return shard_addresses(store, int(run.get("shards", 1))) or []
 
 
 def _local_store(run: dict) -> Path | None:
