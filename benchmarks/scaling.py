@@ -227,8 +227,20 @@ class Runner:
         save(self.args.out, self.cfg, self.args.quick, self.args.data, self.rows, time.perf_counter() - self.started)
 
 
+def in_grid(rows: list[dict], cfg: dict) -> list[dict]:
+    """The rows on the configured grid. Runs of an earlier, wider grid (G = 64 before the grid moved down)
+    stay in the results file but are not grid points now, so that every cell has the same grid and a
+    cell's grid is complete when it holds all of it."""
+    return [
+        r
+        for r in rows
+        if r["global_batch"] in cfg["global_batches"]
+        and (r["inner_lr"] in cfg["inner_lrs"] if r["method"] == "ddp" else r["outer_lr"] in cfg["outer_lrs"])
+    ]
+
+
 def save(path: Path, cfg: dict, quick: bool, data: str | None, rows: list[dict], wall: float) -> None:
-    chosen = choose(rows)
+    chosen = choose(in_grid(rows, cfg))
     report = {
         "quick": quick,
         "config": {
@@ -295,7 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.load:
-        rows = json.loads(args.load.read_text())["rows"]
+        report = json.loads(args.load.read_text())
+        runs = len(report["rows"])
+        rows = in_grid(report["rows"], report["config"]) if "config" in report else report["rows"]
     else:
         cfg = QUICK if args.quick else FULL
         args.out = args.out or ROOT / "benchmarks" / "results" / (
@@ -318,11 +332,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             runner.close()
         save(args.out, cfg, args.quick, args.data, rows, time.perf_counter() - runner.started)
+        runs, rows = len(rows), in_grid(rows, cfg)
     chosen = choose(rows)
     fitted = fits(chosen)
     print_report(chosen, fitted)
     if args.json:
-        print(json.dumps({"runs": len(rows), "chosen": chosen, "fits": fitted}, sort_keys=True))
+        print(json.dumps({"runs": runs, "chosen": chosen, "fits": fitted}, sort_keys=True))
     return 0
 
 

@@ -122,6 +122,25 @@ def test_load_prints_the_table_and_the_fits_of_a_hand_written_file(tmp_path):
     assert "+2.00%" in out.stdout and "diloco-m4" in out.stdout and "alpha 0.1" in out.stdout
 
 
+def test_load_leaves_out_runs_off_the_files_grid(tmp_path):
+    """A run of an earlier, wider grid (here a G = 16 point better than the rest) stays in the file but is
+    no grid point: the table is chosen from the configured grid only."""
+    rows = hand_rows() + [row("s0", 10_000, "ddp", 0.5, lr=6e-3, batch=16)]
+    config = {"global_batches": [32, 64], "inner_lrs": [3e-3, 6e-3], "outer_lrs": [0.5, 1.0]}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"rows": rows, "config": config}))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "scaling.py"), "--load", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    small = next(c for c in report["chosen"] if (c["size"], c["method"]) == ("s0", "ddp"))
+    assert report["runs"] == len(rows) and small["global_batch"] == 64 and small["grid_points"] == 2
+
+
 def test_choose_leaves_out_diloco_runs_at_an_inner_lr_that_is_no_longer_ddps_best():
     # a wider ddp grid moved ddp's best to 1.2e-2 G 16: the diloco runs at 6e-3 are stale, even the better one
     rows = hand_rows() + [row("s0", 10_000, "ddp", 1.0, lr=1.2e-2, batch=16)]
