@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scaling_batch import batch_penalties, print_batches  # noqa: E402
 from scaling_fit import METHODS, choose, fits, print_report  # noqa: E402
 
 from ddiloco.core import AlgorithmConfig  # noqa: E402
@@ -240,7 +241,8 @@ def in_grid(rows: list[dict], cfg: dict) -> list[dict]:
 
 
 def save(path: Path, cfg: dict, quick: bool, data: str | None, rows: list[dict], wall: float) -> None:
-    chosen = choose(in_grid(rows, cfg))
+    grid = in_grid(rows, cfg)
+    chosen = choose(grid)
     report = {
         "quick": quick,
         "config": {
@@ -252,6 +254,7 @@ def save(path: Path, cfg: dict, quick: bool, data: str | None, rows: list[dict],
         "rows": rows,
         "chosen": chosen,
         "fits": fits(chosen),
+        "batch": batch_penalties(grid),
         "wall_seconds_this_session": wall,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -335,9 +338,12 @@ def main(argv: list[str] | None = None) -> int:
         runs, rows = len(rows), in_grid(rows, cfg)
     chosen = choose(rows)
     fitted = fits(chosen)
+    batch = batch_penalties(rows)
     print_report(chosen, fitted)
+    print()
+    print_batches(batch)
     if args.json:
-        print(json.dumps({"runs": runs, "chosen": chosen, "fits": fitted}, sort_keys=True))
+        print(json.dumps({"runs": runs, "chosen": chosen, "fits": fitted, "batch": batch}, sort_keys=True))
     return 0
 
 
