@@ -46,6 +46,11 @@ def invoke(*args: str):
         (["run", "--tokens", "0"], "--tokens"),
         (["run", "--duration", "-3"], "--duration"),
         (["run", "--sync-shards", "0"], "--sync-shards"),
+        # the data-parallel baselines refuse the flags of another backend as the DiLoCo runs do
+        (["run", "--method", "ddp", "--partition", "gpu"], "--partition: only with --backend slurm"),
+        (["run", "--method", "elastic-ddp", "--max-restarts", "5"], "--max-restarts: only with --backend slurm"),
+        (["run", "--method", "ddp", "--infra", "aws"], "only with skypilot"),
+        (["run", "--method", "ddp", "--backend", "slurm", "--store", "s3://b"], "only with skypilot"),
         (["goodput", "--overlap", "30"], "--overlap"),
         (["goodput", "--mtbi-years", "-1"], "--mtbi-years"),
         (["goodput", "--chips", "0"], "--chips"),

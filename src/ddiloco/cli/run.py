@@ -197,7 +197,6 @@ def run(
     from ..wire import auth
     from .output import user_error
 
-    logsetup.configure("run", "warning")
     on_hosts = options.plain(network)[0] == "hosts"
     if on_hosts and (options.plain(backend)[0] != "local" or method in ("ddp", "elastic-ddp")):
         raise user_error(ValueError("--network hosts: with --backend local and --method decoupled or diloco only"))
@@ -215,6 +214,31 @@ def run(
         "max_restarts": max_restarts,
         "learner_state": options.plain(learner_state)[0],
     }
+    slurm_only = {
+        "--dry-run": dry_run,
+        "--detach": detach,
+        "--partition": partition,
+        "--account": account,
+        "--time": time_limit,
+        "--nodes-per-learner": nodes_per_learner != 1,
+        "--procs-per-node": procs_per_node != 1,
+        "--gpus-per-node": gpus_per_node,
+        "--cpus-per-task": cpus_per_task,
+        "--sync-host": sync_host != "auto",
+        "--sbatch-arg": sbatch_arg,
+        "--learner-state": options.plain(learner_state)[0] != "shared",
+        "--max-restarts": max_restarts != 2,
+    }
+    given = [flag for flag, value in slurm_only.items() if value]
+    if options.plain(backend)[0] == "local" and given:
+        raise user_error(ValueError(f"{', '.join(given)}: only with --backend slurm"))
+    if options.plain(backend)[0] != "skypilot" and (
+        store or infra or accelerators or not spot or tls is not None or sky_port != 7070
+    ):
+        raise user_error(
+            ValueError("--store, --infra, --accelerators, --no-spot, --tls, --sky-port: only with skypilot")
+        )
+    logsetup.configure("run", "warning")
     try:  # before anything is built: a bad --link or a machine that cannot make hosts fails at once
         hosts = hosts_plan(
             options.plain(network)[0], link, learners, sync_shards, net_latency or net_bandwidth or net_jitter
@@ -324,34 +348,12 @@ def run(
             raise ValueError(f"--run-dir {config.run_dir}: cannot create it ({exc.strerror})") from None
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
         raise user_error(exc) from None
-    slurm_only = {
-        "--dry-run": dry_run,
-        "--detach": detach,
-        "--partition": partition,
-        "--account": account,
-        "--time": time_limit,
-        "--nodes-per-learner": nodes_per_learner != 1,
-        "--procs-per-node": procs_per_node != 1,
-        "--gpus-per-node": gpus_per_node,
-        "--cpus-per-task": cpus_per_task,
-        "--sync-host": sync_host != "auto",
-        "--sbatch-arg": sbatch_arg,
-        "--learner-state": options.plain(learner_state)[0] != "shared",
-        "--max-restarts": max_restarts != 2,
-    }
-    given = [flag for flag, value in slurm_only.items() if value]
-    if options.plain(backend)[0] == "local" and given:
-        raise user_error(ValueError(f"{', '.join(given)}: only with --backend slurm"))
     if options.plain(backend)[0] == "skypilot":
         from ._skypilot import run_from_cli
 
         sky = {"store": store, "infra": infra, "accelerators": accelerators, "spot": spot, "tls": tls, "port": sky_port}
         chaos_given = (learner_mtbf, straggle, kill_synchronizer_at, chaos_trace, net_delay or None)
         return run_from_cli(config, threads, given, sky, chaos_given, sync_host, term_grace, max_restarts, as_json)
-    if store or infra or accelerators or not spot or tls is not None or sky_port != 7070:
-        raise user_error(
-            ValueError("--store, --infra, --accelerators, --no-spot, --tls, --sky-port: only with skypilot")
-        )
     if options.plain(backend)[0] == "slurm":
         from ._slurm import run_from_cli as run_slurm_from_cli
 
