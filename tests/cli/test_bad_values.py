@@ -51,6 +51,9 @@ def invoke(*args: str):
         (["run", "--method", "elastic-ddp", "--max-restarts", "5"], "--max-restarts: only with --backend slurm"),
         (["run", "--method", "ddp", "--infra", "aws"], "only with skypilot"),
         (["run", "--method", "ddp", "--backend", "slurm", "--store", "s3://b"], "only with skypilot"),
+        # metric sinks need a run that this command follows and records
+        (["run", "--backend", "slurm", "--detach", "--tensorboard", "tb"], "--tensorboard, --wandb: only for a run"),
+        (["run", "--backend", "skypilot", "--wandb"], "--tensorboard, --wandb: only for a run"),
         (["goodput", "--overlap", "30"], "--overlap"),
         (["goodput", "--mtbi-years", "-1"], "--mtbi-years"),
         (["goodput", "--chips", "0"], "--chips"),

@@ -55,3 +55,35 @@ def test_a_run_without_a_checkpoint_still_records_and_says_why(tmp_path, shakesp
     assert json.loads((config.run_dir / "summary.json").read_text())["run_dir"] == str(config.run_dir)
     last = (config.run_dir / "metrics.jsonl").read_text().splitlines()[-1]
     assert json.loads(last)["kind"] == "eval"
+
+
+def test_a_followed_run_sends_its_records_to_the_metric_sinks_and_closes_them(tmp_path, shakespeare):
+    """`--tensorboard` / `--wandb` on `ddiloco run --backend slurm`: the sinks get what metrics.jsonl gets."""
+
+    class ListSink:
+        def __init__(self) -> None:
+            self.rows: list[tuple[str, float, dict]] = []
+            self.closed = False
+
+        def write(self, kind: str, tokens: float, values: dict) -> None:
+            self.rows.append((kind, tokens, values))
+
+        def close(self) -> None:
+            self.closed = True
+
+    config = RunConfig(
+        run_dir=tmp_path / "run",
+        learners=2,
+        data=shakespeare,
+        model_size="tiny",
+        seq_len=16,
+        tokens=1000,
+        eval_every=0.0,
+    )
+    sink = ListSink()
+    rec = SlurmRecord(config, time.time())
+    rec.start([sink])
+    rec.finish(1.0)
+    logged = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sink.closed and [kind for kind, _, _ in sink.rows] == [m["kind"] for m in logged]
+    assert sink.rows[-1][0] == "eval" and math.isnan(sink.rows[-1][2]["eval_loss"])  # no checkpoint: NaN

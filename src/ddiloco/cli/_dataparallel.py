@@ -37,9 +37,11 @@ def run_baseline(
     run_dir: Path | None,
     as_json: bool,
     slurm: dict[str, Any] | None = None,
+    make_sinks: Callable[[Path, object], list] | None = None,
 ) -> None:
     """Run the baseline to its budget; exit 1 when it did not finish. `slurm`: `SlurmOptions`' fields
-    (`host`: where workers reach the launcher's store) to run each worker as a Slurm job."""
+    (`host`: where workers reach the launcher's store) to run each worker as a Slurm job; `make_sinks`:
+    (run directory, config) -> the metric sinks the flags ask for."""
     from ..dataparallel.config import DataParallelConfig
     from ..dataparallel.launcher import Launcher
     from ..dataparallel.run import run_data_parallel
@@ -76,7 +78,10 @@ def run_baseline(
             factory = slurm_launcher(slurm, chaos)
         except ValueError as exc:
             raise user_error(exc) from None
-    result = run_data_parallel(config, factory)
+    from ..records.rundir import jsonable
+
+    sinks = make_sinks(config.run_dir, jsonable(config)) if make_sinks is not None else []
+    result = run_data_parallel(config, factory, sinks)
     print_summary(result, title=f"ddiloco run --method {method}" + (" --backend slurm" if slurm else ""))
     if result["error"]:
         stderr.print(f"[red]error:[/red] {result['error']}")

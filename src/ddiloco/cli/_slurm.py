@@ -15,6 +15,7 @@ import secrets
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..api.control import shard_status, stop_run
@@ -41,7 +42,15 @@ def prepare(config: RunConfig, opts: SlurmOptions) -> tuple[RunConfig, dict[str,
     return config, write_scripts(config, opts)
 
 
-def run_on_slurm(config: RunConfig, opts: SlurmOptions, dry_run: bool, detach: bool) -> dict:
+def run_on_slurm(
+    config: RunConfig,
+    opts: SlurmOptions,
+    dry_run: bool,
+    detach: bool,
+    make_sinks: Callable[[Path, object], list] | None = None,
+) -> dict:
+    """Submit (or only write) the run's jobs and follow it; `make_sinks`: (run directory, config) -> the
+    metric sinks of a followed run (a detached one records no metrics)."""
     config, scripts = prepare(config, opts)
     result: dict = {
         "backend": "slurm",
@@ -62,7 +71,9 @@ def run_on_slurm(config: RunConfig, opts: SlurmOptions, dry_run: bool, detach: b
     if detach:
         stderr.print(f"stop the run with: ddiloco slurm-stop {config.run_dir}")
         return result
-    record.start()
+    from ..records.rundir import jsonable
+
+    record.start(make_sinks(config.run_dir, jsonable(config)) if make_sinks is not None else ())
     result["summary"] = follow(config, jobs)
     keys, error = record.finish(time.perf_counter() - wall_start)
     result.update(keys)
@@ -165,6 +176,7 @@ def run_from_cli(
     dry_run: bool,
     detach: bool,
     as_json: bool,
+    make_sinks: Callable[[Path, object], list] | None = None,
 ) -> None:
     """`ddiloco run --backend slurm`: the flags checked, the jobs submitted (or written), the summary
     printed; bad values end as the CLI's clear errors."""
@@ -179,7 +191,9 @@ def run_from_cli(
             chaos_trace=chaos_trace,
             net_delay=net_delay,
         )
-        result = run_on_slurm(dataclasses.replace(config, threads=threads), SlurmOptions(**flags), dry_run, detach)
+        result = run_on_slurm(
+            dataclasses.replace(config, threads=threads), SlurmOptions(**flags), dry_run, detach, make_sinks
+        )
     except (ValueError, slurm.SlurmError) as exc:
         raise user_error(exc) from None
     if "goodput" in result:  # a followed run: the summary a local run prints

@@ -18,6 +18,7 @@ are the learner processes beyond one per learner, shard restarts the shards' res
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..api.control import shard_status
@@ -28,6 +29,7 @@ from ..learner.journal import read_journals
 from ..records.events import read_events
 from ..records.intervals import union_length
 from ..records.rundir import MetricsLog, RunDir
+from ..records.sinks import Sink
 from ..train.tasks import Task, make_task
 
 
@@ -72,12 +74,12 @@ class SlurmRecord:
             self._task = make_task(c.model, c.data, seq_len=c.seq_len, model_size=c.model_size)
         return self._task
 
-    def start(self) -> None:
-        """Start recording metrics while the launcher follows the run."""
+    def start(self, sinks: Sequence[Sink] = ()) -> None:
+        """Start recording metrics while the launcher follows the run (and to `sinks`: TensorBoard, wandb)."""
         import torch
 
         torch.set_num_threads(1)  # the launcher shares the submit host with whatever else runs there
-        self.log = self.record.metrics()
+        self.log = self.record.metrics(sinks)
         if self.config.eval_every > 0:
             self.metrics = RunMetrics(
                 self.view, self.task(), self.log, self.config.eval_every, self.config.seed, self.config.token

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from . import app, options
-from .run_options import hosts_plan, kill_shard_list
+from .run_options import check_backend_flags, hosts_plan, kill_shard_list
 
 
 @app.command("run")
@@ -214,30 +214,18 @@ def run(
         "max_restarts": max_restarts,
         "learner_state": options.plain(learner_state)[0],
     }
-    slurm_only = {
-        "--dry-run": dry_run,
-        "--detach": detach,
-        "--partition": partition,
-        "--account": account,
-        "--time": time_limit,
-        "--nodes-per-learner": nodes_per_learner != 1,
-        "--procs-per-node": procs_per_node != 1,
-        "--gpus-per-node": gpus_per_node,
-        "--cpus-per-task": cpus_per_task,
-        "--sync-host": sync_host != "auto",
-        "--sbatch-arg": sbatch_arg,
-        "--learner-state": options.plain(learner_state)[0] != "shared",
-        "--max-restarts": max_restarts != 2,
-    }
-    given = [flag for flag, value in slurm_only.items() if value]
-    if options.plain(backend)[0] == "local" and given:
-        raise user_error(ValueError(f"{', '.join(given)}: only with --backend slurm"))
-    if options.plain(backend)[0] != "skypilot" and (
-        store or infra or accelerators or not spot or tls is not None or sky_port != 7070
-    ):
-        raise user_error(
-            ValueError("--store, --infra, --accelerators, --no-spot, --tls, --sky-port: only with skypilot")
-        )
+    wants_sinks = tensorboard is not None or wandb
+    sky_given = bool(store or infra or accelerators or not spot or tls is not None or sky_port != 7070)
+    try:
+        given = check_backend_flags(options.plain(backend)[0], slurm_flags, dry_run, detach, sky_given, wants_sinks)
+    except ValueError as exc:
+        raise user_error(exc) from None
+
+    def make_sinks(where: Path, settings: object) -> list:
+        from .output import metric_sinks
+
+        return metric_sinks(tensorboard, wandb, wandb_mode, wandb_project, where, where.name, settings)
+
     logsetup.configure("run", "warning")
     try:  # before anything is built: a bad --link or a machine that cannot make hosts fails at once
         hosts = hosts_plan(
@@ -297,6 +285,7 @@ def run(
                 run_dir=run_dir,
                 as_json=as_json,
                 slurm=slurm_flags if options.plain(backend)[0] == "slurm" else None,
+                make_sinks=make_sinks if wants_sinks else None,
             )
         fragments = fit_fragments(len(list(task.build_model(seed).parameters())), fragments, sync_every)
         config = RunConfig(
@@ -358,7 +347,9 @@ def run(
         from ._slurm import run_from_cli as run_slurm_from_cli
 
         chaos_given = (learner_mtbf, straggle, kill_synchronizer_at, chaos_trace, net_delay or None)
-        return run_slurm_from_cli(config, threads, slurm_flags, chaos_given, dry_run, detach, as_json)
+        return run_slurm_from_cli(
+            config, threads, slurm_flags, chaos_given, dry_run, detach, as_json, make_sinks if wants_sinks else None
+        )
 
     from ._local import run_locally
 

@@ -3,6 +3,39 @@
 
 from __future__ import annotations
 
+#: `cluster.sbatch.SlurmOptions`' fields that only a Slurm run takes: (flag, default)
+SLURM_ONLY = {
+    "partition": ("--partition", None),
+    "account": ("--account", None),
+    "time_limit": ("--time", None),
+    "nodes_per_learner": ("--nodes-per-learner", 1),
+    "procs_per_node": ("--procs-per-node", 1),
+    "gpus_per_node": ("--gpus-per-node", 0),
+    "cpus_per_task": ("--cpus-per-task", None),
+    "host": ("--sync-host", "auto"),
+    "extra": ("--sbatch-arg", ()),
+    "max_restarts": ("--max-restarts", 2),
+    "learner_state": ("--learner-state", "shared"),
+}
+
+
+def check_backend_flags(
+    backend: str, slurm_flags: dict, dry_run: bool, detach: bool, sky_given: bool, sinks: bool
+) -> list[str]:
+    """Refuse the flags of another backend (whatever the method) with the flags named; returns the
+    Slurm-only flags given (a SkyPilot run says which of them it ignores)."""
+    given = [flag for flag, on in (("--dry-run", dry_run), ("--detach", detach)) if on]
+    given += [flag for key, (flag, default) in SLURM_ONLY.items() if slurm_flags[key] != default]
+    if backend == "local" and given:
+        raise ValueError(f"{', '.join(given)}: only with --backend slurm")
+    if sinks and (backend == "skypilot" or dry_run or detach):
+        raise ValueError(
+            "--tensorboard, --wandb: only for a run this command follows (not skypilot, --dry-run, --detach)"
+        )
+    if backend != "skypilot" and sky_given:
+        raise ValueError("--store, --infra, --accelerators, --no-spot, --tls, --sky-port: only with skypilot")
+    return given
+
 
 def kill_shard_list(spec: str, shards: int) -> tuple[int, ...]:
     """--kill-shards: "all" or a comma list of shard numbers below --sync-shards."""

@@ -12,11 +12,12 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 from ..records.rundir import RunDir
+from ..records.sinks import Sink
 from ..train.tasks import count_parameters, make_task
 from .config import DataParallelConfig
 from .evaluation import CheckpointEvaluator, evaluate_checkpoint
@@ -25,18 +26,21 @@ from .summary import summarize
 
 
 def run_data_parallel(
-    config: DataParallelConfig, launcher_factory: Callable[[DataParallelConfig], Launcher] = Launcher
+    config: DataParallelConfig,
+    launcher_factory: Callable[[DataParallelConfig], Launcher] = Launcher,
+    sinks: Sequence[Sink] = (),
 ) -> dict:
     """Run to the budget (or an interrupt, or the time limit); returns the summary it wrote. Its
     "error" is None on a run that finished. `launcher_factory`: where the workers run (local processes,
-    or Slurm jobs: `slurm.SlurmLauncher`)."""
+    or Slurm jobs: `slurm.SlurmLauncher`); `sinks`: where metrics.jsonl's numbers also go (TensorBoard,
+    wandb), closed at the end."""
     torch.set_num_threads(max(1, config.threads))
     task = make_task(config.model, config.data, seq_len=config.seq_len, model_size=config.model_size)
     params = count_parameters(task.build_model(config.seed))
     launcher = launcher_factory(config)
     record = RunDir(config.run_dir)
     record.write_config("run", config, clock_origin=launcher.start_wall)
-    metrics = record.metrics()
+    metrics = record.metrics(sinks)
     evaluator = CheckpointEvaluator(
         task, config.seed, config.checkpoint_dir, metrics, config.eval_every, launcher.start_wall
     )
