@@ -98,9 +98,8 @@ def test_choose_takes_the_best_seed0_point_and_averages_its_seeds():
     assert chosen[("s0", "diloco-m4")]["gap_vs_ddp"] == pytest.approx(0.02)
 
 
-def test_load_prints_the_table_and_the_fits_of_a_hand_written_file(tmp_path):
-    path = tmp_path / "s.json"
-    path.write_text(json.dumps({"rows": hand_rows()}))
+def load(path: Path) -> tuple[subprocess.CompletedProcess, dict]:
+    """`scaling.py --load PATH --json`: the finished process and its last line's report."""
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "scaling.py"), "--load", str(path), "--json"],
         capture_output=True,
@@ -108,7 +107,13 @@ def test_load_prints_the_table_and_the_fits_of_a_hand_written_file(tmp_path):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    return out, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_load_prints_the_table_and_the_fits_of_a_hand_written_file(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"rows": hand_rows()}))
+    out, report = load(path)
     assert [c["method"] for c in report["chosen"]] == ["ddp", "diloco-m4"] * 3
     ddp, m4 = report["fits"]
     # three sizes: 4 N^-0.1 exactly at the two small ones, +0.01 at the largest (mean of two seeds)
@@ -129,14 +134,7 @@ def test_load_leaves_out_runs_off_the_files_grid(tmp_path):
     config = {"global_batches": [32, 64], "inner_lrs": [3e-3, 6e-3], "outer_lrs": [0.5, 1.0]}
     path = tmp_path / "s.json"
     path.write_text(json.dumps({"rows": rows, "config": config}))
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "scaling.py"), "--load", str(path), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    out, report = load(path)
     small = next(c for c in report["chosen"] if (c["size"], c["method"]) == ("s0", "ddp"))
     assert report["runs"] == len(rows) and small["global_batch"] == 64 and small["grid_points"] == 2
 

@@ -9,24 +9,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from scaling_batch import batch_penalties, print_batches  # noqa: E402
 
-LEARNERS = {"ddp": 4, "diloco-m4": 4}
+from .test_scaling import row  # noqa: E402
 
 
 def run(size, params, method, g, loss, lr=3e-3, olr=None, seed=0):  # noqa: ANN001
-    return {
-        "ratio": 20.0,
-        "size": size,
-        "params": params,
-        "tokens": 20 * params,
-        "method": method,
-        "learners": LEARNERS[method],
-        "seed": seed,
-        "inner_lr": lr,
-        "outer_lr": olr,
-        "global_batch": g,
-        "per_learner_batch": g // LEARNERS[method],
-        "eval_loss": loss,
-    }
+    return row(size, params, method, loss, seed=seed, lr=lr, olr=olr, batch=g)
 
 
 def rows() -> list[dict]:
