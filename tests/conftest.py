@@ -45,3 +45,16 @@ def procs():
     for c in table.children:  # reaped: the PID no longer names our child
         with pytest.raises(ChildProcessError):
             os.waitpid(c.pid, os.WNOHANG)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Code that runs in the test process may set torch's thread count for the whole process (a
+    launcher pins itself to one thread); the next test gets the count back. Results that must match a
+    replay to float tolerance are only reproducible at the thread count they were computed with."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)

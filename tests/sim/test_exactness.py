@@ -257,4 +257,7 @@ def test_several_fragments_overlap_unequal_learners_and_rda_match_a_replay_writt
     for p in range(2):
         final = theta[(p, cluster.sync.versions[p])]
         for n in names[p]:
-            assert torch.allclose(cluster.sync.params[n], final[n], atol=2e-5, rtol=1e-4), (p, n)
+            # 5e-5: the replay merges in float64 and AdamW magnifies that rounding on embedding rows with
+            # tiny gradients (measured up to 1.5e-5 at 2 torch threads, 2.1e-5 at 1); a wrong weight, order
+            # or momentum moves parameters by orders of magnitude more
+            assert torch.allclose(cluster.sync.params[n], final[n], atol=5e-5, rtol=1e-4), (p, n)
