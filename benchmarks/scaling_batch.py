@@ -15,7 +15,7 @@ from scaling_fit import METHODS, choose
 
 def batch_penalties(rows: list[dict]) -> list[dict]:
     """Per (ratio, method): the mean over sizes of loss(G) / loss(best G) - 1 for every G, the sizes
-    it is taken over (those whose cell has every G of the others) and the best G at each size.
+    it is taken over (those where every method of the ratio has run every G) and the best G at each size.
     Seed-0 runs; the DiLoCo family at data-parallel's chosen inner lr, as `choose` takes them."""
     ddp_lr = {(c["ratio"], c["size"]): c["inner_lr"] for c in choose(rows) if c["method"] == "ddp"}
     cells: dict[tuple, dict[int, float]] = {}
@@ -30,9 +30,15 @@ def batch_penalties(rows: list[dict]) -> list[dict]:
     grid = sorted({g for by_g in cells.values() for g in by_g})
     out = []
     for ratio in sorted({k[0] for k in cells}, reverse=True):
-        for method in [m for m in METHODS if any(k[0] == ratio and k[2] == m for k in cells)]:
-            mine = {k[1]: v for k, v in cells.items() if k[0] == ratio and k[2] == method}
-            full = {size: by_g for size, by_g in mine.items() if all(g in by_g for g in grid)}
+        methods = [m for m in METHODS if any(k[0] == ratio and k[2] == m for k in cells)]
+        # the sizes where every method has every G: the methods are compared over the same sizes
+        common = {
+            size
+            for (r, size, _) in cells
+            if r == ratio and all(all(g in cells.get((ratio, size, m), {}) for g in grid) for m in methods)
+        }
+        for method in methods:
+            full = {k[1]: v for k, v in cells.items() if k[0] == ratio and k[2] == method and k[1] in common}
             penalty = (
                 {g: statistics.fmean(by_g[g] / min(by_g.values()) - 1 for by_g in full.values()) for g in grid}
                 if full
