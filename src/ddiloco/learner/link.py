@@ -116,6 +116,7 @@ class ShardLink(Outbound):
         self._line = DelayLine(ctx.wan, self._hand_on, ctx.closing)  # updates' latency, pipelined
         self._push_room = threading.Condition()
         self._pushing = 0
+        self._at_server = 0
         self._push_error: Exception | None = None
         self.push_width = 1  # until a registration reply says how many pushes the synchronizer takes at once
         self._stats_lock = threading.Lock()

@@ -9,10 +9,12 @@ registration and the subscriber that receives stay there.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -86,6 +88,7 @@ class Outbound:
     _push_room: threading.Condition  # guards `_pushing`; notified as each push ends
     _pushing: int  # pushes under way (at most `push_width`), for `pending_pushes`
     _push_error: Exception | None  # a push that raised, re-raised by the pusher thread
+    _at_server: int  # pushes whose call is open at the synchronizer (at most `push_width`), under `_push_room`
     push_width: int  # pushes the synchronizer takes from one session at once (its registration says)
     _stats_lock: threading.Lock
     link_time: LinkTime  # this link's measured round trips and pushes (`overlap`)
@@ -148,6 +151,23 @@ class Outbound:
                     self._pushq.put(WAKE)  # the pusher may be waiting for work: it must raise now
                 self._push_room.notify_all()
 
+    @contextlib.contextmanager
+    def _server_slot(self) -> Iterator[None]:
+        """Hold one of the `push_width` calls the synchronizer takes from this session at once. Behind
+        an emulated link up to MAX_IN_FLIGHT pushes spend their latency side by side, but more than
+        `push_width` open calls would be refused (RESOURCE_EXHAUSTED) and taken for a broken link;
+        the synchronizer frees its slot before it replies, so a slot freed here is free there."""
+        with self._push_room:
+            while self._at_server >= self.push_width and not self.ctx.closing.is_set():
+                self._push_room.wait(self.timeouts.heartbeat)
+            self._at_server += 1
+        try:
+            yield
+        finally:
+            with self._push_room:
+                self._at_server -= 1
+                self._push_room.notify_all()
+
     def _push_one(self, c: Contribution, extra: dict) -> None:
         sid = self._wait_session(self.timeouts.failure)
         if sid is None:
@@ -172,14 +192,15 @@ class Outbound:
         started = time.monotonic()
         self.ctx.delay()
         try:
-            reply, sent = self.uplink.push(
-                self.bulk,
-                head,
-                c.outer_gradient,
-                self.ctx.codec,
-                self.chunk_bytes,
-                self.timeouts.bulk(nbytes) + self.ctx.wan.transfer_seconds(nbytes),
-            )
+            with self._server_slot():
+                reply, sent = self.uplink.push(
+                    self.bulk,
+                    head,
+                    c.outer_gradient,
+                    self.ctx.codec,
+                    self.chunk_bytes,
+                    self.timeouts.bulk(nbytes) + self.ctx.wan.transfer_seconds(nbytes),
+                )
             self.ctx.wan.delay()  # the reply's way back
         except grpc.RpcError as exc:
             if self.ctx.closing.is_set():
