@@ -78,9 +78,7 @@ def run_baseline(
             factory = slurm_launcher(slurm, chaos)
         except ValueError as exc:
             raise user_error(exc) from None
-    from ..records.rundir import jsonable
-
-    sinks = make_sinks(config.run_dir, jsonable(config)) if make_sinks is not None else []
+    sinks = make_sinks(config.run_dir, config) if make_sinks is not None else []
     result = run_data_parallel(config, factory, sinks)
     print_summary(result, title=f"ddiloco run --method {method}" + (" --backend slurm" if slurm else ""))
     if result["error"]:

@@ -7,6 +7,7 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -41,7 +42,7 @@ def _run_locally(
     quiet: bool,
     eval_every: float,  # noqa: ANN001
     as_json: bool,
-    sinks: tuple[Path | None, bool, object, str],
+    make_sinks: Callable[[Path, object], list],
     dashboard: tuple[str, int] | None,
 ) -> None:
     """Run the configured processes until the budget or an interrupt, then evaluate and summarize."""
@@ -52,11 +53,10 @@ def _run_locally(
     from ..launch.livestate import snapshot
     from ..launch.metrics import RunMetrics, RunView
     from ..launch.supervisor import Supervisor
-    from ..records.rundir import RunDir, jsonable
+    from ..records.rundir import RunDir
     from ..wire import auth
-    from .output import metric_sinks, print_summary, stderr
+    from .output import print_summary, stderr
 
-    tensorboard, wandb, wandb_mode, wandb_project = sinks
     torch.set_num_threads(1)
     live = None if quiet else Live(console=stderr, refresh_per_second=2, transient=False)
     metrics = None
@@ -72,11 +72,7 @@ def _run_locally(
         sup.procs.wrap = network.wrap
     record = RunDir(config.run_dir)
     record.write_config("run", config, clock_origin=sup.start_wall)
-    log = record.metrics(
-        metric_sinks(
-            tensorboard, wandb, wandb_mode, wandb_project, config.run_dir, config.run_dir.name, jsonable(config)
-        )
-    )
+    log = record.metrics(make_sinks(config.run_dir, config))
     view = RunView(
         sup.start_wall,
         config.learners,

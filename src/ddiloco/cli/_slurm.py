@@ -71,9 +71,7 @@ def run_on_slurm(
     if detach:
         stderr.print(f"stop the run with: ddiloco slurm-stop {config.run_dir}")
         return result
-    from ..records.rundir import jsonable
-
-    record.start(make_sinks(config.run_dir, jsonable(config)) if make_sinks is not None else ())
+    record.start(make_sinks(config.run_dir, config) if make_sinks is not None else ())
     result["summary"] = follow(config, jobs)
     keys, error = record.finish(time.perf_counter() - wall_start)
     result.update(keys)

@@ -221,10 +221,12 @@ def run(
     except ValueError as exc:
         raise user_error(exc) from None
 
-    def make_sinks(where: Path, settings: object) -> list:
+    def make_sinks(where: Path, config: object) -> list:
+        """The metric sinks the flags ask for (none without --tensorboard, --wandb), for every launcher."""
+        from ..records.rundir import jsonable
         from .output import metric_sinks
 
-        return metric_sinks(tensorboard, wandb, wandb_mode, wandb_project, where, where.name, settings)
+        return metric_sinks(tensorboard, wandb, wandb_mode, wandb_project, where, where.name, jsonable(config))
 
     logsetup.configure("run", "warning")
     try:  # before anything is built: a bad --link or a machine that cannot make hosts fails at once
@@ -285,7 +287,7 @@ def run(
                 run_dir=run_dir,
                 as_json=as_json,
                 slurm=slurm_flags if options.plain(backend)[0] == "slurm" else None,
-                make_sinks=make_sinks if wants_sinks else None,
+                make_sinks=make_sinks,
             )
         fragments = fit_fragments(len(list(task.build_model(seed).parameters())), fragments, sync_every)
         config = RunConfig(
@@ -347,9 +349,7 @@ def run(
         from ._slurm import run_from_cli as run_slurm_from_cli
 
         chaos_given = (learner_mtbf, straggle, kill_synchronizer_at, chaos_trace, net_delay or None)
-        return run_slurm_from_cli(
-            config, threads, slurm_flags, chaos_given, dry_run, detach, as_json, make_sinks if wants_sinks else None
-        )
+        return run_slurm_from_cli(config, threads, slurm_flags, chaos_given, dry_run, detach, as_json, make_sinks)
 
     from ._local import run_locally
 
@@ -361,6 +361,6 @@ def run(
         quiet=quiet,
         eval_every=eval_every,
         as_json=as_json,
-        sinks=(tensorboard, wandb, wandb_mode, wandb_project),
+        make_sinks=make_sinks,
         dashboard=(dashboard_host, dashboard_port) if dashboard else None,
     )
