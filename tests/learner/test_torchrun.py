@@ -2,11 +2,15 @@
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import ddiloco
+
+from ..support.fsdp_learner import model
 from ..support.processes import (
     TOKENS_PER_STEP,
     model_args,
@@ -220,3 +224,30 @@ def test_a_two_rank_learner_on_an_empty_disk_takes_a_peers_inner_state_on_every_
     assert set(stats) == {0, 1} and stats[0]["recovered"]["donor"] == 1 and stats[0]["recovered"]["step"] > 0
     # rank 1 took the same state from rank 0: after 40 identical steps both hold the same moments
     assert stats[0]["inner_sha"] == stats[1]["inner_sha"] and stats[0]["params_sha"] == stats[1]["params_sha"]
+
+
+FINISH_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "finish_learner.py"
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("layout", ["replicated", "fsdp"])
+@pytest.mark.skipif(not TORCHRUN.exists() and shutil.which("torchrun") is None, reason="torchrun not installed")
+def test_a_value_rank_0_takes_while_finishing_reaches_every_rank(tmp_path, shakespeare, layout):
+    """finish() is called while rank 0 still waits for the merge of a contribution: that merge's
+    value arrives inside finish(), and every rank ends with the same model."""
+    out = tmp_path / "ranks"
+    torchrun = str(TORCHRUN) if TORCHRUN.exists() else shutil.which("torchrun")
+    # one fragment, streaming (overlap 1): the value of a push comes back a step or more later
+    with ddiloco.Synchronizer(model(), learners=1, fragments=1, sync_every=4, overlap=1) as sync:
+        done = subprocess.run(
+            [torchrun, "--standalone", "--nproc-per-node", "2", str(FINISH_SCRIPT), sync.address, str(shakespeare)]
+            + [str(out), *(["fsdp"] if layout == "fsdp" else [])],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads(Path(f"{out}-{r}.json").read_text()) for r in (0, 1)]
+    leader = ranks[0]
+    assert leader["after"][0] > leader["before"][0], f"no value arrived inside finish(): {leader}"
+    assert ranks[0]["digest"] == ranks[1]["digest"], "the ranks left with different models"

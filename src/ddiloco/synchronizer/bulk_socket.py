@@ -162,6 +162,7 @@ class BulkSocketServer:
                 self.fetches[session.id] += 1
         places = self._fetching if method == "Fetch" else self.service.bulk_slots
         if places.acquire(blocking=False):
+            self.served[method] += 1  # before the call can end: a caller's reply implies the count
             try:
                 threading.Thread(
                     target=self._serve,
@@ -169,9 +170,9 @@ class BulkSocketServer:
                     name="ddiloco-bulk-call",
                     daemon=True,
                 ).start()
-                self.served[method] += 1
                 return None
             except RuntimeError:  # no thread to be had
+                self.served[method] -= 1
                 places.release()
         if session is not None:
             self._unbook(session.id)
