@@ -203,3 +203,18 @@ def test_choices_match_what_the_code_accepts():
     assert {m.value for m in options.RuntimeMethod} <= set(METHODS)
     result = invoke("sim", "--model", "gtp")
     assert result.exit_code == 2 and "gpt-moe" in result.output  # the choices are listed
+
+
+def test_slurm_stop_on_a_data_parallel_run_says_how_to_stop_it(tmp_path):
+    """A data-parallel run on Slurm is followed by its launcher (no run.json, no shards to stop): the
+    error says where to stop it, and which jobs to cancel if the launcher is gone."""
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / "jobs.json").write_text(json.dumps({"worker0": "101", "worker1": "102"}))
+    (tmp_path / "dataparallel.jsonl").write_text("")
+    out = invoke("slurm-stop", str(tmp_path))
+    text = " ".join(out.output.split())
+    assert out.exit_code == 2, out.output
+    assert "data-parallel run" in text and "scancel 101 102" in text and "Traceback" not in text
+    (tmp_path / "dataparallel.jsonl").unlink()  # neither kind of run: the missing file is named
+    out = invoke("slurm-stop", str(tmp_path))
+    assert out.exit_code == 2 and "run.json" in " ".join(out.output.split())

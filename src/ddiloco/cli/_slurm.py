@@ -159,9 +159,18 @@ def _cancel_leftovers(jobs: dict[str, str], wait: float = STOP_WAIT) -> None:
 def stop_from_run_dir(run_dir: Path) -> dict[str, str]:
     """`ddiloco slurm-stop`: the jobs, shards and token recorded in the run directory."""
     jobs = slurm.read_jobs(run_dir)
+    described = run_dir / "slurm" / "run.json"
+    if not described.is_file() and (run_dir / "dataparallel.jsonl").is_file():
+        raise ValueError(
+            f"{run_dir} holds a data-parallel run (--method ddp|elastic-ddp): the `ddiloco run` that started "
+            "it follows it, and cancels its jobs when it ends. Stop it there (Ctrl-C, or SIGTERM to that "
+            f"process); if that process is gone, cancel its jobs: scancel {' '.join(sorted(jobs.values()))}"
+        )
+    if not described.is_file():
+        raise FileNotFoundError(f"{described}: not a run started by ddiloco run --backend slurm")
     token_file = run_dir / "token"
     token = token_file.read_text().strip() if token_file.is_file() else None
-    shards = int(json.loads((run_dir / "slurm" / "run.json").read_text()).get("sync_shards", 1))
+    shards = int(json.loads(described.read_text()).get("sync_shards", 1))
     stop(run_dir, shards, token, jobs)
     return jobs
 
