@@ -18,7 +18,8 @@ def test_a_failed_final_checkpoint_ends_the_process_with_the_reason(procs, tmp_p
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     sync, address = start_synchronizer(procs, tmp_path, shakespeare, 1, 0, "--checkpoint-dir", str(checkpoints))
-    learner = start_learner(procs, tmp_path, shakespeare, 1, address, 0)
+    # a short grace: after SIGTERM the learner cannot reach the synchronizer, which has ended
+    learner = start_learner(procs, tmp_path, shakespeare, 1, address, 0, "--term-grace", "3")
     wait_for(lambda: status(address).get("learners"), 60, message="the learner to join (its update stream open)")
     checkpoints.rename(tmp_path / "moved")  # atomic, unlike a removal racing the checkpoint writer
     os.kill(sync.pid, signal.SIGTERM)
