@@ -53,18 +53,12 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.table import Table
-from safetensors.torch import save_file
 
 from ddiloco.core import plan_for_model
-from ddiloco.launch.procs import ProcessTable, ddiloco_command
+from ddiloco.launch.procs import ProcessTable
 from ddiloco.records.events import read_events
-from ddiloco.wire import framing, reassembly, rpc, sockets
-from ddiloco.wire.protocol import signature
 
 console = Console(stderr=True, width=180)
-FRAGMENTS = 4
-LOG_LEVEL = "error"
-CHUNK = framing.DEFAULT_CHUNK_BYTES
 IDLE_RSS = (
     "import ddiloco.synchronizer.server, ddiloco.cli.synchronizer, torch, grpc, re; "
     "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
@@ -118,150 +112,8 @@ def peak_rss(pid: int) -> int:
     raise RuntimeError("no VmHWM")
 
 
-class Run:
-    """One synchronizer process and M registered sessions with their subscriber streams."""
-
-    def __init__(
-        self, procs: ProcessTable, tmp: Path, params: dict[str, torch.Tensor], learners: int, bulk_socket: bool = True
-    ) -> None:
-        save_file(params, str(tmp / "init.safetensors"))
-        cmd = ddiloco_command(
-            "synchronizer",
-            "--port",
-            "0",
-            "--address-file",
-            str(tmp / "address"),
-            "--init",
-            str(tmp / "init.safetensors"),
-            "--fragments",
-            str(FRAGMENTS),
-            "--sync-every",
-            "4",
-            "--overlap",
-            "1",
-            "--quorum",
-            str(learners),
-            "--grace",
-            "0",
-            "--learners",
-            str(learners),
-            "--max-learners",
-            str(learners),
-            "--heartbeat",
-            "5",
-            "--checkpoint-dir",
-            str(tmp / "ckpt"),
-            "--event-log",
-            str(tmp / "events.jsonl"),
-            "--log-level",
-            LOG_LEVEL,
-            "--no-exit-when-done",
-            "--no-dashboard",
-            *([] if bulk_socket else ["--no-bulk-socket"]),
-        )
-        self.child = procs.start("sync", cmd, tmp / "sync.log")
-        deadline = time.monotonic() + 300
-        while not (tmp / "address").is_file():
-            if not self.child.alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the synchronizer did not start: {(tmp / 'sync.log').read_text()[-2000:]}")
-            time.sleep(0.05)
-        address = self.address = (tmp / "address").read_text().strip()
-        self.control = rpc.Stubs(rpc.open_channel(address, "control", CHUNK + rpc.FRAME_MARGIN), None)
-        self.bulk = rpc.Stubs(rpc.open_channel(address, "bulk", CHUNK + rpc.FRAME_MARGIN), None)
-        sig = signature(params)
-        replies = [
-            framing.read_message(
-                self.control.call(
-                    "Register",
-                    framing.message({"learner": m, "incarnation": f"bench{m}", "signature": sig, "fresh": True}),
-                    60,
-                )
-            )
-            for m in range(learners)
-        ]
-        self.sessions = [r["session"] for r in replies]
-        host = address.rpartition(":")[0]
-        self.socket = (
-            sockets.BulkSocketClient(host, replies[0]["bulk_port"], None, CHUNK + rpc.FRAME_MARGIN)
-            if bulk_socket
-            else None
-        )
-        self.arrived: dict[tuple[int, int, int], float] = {}  # (learner, fragment, version) -> time
-        self.cond = threading.Condition()
-        self.streams = [threading.Thread(target=self._subscribe, args=(m,), daemon=True) for m in range(learners)]
-        for t in self.streams:
-            t.start()
-
-    def _subscribe(self, m: int) -> None:
-        r = reassembly.Reassembler(1 << 40)
-        try:
-            for frame in self.bulk.subscribe(framing.message({"session": self.sessions[m]})):
-                msg = r.feed(frame)
-                if msg is not None and msg.head.get("kind") == "update":
-                    with self.cond:
-                        self.arrived[(m, msg.head["fragment"], int(msg.head["version"]))] = time.perf_counter()
-                        self.cond.notify_all()
-        except Exception:  # the stream ends when the synchronizer stops
-            return
-
-    def wait_updates(self, fragment: int, version: int, timeout: float) -> float:
-        keys = [(m, fragment, version) for m in range(len(self.sessions))]
-        with self.cond:
-            if not self.cond.wait_for(lambda: all(k in self.arrived for k in keys), timeout):
-                raise TimeoutError(f"fragment {fragment} version {version} never arrived")
-            return max(self.arrived[k] for k in keys)
-
-    def push(self, m: int, fragment: int, version: int, grads: dict[str, torch.Tensor]) -> None:
-        head = {
-            "kind": "contribution",
-            "session": self.sessions[m],
-            "fragment": fragment,
-            "base_version": version,
-            "steps": 4,
-            "tokens": 1024,
-            "seconds": 1.0,
-            "step_time": 0.25,
-            "step": 4 * (version + 1),
-            "position": 0,
-        }
-        if self.socket is not None:  # as a learner sends on the bulk socket plane
-            reply, _ = self.socket.push(framing.iter_frame_parts(head, grads, "bf16", CHUNK), 600)
-        else:  # as a learner sends over gRPC: each frame made as gRPC asks for it
-            reply = framing.read_message(
-                self.bulk.push(framing.iter_tensor_frames(head, grads, "bf16", CHUNK), timeout=600)
-            )
-        if not reply.get("ok"):
-            raise RuntimeError(f"push refused: {reply}")
-
-
-PROBE = r"""
-import json, os, sys, time
-from ddiloco.wire import framing, rpc, sockets
-address, sessions, stop_file = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-control = rpc.Stubs(rpc.open_channel(address, "control", 1 << 20), None)
-control.call("Heartbeat", framing.message({"session": sessions[0]}), 30)
-print("ready", flush=True)
-latencies, i, end = [], 0, time.monotonic() + 3600
-while time.monotonic() < end and not os.path.exists(stop_file):
-    t0 = time.perf_counter()
-    control.call("Heartbeat", framing.message({"session": sessions[i % len(sessions)]}), 30)
-    latencies.append(time.perf_counter() - t0)
-    i += 1
-    time.sleep(0.01)
-print(json.dumps(latencies))
-"""
-
-
-def start_probe(run: Run, stop_file: Path) -> subprocess.Popen:
-    """Heartbeats from their own process, as a learner's come: this one's pushes do not delay them."""
-    probe = subprocess.Popen(
-        [sys.executable, "-c", PROBE, run.address, json.dumps(run.sessions), str(stop_file)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    if probe.stdout.readline().strip() != "ready":
-        raise RuntimeError("the heartbeat probe did not start")
-    return probe
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synchronizer_scale_run import FRAGMENTS, Run, start_probe  # noqa: E402
 
 
 def measure(
