@@ -9,7 +9,9 @@ the outer lr, its inner lr fixed at data-parallel's best at that size) times the
 sequences (G / M per learner; at equal G every method takes the same number of inner steps). The best
 point per method and size is reported with its settings; the two largest sizes of the first ratio
 are run again at those points with a second seed. Then loss(N) is fitted as a power law per method,
-and the gap to data-parallel as a trend in log N, with where that trend would reach parity.
+and the gap to data-parallel as a trend in log N, with where that trend would reach parity. Last, at
+a few cheap cells, the grid is widened one step past its low edges (G = 4, outer lr 0.25): is each
+method's best grid point its best at all (`scaling_edges.py`)?
 
     python benchmarks/scaling.py --quick --json      # tiny models and budgets: 1-2 minutes on 2 cores
     python benchmarks/scaling.py --jobs 2 --out benchmarks/results/scaling.json   # hours: saved after
@@ -34,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scaling_batch import batch_penalties, print_batches  # noqa: E402
+from scaling_edges import edge_report, print_edges  # noqa: E402
 from scaling_fit import METHODS, choose, fits, print_report  # noqa: E402
 
 from ddiloco.core import AlgorithmConfig  # noqa: E402
@@ -68,6 +71,9 @@ FULL = dict(
     global_batches=[8, 16, 32],
     extra_seeds=[1],
     eval_batches=20,
+    # the best points sit on the grid's low edges (G = 8, outer lr 0.5): one step past them at the cheap
+    # cells (scaling_edges.py); these runs are off the grid above, so they change neither table nor fits
+    edges=dict(cells=[[20.0, "25k"], [20.0, "44k"], [5.0, "44k"], [5.0, "84k"]], global_batches=[4], outer_lrs=[0.25]),
 )
 QUICK = dict(
     plan={4.0: ["12k", "25k"], 2.0: ["12k"]},
@@ -78,6 +84,7 @@ QUICK = dict(
     global_batches=[8],
     extra_seeds=[1],
     eval_batches=4,
+    edges=dict(cells=[[4.0, "12k"]], global_batches=[4], outer_lrs=[0.25]),
 )
 DDP_WORKERS = 4
 RESUME_KEYS = ("seq_len", "sync_every", "eval_batches")  # a results file resumes only runs made like these
@@ -255,6 +262,7 @@ def save(path: Path, cfg: dict, quick: bool, data: str | None, rows: list[dict],
         "chosen": chosen,
         "fits": fits(chosen),
         "batch": batch_penalties(grid),
+        "edges": edge_report(rows, cfg),
         "wall_seconds_this_session": wall,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -287,7 +295,7 @@ def sweep(cfg: dict, run: Runner) -> None:
             ]
         )
         if ratio == seed_ratio and size in seeded:
-            seed0 = [r for r in run.rows if r["ratio"] == ratio and r["size"] == size and r["seed"] == 0]
+            seed0 = [r for r in in_grid(run.rows, cfg) if r["ratio"] == ratio and r["size"] == size and r["seed"] == 0]
             run.many(
                 [
                     job(cfg, ratio, size, c["method"], seed, c["inner_lr"], c["outer_lr"], c["global_batch"])
@@ -295,6 +303,21 @@ def sweep(cfg: dict, run: Runner) -> None:
                     for seed in cfg["extra_seeds"]
                 ]
             )
+
+
+def sweep_edges(cfg: dict, run: Runner) -> None:
+    """The grid widened at its edges (`cfg["edges"]`) at a few cells, after the main sweep: data-parallel
+    at the new batches, the DiLoCo family at every (outer lr, G) of the widened grid, at data-parallel's
+    best inner lr of the main grid (runs already made are taken from the file)."""
+    edges = cfg.get("edges") or {}
+    batches = cfg["global_batches"] + edges.get("global_batches", [])
+    outer = cfg["outer_lrs"] + edges.get("outer_lrs", [])
+    for ratio, size in edges.get("cells", []):
+        grid = [(lr, g) for lr in cfg["inner_lrs"] for g in cfg["global_batches"]]
+        ddp = run.many([job(cfg, ratio, size, "ddp", 0, lr, None, g) for lr, g in grid])
+        inner = min(ddp, key=lambda r: r["eval_loss"])["inner_lr"]
+        run.many([job(cfg, ratio, size, "ddp", 0, lr, None, g) for lr in cfg["inner_lrs"] for g in batches])
+        run.many([job(cfg, ratio, size, m, 0, inner, olr, g) for m in METHODS[1:] for olr in outer for g in batches])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.load:
         report = json.loads(args.load.read_text())
-        runs = len(report["rows"])
-        rows = in_grid(report["rows"], report["config"]) if "config" in report else report["rows"]
+        runs, every, cfg = len(report["rows"]), report["rows"], report.get("config", {})
+        rows = in_grid(every, cfg) if "config" in report else every
     else:
         cfg = QUICK if args.quick else FULL
         args.out = args.out or ROOT / "benchmarks" / "results" / (
@@ -332,18 +355,24 @@ def main(argv: list[str] | None = None) -> int:
         runner = Runner(cfg, args, rows)
         try:
             sweep(cfg, runner)
+            sweep_edges(cfg, runner)
         finally:
             runner.close()
         save(args.out, cfg, args.quick, args.data, rows, time.perf_counter() - runner.started)
-        runs, rows = len(rows), in_grid(rows, cfg)
+        runs, every, rows = len(rows), rows, in_grid(rows, cfg)
     chosen = choose(rows)
     fitted = fits(chosen)
     batch = batch_penalties(rows)
+    edges = edge_report(every, cfg) if "inner_lrs" in cfg else []
     print_report(chosen, fitted)
     print()
     print_batches(batch)
+    if edges:
+        print()
+        print_edges(edges, cfg)
     if args.json:
-        print(json.dumps({"runs": runs, "chosen": chosen, "fits": fitted, "batch": batch}, sort_keys=True))
+        report = {"runs": runs, "chosen": chosen, "fits": fitted, "batch": batch, "edges": edges}
+        print(json.dumps(report, sort_keys=True))
     return 0
 
 

@@ -167,6 +167,7 @@ def test_fits_skip_a_method_with_one_size():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_quick_run_has_every_method_at_every_size_and_resumes(tmp_path, shakespeare):
     def quick(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -197,6 +198,10 @@ def test_quick_run_has_every_method_at_every_size_and_resumes(tmp_path, shakespe
         assert c["seeds"] == (2 if (c["ratio"], c["size"]) in {(4.0, "12k"), (4.0, "25k")} else 1)
     saved = json.loads((tmp_path / "q.json").read_text())
     assert saved["chosen"] == report["chosen"] and len(saved["rows"]) == report["runs"]
+    # the grid widened at its edges at the quick plan's one probed cell, every method, every point run
+    edges = {(e["ratio"], e["size"], e["method"]): e for e in report["edges"]}
+    assert set(edges) == {(4.0, "12k", m) for m in METHODS} and all(e["complete"] for e in edges.values())
+    assert all(e["change"] <= 0 for e in edges.values()) and saved["edges"] == report["edges"]
     again = quick()  # every run is in the file: nothing is trained again
     assert again.returncode == 0 and "resuming" in again.stderr and "tok/param 12k" not in again.stderr
     assert json.loads(again.stdout.strip().splitlines()[-1])["chosen"] == report["chosen"]
