@@ -312,37 +312,16 @@ class LearnerClient(LeaderSide):
         everything = list(range(len(self.names)))
         if started and self.fanout is not None and self.fanout.sharded:
             self.fanout.pull(self._names_of(everything))
-        applied = self._leave(timeout) if self.is_leader and self.core is not None else []
+        applied: list[int] = []
+        if self.is_leader and self.core is not None:
+            applied = self._leave(self.timeouts.drain if timeout is None else timeout)
+            self.close()
         if started and self.fanout is not None:
             applied = self.fanout.share_step(applied, [], self._stop, self._progress, len(self.names))[0]
             self.fanout.push(self._names_of(applied))
         if self.state == "finishing":  # a rank other than 0, or a leader that never started
             self.state = "done"
         return self.stats()
-
-    def _leave(self, timeout: float | None) -> list[int]:
-        """Rank 0's part of finish(): flush, wait for the merges, leave. Returns the fragments whose
-        value it wrote into the model meanwhile."""
-        core = cast("LearnerCore", self.core)
-        everything = list(range(len(self.names)))
-        deadline = time.monotonic() + (self.timeouts.drain if timeout is None else timeout)
-        self._drain()
-        applied = set(core.apply_arrivals())
-        self._send(core.flush(), everything)
-        while any(v is not None for v in core.pending) and time.monotonic() < deadline and not self._fatal:
-            self._drain(wait=0.1)
-            applied.update(core.apply_arrivals())
-            self._send(core.collect() + core.flush(), everything)
-        applied.update(core.apply_arrivals())
-        # a push still on its way (behind a long link a value can come back before our own push
-        # lands): leaving now would have it refused for want of a session
-        while any(link.pending_pushes() for link in self.links) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        unmerged = sum(1 for v in core.pending if v is not None)
-        if unmerged:
-            log.warning("learner %d leaves with %d contributions not yet merged", self.learner, unmerged)
-        self.close()
-        return sorted(applied)
 
     def close(self) -> None:
         """Leave every shard and stop the background threads (no flush; see finish)."""

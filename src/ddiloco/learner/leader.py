@@ -7,6 +7,7 @@ the client keeps the public calls and what every rank does.
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from typing import TYPE_CHECKING, cast
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from .link import LinkContext, ShardLink
     from .overlap import OverlapChooser
 
+log = logging.getLogger("ddiloco.learner.client")  # the client's logger: these are its lines
+
 
 class LeaderSide:
     """Mixed into `LearnerClient`, whose `__init__` and `start` make the core, links and state these use."""
@@ -38,6 +41,7 @@ class LeaderSide:
     fanout: RankFanout | None
     links: list[ShardLink]
     owner: dict[int, int]
+    names: list[list[str]]
     core: LearnerCore | None  # made by `start`, before any step boundary
     overlap: OverlapChooser | None  # made by `start` with the core
     donations: list[str]
@@ -161,3 +165,26 @@ class LeaderSide:
                 )
             elif isinstance(m, Decline):
                 link.decline(m)
+
+    def _leave(self, timeout: float) -> list[int]:
+        """Rank 0's part of `finish()`: send the work held and wait (bounded) for its merges. Returns the
+        fragments whose value it wrote into the model meanwhile (every rank takes them)."""
+        core = cast("LearnerCore", self.core)
+        everything = list(range(len(self.names)))
+        deadline = time.monotonic() + timeout
+        self._drain()
+        applied = set(core.apply_arrivals())
+        self._send(core.flush(), everything)
+        while any(v is not None for v in core.pending) and time.monotonic() < deadline and not self._fatal:
+            self._drain(wait=0.1)
+            applied.update(core.apply_arrivals())
+            self._send(core.collect() + core.flush(), everything)
+        applied.update(core.apply_arrivals())
+        # a push still on its way (behind a long link a value can come back before our own push
+        # lands): leaving now would have it refused for want of a session
+        while any(link.pending_pushes() for link in self.links) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        unmerged = sum(1 for v in core.pending if v is not None)
+        if unmerged:
+            log.warning("learner %d leaves with %d contributions not yet merged", self.learner, unmerged)
+        return sorted(applied)
