@@ -91,23 +91,29 @@ def test_generations_name_their_members_and_a_worker_skips_those_without_it():
     coordinator = Coordinator(timeout=5)
     worker = Membership(coordinator.port, slot=1, timeout=5)
     assert worker.newest() == 0
+    # the store's other client sees a key once the server has it: soon, not at once (CI saw a key
+    # read back empty right after its write), so what the worker writes is polled for, bounded
     worker.hello(4242)
-    assert coordinator.hello_pid(1) == 4242 and coordinator.hello_pid(0) is None
+    assert eventually(lambda: coordinator.hello_pid(1) == 4242) and coordinator.hello_pid(0) is None
     coordinator.open([0])  # opened without worker 1
     coordinator.open([0, 1])
     assert worker.wait(after=0, timeout=5) == (2, [0, 1])
     with pytest.raises(TimeoutError):
         worker.wait(after=2, timeout=0.2)
     worker.report_failure(2)
-    assert coordinator.failed_in(1) == 2 and coordinator.failed_in(0) == 0
+    assert eventually(lambda: coordinator.failed_in(1) == 2) and coordinator.failed_in(0) == 0
     worker.mark_formed(2, {"world": 2})
-    assert coordinator.formed(2) == {"world": 2} and coordinator.formed(3) is None
+    assert eventually(lambda: coordinator.formed(2) == {"world": 2}) and coordinator.formed(3) is None
     worker.stop()
-    # the store's other client sees the key once the server has it: soon, not at once (CI saw False)
-    deadline = time.monotonic() + 5
-    while not coordinator.stopped() and time.monotonic() < deadline:
+    assert eventually(coordinator.stopped) and worker.wait(after=2, timeout=5) == (0, [])
+
+
+def eventually(check, seconds: float = 5.0) -> bool:  # noqa: ANN001
+    """True once `check()` is, polled for at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert coordinator.stopped() and worker.wait(after=2, timeout=5) == (0, [])
+    return bool(check())
 
 
 @pytest.mark.parametrize(
