@@ -58,3 +58,39 @@ def _torch_threads_restored():
     yield
     if torch.get_num_threads() != before:
         torch.set_num_threads(before)
+
+
+# --- a skip is loud in CI ---------------------------------------------------------------------------
+# `.ci/run` exports DDILOCO_ALLOWED_SKIPS: one skip a line, "text the skip's reason contains | why CI
+# may skip it". With CI=true, any other skip fails the run: a test that skips because a tool is missing
+# has not tested anything, and a green CI must not hide it.
+_skips: list[tuple[str, str]] = []
+
+
+def allowed_skips(text: str) -> list[str]:
+    """The reason fragments of the allowed-skip lines (everything before each line's "|")."""
+    return [line.split("|", 1)[0].strip() for line in text.splitlines() if line.split("|", 1)[0].strip()]
+
+
+def unallowed(skips: list[tuple[str, str]], allowed: list[str]) -> list[tuple[str, str]]:
+    return [(node, reason) for node, reason in skips if not any(a in reason for a in allowed)]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        _skips.append((report.nodeid, str(reason)))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get("CI") != "true" or not _skips:
+        return
+    bad = unallowed(_skips, allowed_skips(os.environ.get("DDILOCO_ALLOWED_SKIPS", "")))
+    if bad:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"{len(bad)} test(s) skipped that CI may not skip (.ci/run's DDILOCO_ALLOWED_SKIPS):"]
+        lines += [f"  {node}: {reason}" for node, reason in bad]
+        if reporter is not None:
+            reporter.write_line("\n".join(lines), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -66,9 +66,10 @@ def test_wan_runs_both_methods_on_both_links(shakespeare):
     decoupled_wan = next(r for r in report["rows"] if (r["method"], r["link"]) == ("decoupled", "wan"))
     assert decoupled_wan["tau"] > 2  # --overlap auto widened tau behind the 100 ms link
     causes = decoupled_wan["tokens_by_cause"]
-    assert causes["merged"] + causes["overwritten"] + causes["refused"] + causes["unsent"] + causes[
-        "in_transit"
-    ] == pytest.approx(causes["trained"])
+    # measured apart (the learners' journals, the shards' ledgers): no more sent than trained, no more
+    # merged or refused than sent
+    assert causes["sent"] + causes["overwritten"] <= causes["trained"] + 1.0
+    assert causes["merged"] + causes["refused"] <= causes["sent"] + 1.0
 
 
 @pytest.mark.slow

@@ -168,3 +168,26 @@ def test_before_the_final_flush_a_carry_still_merges_alone_after_a_sync_period()
     assert core.receive(contribution(1, [0.0, -1.0], version=0, step_time=0.5), now=0.2) == []
     assert core.next_deadline() == pytest.approx(0.2 + 4 * 0.5)  # CARRY_PERIODS = 1 sync period
     assert kinds(core.poll(2.2)) == ["Merged", "FragmentUpdate"] and core.carries == {}
+
+
+def test_late_work_from_before_a_restart_is_refused_while_work_on_the_restored_version_is_admitted():
+    # version 2 is made and checkpointed; the synchronizer restarts from it and so forgets which
+    # snapshots it already merged: work based on version 1 (1 version late, within S = 4) may have been
+    # merged before the restart, so it is refused with the current value; work on version 2 is on time
+    before = make()
+    for v in range(2):
+        before.receive(contribution(0, [-1.0, 0.0], version=v), now=float(v))
+    assert before.versions[0] == 2
+    core = make()
+    core.load_state_dict(before.state_dict())
+    assert core.versions[0] == 2 and torch.allclose(core.params["w"], torch.tensor([1.4, 0.0]))
+    out = core.receive(contribution(1, [0.0, -1.0], version=1), now=2.1)
+    assert kinds(out) == ["Rejected", "FragmentUpdate"] and out[1].version == 2
+    assert "before the synchronizer restarted" in out[0].reason
+    assert core.carries == {} and core.rounds.get(0) is None
+    # on the restored version: merged (K = 1), w = (1.4, 0) - 0.7 * (0, -1) = (1.4, 0.7)
+    out = core.receive(contribution(1, [0.0, -1.0], version=2), now=2.2)
+    assert kinds(out)[-2:] == ["Merged", "FragmentUpdate"]
+    assert torch.allclose(core.params["w"], torch.tensor([1.4, 0.7]))
+    # work that is late only after the restart is merged as late work again (the floor is version 2)
+    assert core.receive(contribution(0, [-1.0, 0.0], version=2), now=2.3) == []
