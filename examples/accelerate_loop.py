@@ -2,6 +2,7 @@
 
     pip install -e '.[hf]'
     python examples/accelerate_loop.py          # well under a minute on 2 CPU cores
+    python examples/accelerate_loop.py --data FILE   # your own text (a file or a folder)
     accelerate launch --num_processes 2 ...     # the learner part works the same under DDP
 
 The loop is Accelerate's own (`prepare`, `accumulate`, `backward`) plus the lines that end in
@@ -14,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only: nothing is fetched
 
@@ -27,7 +26,8 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 import ddiloco  # noqa: E402
 from ddiloco.integrations.accelerate import join  # noqa: E402  # ddiloco
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+from _launch import corpus_bytes, start_learners, wait_for_run  # noqa: E402
+
 SEQ = 64
 CONFIG = LlamaConfig(
     vocab_size=256,
@@ -46,9 +46,9 @@ def build() -> LlamaForCausalLM:
     return LlamaForCausalLM(CONFIG)
 
 
-def learner(address: str, learner_id: int) -> None:
+def learner(address: str, learner_id: int, data_path: str | None) -> None:
     torch.set_num_threads(1)
-    data = DATA.read_bytes()
+    data = corpus_bytes(data_path)
     ids = torch.tensor([list(data[s : s + SEQ]) for s in range(learner_id * SEQ, len(data) - SEQ, 2 * SEQ)])
     loader = torch.utils.data.DataLoader(ids, batch_size=8, shuffle=True)
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), gradient_accumulation_steps=2)
@@ -70,18 +70,18 @@ def learner(address: str, learner_id: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=100_000, help="token budget of the run")
+    parser.add_argument("--data", default=None, help="a text file or folder (default: the Python stdlib's sources)")
     parser.add_argument("--learner", type=int, default=None, help=argparse.SUPPRESS)  # the learner processes
     parser.add_argument("--connect", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.learner is not None:
-        learner(args.connect, args.learner)
+        learner(args.connect, args.learner, args.data)
         return 0
     sync = ddiloco.Synchronizer(build(), learners=2, tokens=args.tokens, sync_every=8)
     address = sync.start()
-    cmd = [sys.executable, __file__, "--connect", address, "--learner"]
-    procs = [subprocess.Popen([*cmd, str(m)]) for m in range(2)]
-    finished = sync.wait(timeout=600)
-    codes = [p.wait(timeout=120) for p in procs]
+    data_args = [] if args.data is None else ["--data", args.data]
+    cmd = [sys.executable, __file__, *data_args, "--connect", address, "--learner"]
+    finished, codes = wait_for_run(sync, start_learners(cmd, 2))  # sync.wait, watching the learners
     books = sync.status()["books"]
     sync.stop()
     merged = all(books.get(str(m), {}).get("tokens_merged", 0) > 0 for m in range(2))

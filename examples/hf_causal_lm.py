@@ -3,12 +3,14 @@
     pip install -e '.[hf]'
     python examples/hf_causal_lm.py               # under a minute on 2 CPU cores
     python examples/hf_causal_lm.py --ranks 2     # each learner a torchrun job of 2 ranks, FSDP2-sharded
+    python examples/hf_causal_lm.py --data FILE   # your own text (a file or a folder)
 
 A `LlamaForCausalLM` built from a small `LlamaConfig` (random weights, nothing downloaded, output
-layer tied to the embedding) learns ../shared/data/tinyshakespeare.txt through a `datasets` dataset
-built from the local file (bytes as tokens, no tokenizer download). The lines that know ddiloco end
-in `# ddiloco`. At the end the global model is exported as a folder that `from_pretrained` loads; the
-script exits non-zero if the reloaded model differs from the exported parameters or did not learn.
+layer tied to the embedding) learns a text through a `datasets` dataset built from it (bytes as
+tokens, no tokenizer download; with no `--data`, the Python standard library's own sources). The
+lines that know ddiloco end in `# ddiloco`. At the end the global model is exported as a folder that
+`from_pretrained` loads; the script exits non-zero if the reloaded model differs from the exported
+parameters or did not learn.
 
 With `--ranks 2` each learner is `torchrun --nproc-per-node 2` running the same loop: the model is
 sharded with FSDP2's `fully_shard` (gloo here, NCCL on GPUs), every rank reads its own share of the
@@ -20,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,7 +37,8 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import ddiloco  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+from _launch import corpus_bytes, start_learners, wait_for_run  # noqa: E402
+
 SEQ, BATCH = 64, 8
 CONFIG = LlamaConfig(
     vocab_size=256,
@@ -50,9 +52,9 @@ CONFIG = LlamaConfig(
 )
 
 
-def dataset(path: Path = DATA) -> Dataset:
+def dataset(path: str | None) -> Dataset:
     """Windows of SEQ + 1 bytes of the text, as a map-style `datasets.Dataset` of token ids."""
-    data = path.read_bytes()
+    data = corpus_bytes(path)
     windows = [list(data[i : i + SEQ + 1]) for i in range(0, len(data) - SEQ - 1, SEQ)]
     return Dataset.from_dict({"ids": windows}).with_format("torch")
 
@@ -81,10 +83,10 @@ def shard(model: LlamaForCausalLM) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def learner(address: str, learner_id: int, learners: int) -> None:
+def learner(address: str, learner_id: int, learners: int, data_path: str | None) -> None:
     torch.set_num_threads(1)
     ddiloco.log_to_stderr()  # joins, progress every 30 s, rejections  # ddiloco
-    model, data = build(), dataset()
+    model, data = build(), dataset(data_path)
     rank, world = shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sampler = ddiloco.ResumableSampler(data, learner_id, learners, BATCH, rank=rank, world=world)  # ddiloco
@@ -106,16 +108,17 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=150_000, help="token budget of the run")
     parser.add_argument("--out", type=Path, default=None, help="where the checkpoint and the export go")
     parser.add_argument("--ranks", type=int, default=1, help="processes per learner (torchrun, FSDP2)")
+    parser.add_argument("--data", default=None, help="a text file or folder (default: the Python stdlib's sources)")
     parser.add_argument("--learner", type=int, default=None, help=argparse.SUPPRESS)  # the learner processes
     parser.add_argument("--connect", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.learner is not None:
-        learner(args.connect, args.learner, 2)
+        learner(args.connect, args.learner, 2, args.data)
         if dist.is_initialized():
             dist.destroy_process_group()
         return 0
     out = args.out or Path(tempfile.mkdtemp(prefix="ddiloco-hf-"))
-    data = dataset()
+    data = dataset(args.data)
     before = eval_loss(build(), data)
     sync = ddiloco.Synchronizer(
         build(),
@@ -138,9 +141,9 @@ def main() -> int:
             str(args.ranks),
         ]
     )
-    procs = [subprocess.Popen([*launch, __file__, "--learner", str(m), "--connect", address]) for m in range(2)]
-    finished = sync.wait(timeout=600)  # ddiloco
-    codes = [p.wait(timeout=120) for p in procs]
+    data_args = [] if args.data is None else ["--data", args.data]
+    learners = start_learners([*launch, __file__, *data_args, "--connect", address, "--learner"], 2)
+    finished, codes = wait_for_run(sync, learners)  # sync.wait(timeout=...) while watching the learners
     sync.stop()  # ddiloco
     ddiloco.export_global(out / "ckpt", out / "export", hf_config=CONFIG)  # ddiloco
     model = LlamaForCausalLM.from_pretrained(str(out / "export"))

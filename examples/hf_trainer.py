@@ -3,14 +3,16 @@
     pip install -e '.[hf]'
     python examples/hf_trainer.py               # about a minute on 2 CPU cores
     python examples/hf_trainer.py --ranks 2     # each learner a torchrun job of 2 ranks (DDP, gloo)
+    python examples/hf_trainer.py --data FILE   # your own text (a file or a folder)
 
 The learner is a plain Trainer script (a `LlamaForCausalLM` from a small config, nothing downloaded,
-../shared/data/tinyshakespeare.txt as bytes) plus the lines that end in `# ddiloco`: the callback
-creates the client when training begins, attaches it to the Trainer's optimizer (every optimizer step
-is a `client.step`), stops the Trainer when the run's token budget is reached and finishes the client
-at the end. Run the same learner command again after a crash: it resumes from its newest whole
-checkpoint and rejoins. `main` starts the synchronizer in this process (as examples/own_model.py
-does) and the two learners as child processes, and exits non-zero unless both learners' work merged.
+a text as bytes: with no `--data`, the Python standard library's own sources) plus the lines that end
+in `# ddiloco`: the callback creates the client when training begins, attaches it to the Trainer's
+optimizer (every optimizer step is a `client.step`), stops the Trainer when the run's token budget is
+reached and finishes the client at the end. Run the same learner command again after a crash: it
+resumes from its newest whole checkpoint and rejoins. `main` starts the synchronizer in this process
+(as examples/own_model.py does) and the two learners as child processes, and exits non-zero unless
+both learners' work merged.
 
 FSDP2 (on GPUs, under torchrun or `accelerate launch`) needs no other `# ddiloco` line, only the
 Trainer's own arguments: `TrainingArguments(..., fsdp=True, fsdp_config={"version": 2,
@@ -23,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,7 +37,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArgumen
 import ddiloco  # noqa: E402
 from ddiloco.integrations.transformers import DecoupledDiLoCoCallback, last_checkpoint  # noqa: E402  # ddiloco
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+from _launch import corpus_bytes, start_learners, wait_for_run  # noqa: E402
+
 SEQ = 64
 CONFIG = LlamaConfig(
     vocab_size=256,
@@ -53,8 +55,8 @@ CONFIG = LlamaConfig(
 class Windows(torch.utils.data.Dataset):
     """Windows of SEQ bytes of the text: learner `part` of `parts` reads every parts-th window."""
 
-    def __init__(self, part: int, parts: int) -> None:
-        data = DATA.read_bytes()
+    def __init__(self, data_path: str | None, part: int, parts: int) -> None:
+        data = corpus_bytes(data_path)
         self.ids = torch.tensor([list(data[s : s + SEQ]) for s in range(part * SEQ, len(data) - SEQ, SEQ * parts)])
 
     def __len__(self) -> int:
@@ -69,7 +71,7 @@ def build() -> LlamaForCausalLM:
     return LlamaForCausalLM(CONFIG)
 
 
-def learner(address: str, learner_id: int, out: Path) -> None:
+def learner(address: str, learner_id: int, out: Path, data_path: str | None) -> None:
     torch.set_num_threads(1)
     args = TrainingArguments(
         output_dir=str(out),
@@ -83,7 +85,8 @@ def learner(address: str, learner_id: int, out: Path) -> None:
         disable_tqdm=True,
     )
     callback = DecoupledDiLoCoCallback(address, learner_id)  # ddiloco
-    trainer = Trainer(build(), args, train_dataset=Windows(learner_id, 2), callbacks=[callback])  # ddiloco
+    data = Windows(data_path, learner_id, 2)
+    trainer = Trainer(build(), args, train_dataset=data, callbacks=[callback])  # ddiloco
     trainer.train(resume_from_checkpoint=last_checkpoint(out))  # ddiloco
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"learner {learner_id}: {callback.stats()['steps']} steps, {callback.stats()['tokens']} tokens")
@@ -94,12 +97,13 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=120_000, help="token budget of the run")
     parser.add_argument("--out", type=Path, default=None, help="where checkpoints go")
     parser.add_argument("--ranks", type=int, default=1, help="processes per learner (torchrun, DDP)")
+    parser.add_argument("--data", default=None, help="a text file or folder (default: the Python stdlib's sources)")
     parser.add_argument("--learner", type=int, default=None, help=argparse.SUPPRESS)  # the learner processes
     parser.add_argument("--connect", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="ddiloco-trainer-"))
     if args.learner is not None:
-        learner(args.connect, args.learner, out / f"learner-{args.learner}")
+        learner(args.connect, args.learner, out / f"learner-{args.learner}", args.data)
         return 0
     sync = ddiloco.Synchronizer(build(), learners=2, tokens=args.tokens, checkpoint_dir=out / "ckpt", sync_every=8)
     address = sync.start()
@@ -107,10 +111,9 @@ def main() -> int:
     if args.ranks > 1:
         torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
         launch = [torchrun, "--standalone", "--nproc-per-node", str(args.ranks)]
-    cmd = [*launch, __file__, "--out", str(out), "--connect", address, "--learner"]
-    procs = [subprocess.Popen([*cmd, str(m)]) for m in range(2)]
-    finished = sync.wait(timeout=600)
-    codes = [p.wait(timeout=120) for p in procs]
+    data_args = [] if args.data is None else ["--data", args.data]
+    cmd = [*launch, __file__, *data_args, "--out", str(out), "--connect", address, "--learner"]
+    finished, codes = wait_for_run(sync, start_learners(cmd, 2))  # sync.wait, watching the learners
     books = sync.status()["books"]
     sync.stop()
     merged = all(books.get(str(m), {}).get("tokens_merged", 0) > 0 for m in range(2))

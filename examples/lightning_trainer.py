@@ -2,10 +2,11 @@
 
     pip install -e '.[lightning]'
     python examples/lightning_trainer.py        # well under a minute on 2 CPU cores
+    python examples/lightning_trainer.py --data FILE   # your own text (a file or a folder)
 
-The learner is a plain Lightning script (a small byte-level language model on
-../shared/data/tinyshakespeare.txt) plus the lines that end in `# ddiloco`: the callback creates the
-client when training starts, attaches it to the module's optimizer (every optimizer step is a
+The learner is a plain Lightning script (a small byte-level language model on a text; with no
+`--data`, the Python standard library's own sources) plus the lines that end in `# ddiloco`: the
+callback creates the client when training starts, attaches it to the module's optimizer (every optimizer step is a
 `client.step`, with the tokens of the batches since the step before), stops the Trainer when the
 run's token budget is reached and finishes the client at the end. `main` starts the synchronizer in
 this process and the two learners as child processes, and exits non-zero unless both learners'
@@ -15,9 +16,7 @@ work merged and the global model learned.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-from pathlib import Path
 
 import lightning
 import torch
@@ -25,7 +24,8 @@ import torch
 import ddiloco
 from ddiloco.integrations.lightning import DecoupledDiLoCo  # ddiloco
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+from _launch import corpus_bytes, start_learners, wait_for_run
+
 SEQ = 33
 
 
@@ -48,14 +48,14 @@ class ByteLM(lightning.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=3e-3)
 
 
-def windows(part: int = 0, parts: int = 1) -> torch.Tensor:
-    data = DATA.read_bytes()
+def windows(data_path: str | None, part: int = 0, parts: int = 1) -> torch.Tensor:
+    data = corpus_bytes(data_path)
     return torch.tensor([list(data[s : s + SEQ]) for s in range(part * SEQ, len(data) - SEQ, SEQ * parts)])
 
 
-def learner(address: str, learner_id: int) -> None:
+def learner(address: str, learner_id: int, data_path: str | None) -> None:
     torch.set_num_threads(1)
-    loader = torch.utils.data.DataLoader(windows(learner_id, 2), batch_size=16, shuffle=True)
+    loader = torch.utils.data.DataLoader(windows(data_path, learner_id, 2), batch_size=16, shuffle=True)
     trainer = lightning.Trainer(
         accelerator="cpu",
         max_steps=10_000,  # the run's token budget ends it first
@@ -71,21 +71,21 @@ def learner(address: str, learner_id: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=200_000, help="token budget of the run")
+    parser.add_argument("--data", default=None, help="a text file or folder (default: the Python stdlib's sources)")
     parser.add_argument("--learner", type=int, default=None, help=argparse.SUPPRESS)  # the learner processes
     parser.add_argument("--connect", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.learner is not None:
-        learner(args.connect, args.learner)
+        learner(args.connect, args.learner, args.data)
         return 0
-    held_out = windows()[-64:]
+    held_out = windows(args.data)[-64:]
     with torch.no_grad():
         before = float(ByteLM().loss(held_out))
     sync = ddiloco.Synchronizer(ByteLM(), learners=2, tokens=args.tokens, sync_every=8)
     address = sync.start()
-    cmd = [sys.executable, __file__, "--connect", address, "--learner"]
-    procs = [subprocess.Popen([*cmd, str(m)]) for m in range(2)]
-    finished = sync.wait(timeout=600)
-    codes = [p.wait(timeout=120) for p in procs]
+    data_args = [] if args.data is None else ["--data", args.data]
+    cmd = [sys.executable, __file__, *data_args, "--connect", address, "--learner"]
+    finished, codes = wait_for_run(sync, start_learners(cmd, 2))  # sync.wait, watching the learners
     books = sync.status()["books"]
     model = ByteLM()
     model.load_state_dict({n: t.clone() for n, t in sync.service.core.params.items()})

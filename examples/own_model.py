@@ -2,9 +2,11 @@
 
     python examples/own_model.py                  # about a minute on 2 CPU cores
     python examples/own_model.py --tokens 40000   # a quick check
+    python examples/own_model.py --data FILE      # your own text (a file or a folder)
 
 The model (a small character-level transformer whose output layer is tied to its embedding) and the
-data (windows of ../shared/data/tinyshakespeare.txt through a plain DataLoader with a worker) know
+data (windows of a text's bytes through a plain DataLoader with a worker; with no `--data`, the Python
+standard library's own sources, which every machine with Python has) know
 nothing of ddiloco. The lines that do end in `# ddiloco`: that is all the glue. The script starts a
 synchronizer in this process, two learner processes that join it over loopback, waits for the token
 budget, exports the global model and loads it back into a fresh model; it exits non-zero if the
@@ -14,7 +16,6 @@ reloaded model differs from the exported parameters or did not learn.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,15 +26,16 @@ from torch.utils.data import DataLoader, Dataset
 
 import ddiloco
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+from _launch import corpus_bytes, start_learners, wait_for_run
+
 SEQ, BATCH = 64, 16
 
 
 class CharWindows(Dataset):
-    """Non-overlapping windows of a text file, bytes as tokens."""
+    """Non-overlapping windows of a text, bytes as tokens."""
 
-    def __init__(self, path: Path, seq: int = SEQ) -> None:
-        self.data = torch.tensor(list(path.read_bytes()), dtype=torch.long)
+    def __init__(self, text: bytes, seq: int = SEQ) -> None:
+        self.data = torch.tensor(list(text), dtype=torch.long)
         self.seq = seq
 
     def __len__(self) -> int:
@@ -67,12 +69,12 @@ def eval_loss(model: torch.nn.Module, data: Dataset, batches: int = 8) -> float:
         return float(F.cross_entropy(model(x).flatten(0, 1), y.flatten()))
 
 
-def learner(address: str, learner_id: int, learners: int) -> None:
+def learner(address: str, learner_id: int, learners: int, data_path: str | None) -> None:
     torch.set_num_threads(1)
     ddiloco.log_to_stderr()  # joins, progress every 30 s, rejections  # ddiloco
     model = TinyLM()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    data = CharWindows(DATA)
+    data = CharWindows(corpus_bytes(data_path))
     sampler = ddiloco.ResumableSampler(data, learner_id, learners, batch_size=BATCH)  # ddiloco
     # forkserver: the client's gRPC threads are running when the loader starts its worker
     loader = DataLoader(data, batch_size=BATCH, sampler=sampler, num_workers=1, multiprocessing_context="forkserver")
@@ -92,14 +94,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=300_000, help="token budget of the run")
     parser.add_argument("--out", type=Path, default=None, help="where the checkpoint and the export go")
+    parser.add_argument("--data", default=None, help="a text file or folder (default: the Python stdlib's sources)")
     parser.add_argument("--learner", type=int, default=None, help=argparse.SUPPRESS)  # the learner processes
     parser.add_argument("--connect", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.learner is not None:
-        learner(args.connect, args.learner, 2)
+        learner(args.connect, args.learner, 2, args.data)
         return 0
     out = args.out or Path(tempfile.mkdtemp(prefix="ddiloco-example-"))
-    data = CharWindows(DATA)
+    data = CharWindows(corpus_bytes(args.data))
     before = eval_loss(TinyLM(), data)
     sync = ddiloco.Synchronizer(
         TinyLM(),
@@ -112,9 +115,9 @@ def main() -> int:
         outer_momentum=0.0,
     )
     address = sync.start()  # ddiloco
-    procs = [subprocess.Popen([sys.executable, __file__, "--learner", str(m), "--connect", address]) for m in range(2)]
-    finished = sync.wait(timeout=600)  # ddiloco
-    codes = [p.wait(timeout=120) for p in procs]
+    data_args = [] if args.data is None else ["--data", args.data]
+    learners = start_learners([sys.executable, __file__, *data_args, "--connect", address, "--learner"], 2)
+    finished, codes = wait_for_run(sync, learners)  # sync.wait(timeout=...) while watching the learners
     sync.stop()  # ddiloco
     weights = ddiloco.export_global(out / "ckpt", out / "export")  # ddiloco
     model = TinyLM()

@@ -22,6 +22,7 @@ _PUBLIC = {
     "Timeouts": "ddiloco.wire.timeouts",
     "AlgorithmConfig": "ddiloco.core.config",
     "make_task": "ddiloco.train.tasks",
+    "read_corpus": "ddiloco.train.text",
     "EventLog": "ddiloco.records.events",
     "read_events": "ddiloco.records.events",
     "Synchronizer": "ddiloco.api.synchronizer",
@@ -59,6 +60,7 @@ __all__ = [
     "load_global",
     "log_to_stderr",
     "make_task",
+    "read_corpus",
     "read_events",
     "save_initial",
     "stop_run",
@@ -79,6 +81,7 @@ if TYPE_CHECKING:
     from .synchronizer.server import SynchronizerServer, build_service
     from .synchronizer.settings import ServiceSettings
     from .train.tasks import make_task
+    from .train.text import read_corpus
     from .wire.timeouts import Timeouts
 
 

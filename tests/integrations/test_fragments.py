@@ -75,7 +75,7 @@ def test_impossible_layouts_are_refused():
 
 
 @pytest.mark.timeout(120)
-def test_a_synchronizer_given_layer_fragments_hands_them_to_a_learner_and_merges_by_them(tmp_path, shakespeare):
+def test_a_synchronizer_given_layer_fragments_hands_them_to_a_learner_and_merges_by_them(tmp_path, corpus_file):
     """The synchronizer owns the split: given `layer_fragments`, its plan is the module names' (not the
     balanced one), a learner in another process registers and receives exactly those fragments, and
     each fragment's merges come back as that fragment's layers, at its own staggered steps."""
@@ -104,7 +104,7 @@ def test_a_synchronizer_given_layer_fragments_hands_them_to_a_learner_and_merges
     assert sync.algorithm.fragments == 3 and [list(n) for n in sync.service.core.plan.names] == fragments
     with sync:
         done = subprocess.run(
-            [sys.executable, layer_learner.__file__, sync.address, shakespeare, str(steps), str(out)],
+            [sys.executable, layer_learner.__file__, sync.address, corpus_file, str(steps), str(out)],
             capture_output=True,
             text=True,
             timeout=100,

@@ -22,7 +22,7 @@ STEP_TOKENS = lightning_learner.SEQ * lightning_learner.BATCH
 
 
 @pytest.mark.timeout(180)
-def test_two_lightning_learners_merge_and_count_their_steps(procs, tmp_path, shakespeare):
+def test_two_lightning_learners_merge_and_count_their_steps(procs, tmp_path, corpus_file):
     budget = 80 * STEP_TOKENS
     sync = ddiloco.Synchronizer(
         lightning_learner.TinyLM(),
@@ -41,7 +41,7 @@ def test_two_lightning_learners_merge_and_count_their_steps(procs, tmp_path, sha
         for m in range(2):
             out = tmp_path / f"learner-{m}"
             out.mkdir()
-            cmd = [sys.executable, str(SCRIPT), "--connect", address, "--id", str(m), "--data", shakespeare]
+            cmd = [sys.executable, str(SCRIPT), "--connect", address, "--id", str(m), "--data", corpus_file]
             cmd += ["--ready", str(tmp_path), "--peers", "2"]
             children.append(procs.start(f"learner-{m}", [*cmd, "--out", str(out)], out / "stderr.log"))
             outs.append(out)

@@ -51,13 +51,13 @@ def results(out: Path) -> dict[int, dict]:
 
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(not TORCHRUN.exists() and shutil.which("torchrun") is None, reason="torchrun not installed")
-def test_two_trainer_learners_one_under_torchrun_merge_and_count_their_tokens(procs, tmp_path, shakespeare):
+def test_two_trainer_learners_one_under_torchrun_merge_and_count_their_tokens(procs, tmp_path, corpus_file):
     budget = 60 * STEP_TOKENS
     sync = synchronizer(budget)
     address = sync.start()
     try:
-        one, out1 = learner(procs, tmp_path, "single", address, 0, shakespeare)
-        two, out2 = learner(procs, tmp_path, "torchrun", address, 1, shakespeare, ranks=2)
+        one, out1 = learner(procs, tmp_path, "single", address, 0, corpus_file)
+        two, out2 = learner(procs, tmp_path, "torchrun", address, 1, corpus_file, ranks=2)
         codes = wait_exit([one, two], 180)
         status = sync.status()
     finally:
@@ -84,7 +84,7 @@ def test_two_trainer_learners_one_under_torchrun_merge_and_count_their_tokens(pr
 
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not TORCHRUN.exists() and shutil.which("torchrun") is None, reason="torchrun not installed")
-def test_a_trainer_learner_sharded_with_fsdp2_under_torchrun_merges_and_counts_its_tokens(procs, tmp_path, shakespeare):
+def test_a_trainer_learner_sharded_with_fsdp2_under_torchrun_merges_and_counts_its_tokens(procs, tmp_path, corpus_file):
     """The issue's "DDP and FSDP": `fsdp=True` (full shard) with `fsdp_config={"version": 2, ...}`, Accelerate
     shards each decoder layer and the model with `fully_shard` over gloo (2 ranks, CPU; Accelerate would
     drop FSDP on the CPU without `hf_learner.fsdp_on_cpu`, which says why). About 8 s. The callback
@@ -94,7 +94,7 @@ def test_a_trainer_learner_sharded_with_fsdp2_under_torchrun_merges_and_counts_i
     sync = synchronizer(budget, learners=1)
     address = sync.start()
     try:
-        two, out = learner(procs, tmp_path, "fsdp", address, 0, shakespeare, "--fsdp", ranks=2)
+        two, out = learner(procs, tmp_path, "fsdp", address, 0, corpus_file, "--fsdp", ranks=2)
         codes = wait_exit([two], 240)
         status = sync.status()
     finally:
@@ -120,7 +120,7 @@ def test_a_trainer_learner_sharded_with_fsdp2_under_torchrun_merges_and_counts_i
 
 
 @pytest.mark.timeout(120)
-def test_without_other_learners_the_callback_leaves_the_plain_trainers_loss_curve(procs, tmp_path, shakespeare):
+def test_without_other_learners_the_callback_leaves_the_plain_trainers_loss_curve(procs, tmp_path, corpus_file):
     """(c): one learner, outer step 1 without momentum, fp32 both ways: each merge hands the learner its
     own parameters back, so the callback must change nothing: same losses as the plain Trainer's, same
     seed (its data order, RNG, optimizer state and learning rate are left alone). Arrivals re-based
@@ -130,9 +130,9 @@ def test_without_other_learners_the_callback_leaves_the_plain_trainers_loss_curv
     address = sync.start()
     try:
         joined, out = learner(
-            procs, tmp_path, "joined", address, 0, shakespeare, "--max-steps", "16", "--codec", "fp32"
+            procs, tmp_path, "joined", address, 0, corpus_file, "--max-steps", "16", "--codec", "fp32"
         )
-        plain, plain_out = learner(procs, tmp_path, "plain", "", 0, shakespeare, "--max-steps", "16")
+        plain, plain_out = learner(procs, tmp_path, "plain", "", 0, corpus_file, "--max-steps", "16")
         codes = wait_exit([joined, plain], 100)
         merges = sync.status()["merges"]
     finally:
@@ -146,18 +146,18 @@ def test_without_other_learners_the_callback_leaves_the_plain_trainers_loss_curv
 
 @pytest.mark.slow  # 10-15 s of processes; the default suite checks last_checkpoint by hand (below)
 @pytest.mark.timeout(240)
-def test_a_learner_killed_with_kill_9_resumes_from_its_checkpoint_and_rejoins(procs, tmp_path, shakespeare):
+def test_a_learner_killed_with_kill_9_resumes_from_its_checkpoint_and_rejoins(procs, tmp_path, corpus_file):
     """(d): kill -9 after the Trainer saved a checkpoint; `resume_from_checkpoint=True` rejoins the run."""
     sync = synchronizer(10**9, learners=1)
     address = sync.start()
     try:
-        first, out = learner(procs, tmp_path, "learner", address, 0, shakespeare, "--save-steps", "5")
+        first, out = learner(procs, tmp_path, "learner", address, 0, corpus_file, "--save-steps", "5")
         wait_for(lambda: (out / "checkpoint-10").is_dir() or not first.alive(), 120, message="a checkpoint")
         assert first.alive(), (out / "stderr.log").read_text()[-3000:]
         procs.kill_tree(first)
         merged_before = sync.status()["merges"]
         second, _ = learner(
-            procs, tmp_path, "learner", address, 0, shakespeare, "--save-steps", "5", "--max-steps", "24", "--resume"
+            procs, tmp_path, "learner", address, 0, corpus_file, "--save-steps", "5", "--max-steps", "24", "--resume"
         )
         codes = wait_exit([second], 150)
         status = sync.status()
