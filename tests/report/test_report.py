@@ -101,6 +101,13 @@ def test_report_overlays_runs_in_pngs_and_one_html_page(two_runs, tmp_path):
     assert "decoupled (decoupled)" in page and "elastic-ddp (elastic-ddp)" in page
 
 
+def test_report_takes_a_folder_of_runs_as_the_demo_writes_it(two_runs):
+    base, _ = two_runs
+    result = runner.invoke(app, ["report", str(base)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert len(list((base / "report").glob("timeline_*.png"))) == 2 and (base / "report" / "report.html").is_file()
+
+
 def test_report_refuses_what_is_not_a_run_directory(tmp_path):
     result = runner.invoke(app, ["report", str(tmp_path)], env={"COLUMNS": "300"})
     assert result.exit_code == 2 and "not a run directory" in result.output

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import NoReturn
 
 import typer
 
@@ -45,12 +47,45 @@ def _register() -> None:
             importlib.import_module(f"{__name__}.{module.name}")
 
 
+def _base(name: str) -> type[Exception]:
+    """click's exception class `name` (typer vendors its own click and exports only some of them)."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
+_UsageError, _ClickException = _base("UsageError"), _base("ClickException")
+
+
+def _refuse(command: str, message: str, code: int) -> NoReturn:
+    """One line on stderr and the exit code: a refusal is read at a glance, never a box or a traceback."""
+    typer.echo(f"{command}: error: {message}", err=True)
+    sys.exit(code)
+
+
 def main() -> None:
+    """Runs the command line; a user's mistake is one line and exit code 2, an unexpected failure one
+    line and exit code 1 (with DDILOCO_DEBUG=1, its traceback)."""
     _register()
     args = apply_aliases(sys.argv[1:])
+    command = " ".join(["ddiloco", *args[:1]]) if args and not args[0].startswith("-") else "ddiloco"
     try:
         args, defaults = split_config(args, app)
     except ValueError as exc:
-        typer.echo(f"Error: {exc}", err=True)
-        sys.exit(2)
-    app(args=args, default_map=defaults)
+        _refuse(command, str(exc), 2)
+    try:
+        code = app(args=args, default_map=defaults, standalone_mode=False, prog_name="ddiloco")
+    except _UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `ddiloco` alone: its help
+            exc.show()  # type: ignore[attr-defined]  # click's UsageError has show()
+            sys.exit(0)
+        hint = "" if isinstance(exc, typer.BadParameter) else f" (see {command} --help)"
+        _refuse(command, f"{exc.format_message()}{hint}", 2)  # type: ignore[attr-defined]  # as above
+    except _ClickException as exc:
+        _refuse(command, exc.format_message(), exc.exit_code)  # type: ignore[attr-defined]  # as above
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("Aborted.", err=True)
+        sys.exit(130)
+    except Exception as exc:
+        if os.environ.get("DDILOCO_DEBUG") == "1":
+            raise
+        _refuse(command, f"{type(exc).__name__}: {exc} (DDILOCO_DEBUG=1 shows the traceback)", 1)
+    sys.exit(code if isinstance(code, int) else 0)

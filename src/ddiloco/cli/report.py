@@ -12,19 +12,21 @@ from . import app
 @app.command("report")
 def report(
     run_dirs: list[Path] = typer.Argument(
-        ..., metavar="RUN_DIR...", help="Run directories; several are overlaid for comparison."
+        ...,
+        metavar="RUN_DIR...",
+        help="Run directories, or folders of them (the demo's); several are overlaid for comparison.",
     ),
     out: Path | None = typer.Option(
         None, help="Where to write the PNGs and report.html (default: the first run directory's report/)."
     ),
 ) -> None:
     """Plot eval loss against tokens and time, merges, learners up and down, goodput; write report.html."""
-    from ..records.rundir import load_run
+    from ..records.rundir import load_run, run_dirs_in
     from ..report.page import write_page
     from ..report.plots import write_figures
 
     try:
-        records = [load_run(d) for d in run_dirs]
+        records = [load_run(d) for given in run_dirs for d in run_dirs_in(given)]
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="RUN_DIR") from None
     out = out or run_dirs[0] / "report"

@@ -116,13 +116,19 @@ class EventLog:
 
 
 def read_events(path: str | Path) -> Iterator[dict]:
-    """The events of a log; a torn last line (the writer was killed) is skipped."""
+    """The events of a log; a torn last line (the writer was killed) is skipped, and so is a line
+    that is not a JSON object. ValueError, naming the file, when it is not text at all."""
     path = Path(path)
     if not path.is_file():
         return
     with open(path) as f:
-        for line in f:
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        try:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict):
+                    yield record
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not a JSON-lines log ({exc.reason} at byte {exc.start})") from None

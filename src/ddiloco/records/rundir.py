@@ -162,16 +162,43 @@ class RunRecord:
         return float(event["t"]) - float(self.config.get("clock_origin", 0.0))
 
 
+def run_dirs_in(path: str | Path) -> list[Path]:
+    """`path` if it is a run directory, else the run directories directly inside it (the demo's folder
+    holds one per method); ValueError when it is neither."""
+    path = Path(path)
+    if (path / CONFIG).is_file():
+        return [path]
+    if not path.is_dir():
+        raise ValueError(f"{path}: no such directory")
+    inside = sorted(d for d in path.iterdir() if (d / CONFIG).is_file())
+    if not inside:
+        raise ValueError(f"{path} is not a run directory (no {CONFIG}) nor a folder of them; make one with --run-dir")
+    return inside
+
+
+def _read_object(path: Path, key: str | None = None) -> dict:
+    """A JSON file that must hold an object (and, with `key`, an object under that key)."""
+    try:
+        value = read_json(path)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a JSON file ({exc.reason} at byte {exc.start})") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable ({str(exc)[:200]})") from None
+    if not isinstance(value, dict) or (key is not None and not isinstance(value.get(key, {}), dict)):
+        what = "a JSON object" if key is None else f'a JSON object whose "{key}" is an object'
+        raise ValueError(f"{path}: not a run's {path.name} (expected {what})")
+    return value
+
+
 def load_run(path: str | Path) -> RunRecord:
-    """Read a run directory; a clear error when it is not one."""
+    """Read a run directory; a one-line error naming the file when it is not one, or is broken."""
     path = Path(path)
     if not (path / CONFIG).is_file():
         raise ValueError(f"{path} is not a run directory (no {CONFIG}); make one with --run-dir")
-    try:
-        config = read_json(path / CONFIG)
-        summary = read_json(path / SUMMARY) if (path / SUMMARY).is_file() else {}
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: unreadable run files ({str(exc)[:200]})") from None
+    config = _read_object(path / CONFIG, key="settings")
+    summary = _read_object(path / SUMMARY) if (path / SUMMARY).is_file() else {}
+    if not (path / METRICS).is_file():
+        raise ValueError(f"{path / METRICS}: missing: the run recorded no metrics, so there is nothing to plot")
     metrics = list(read_events(path / METRICS))
     events = list(read_events(path / EVENTS))
     for sub in sorted(path.glob("sync-*/" + EVENTS)):  # the runtime's shards keep their own logs
