@@ -98,7 +98,7 @@ def test_report_overlays_runs_in_pngs_and_one_html_page(two_runs, tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
     page = (out / "report.html").read_text()
     assert page.count("data:image/png;base64,") == len(pngs)
-    assert "decoupled (decoupled)" in page and "elastic-ddp (elastic-ddp)" in page
+    assert "<th>Decoupled DiLoCo</th>" in page and "<th>elastic DDP</th>" in page and "(decoupled)" not in page
 
 
 def test_report_takes_a_folder_of_runs_as_the_demo_writes_it(two_runs):

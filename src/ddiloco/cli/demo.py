@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from ..report.story import METHOD_NAMES as NAMES
 from . import app, options
 
 if TYPE_CHECKING:
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from ..sim.hardware import LinkModel
 
 METHODS: tuple[Method, ...] = ("decoupled", "diloco", "ddp", "elastic-ddp")
-NAMES = {"decoupled": "Decoupled DiLoCo", "diloco": "DiLoCo", "ddp": "DDP", "elastic-ddp": "elastic DDP"}
 
 
 def loss_at(metrics: list[dict], t: float) -> float | None:
@@ -102,6 +102,7 @@ def demo(
     from ..records.rundir import RunDir, RunRecord, load_run
     from ..report.page import write_page
     from ..report.plots import write_figures
+    from ..report.story import Story
     from ..sim.config import SimConfig
     from ..sim.recorder import SimRecorder
     from ..sim.run import build_task, run_sim
@@ -148,8 +149,20 @@ def demo(
     first_finish = min(r["sim_seconds"] for r in results.values())
     for m, r in results.items():
         r["eval_loss_at_first_finish"] = loss_at(runs[m].metrics, first_finish)
-    figures = write_figures(list(runs.values()), out / "report")
-    page = write_page(list(runs.values()), figures, out / "report" / "report.html")
+    title = (
+        f"{learners} learners at distant sites ({link_latency * 1000:g} ms one way; one all-reduce takes a "
+        f"step), each failing every {fail_mtbf:g} s for {fail_downtime:g} s on average"
+    )
+    first_name = NAMES[min(results, key=lambda m: results[m]["sim_seconds"])]
+    story = Story(
+        scenario=f"{title}: the same model, data, token budget, failures and link for all four methods.",
+        headline=interpretation(results),
+        moment=first_finish,
+        moment_label=f"{first_finish:.0f} s, when {first_name} finished",
+    )
+    story.save(out)
+    figures = write_figures(list(runs.values()), out / "report", story)
+    page = write_page(list(runs.values()), figures, out / "report" / "report.html", story)
     rows = {
         "goodput": "goodput",
         "uptime": "uptime",
@@ -160,10 +173,9 @@ def demo(
     print_table(
         {label: tuple(results[m][key] for m in METHODS) for label, key in rows.items()},
         columns=tuple(NAMES[m] for m in METHODS),
-        title=f"{learners} learners at distant sites ({link_latency * 1000:g} ms one way; one all-reduce takes a "
-        f"step), each failing every {fail_mtbf:g} s for {fail_downtime:g} s on average",
+        title=title,
     )
-    typer.echo(interpretation(results))
+    typer.echo(story.headline)
     typer.echo(f"report: {page}")
     if as_json:
         print(json.dumps({**results, "report": str(page)}, sort_keys=True))

@@ -28,6 +28,8 @@ KINDS: dict[str, str] = {
     "rejected": "a contribution refused by the synchronizer: learner, fragment, reason",
     "down": "a learner stopped (failure or kill): learner",
     "up": "a learner started again and begins to join: learner",
+    "generation": "data-parallel: the workers that all-reduce together changed: members (learner ids; empty "
+    "while the job stalls), reason",
     # the synchronizer service
     "started": "a synchronizer shard started: shard, num_shards, versions",
     "restored": "a shard restored its checkpoint: seq, versions",

@@ -8,6 +8,14 @@ from ..records.rundir import RunRecord
 
 
 @dataclass(frozen=True)
+class Generation:
+    """From `t` on, `size` workers all-reduced together (0: the job stalled)."""
+
+    t: float
+    size: int
+
+
+@dataclass(frozen=True)
 class MergePoint:
     t: float
     fragment: int
@@ -64,3 +72,12 @@ def merges(record: RunRecord) -> list[MergePoint]:
                 admitted = e.get("admitted") or []
             out.append(MergePoint(record.event_time(e), e["fragment"], len(admitted)))
     return out
+
+
+def generations(record: RunRecord) -> list[Generation]:
+    """A data-parallel run's generations: how many workers all-reduced together from when on."""
+    return [
+        Generation(record.event_time(e), len(e["members"]))
+        for e in record.events
+        if e.get("kind") == "generation" and isinstance(e.get("members"), list)
+    ]

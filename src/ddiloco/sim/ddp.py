@@ -23,6 +23,7 @@ from .config import SimConfig
 from .ledger import WorkLedger
 
 Progress = Callable[[float, dict], None]
+Observer = Callable[[str, float, dict], None]
 
 
 class _Availability:
@@ -56,10 +57,14 @@ def _concat(batches: list[Batch]) -> Batch:
 
 
 class DataParallel:
-    def __init__(self, config: SimConfig, task: Task, progress: Progress | None = None) -> None:
+    def __init__(
+        self, config: SimConfig, task: Task, progress: Progress | None = None, observer: Observer | None = None
+    ) -> None:
         self.config = config
         self.task = task
         self.progress = progress
+        self.observe: Observer = observer or (lambda kind, t, details: None)
+        self.generation: tuple[int, ...] | None = None  # the members of the last logged generation
         self.elastic = config.method == "elastic-ddp"
         self.model = task.build_model(config.seed)
         self.optimizer = make_inner_optimizer(self.model, config.inner)
@@ -73,6 +78,22 @@ class DataParallel:
         # A ring all-reduce moves about twice the gradient's bytes through each link.
         self.step_bytes = 2 * numel * config.wire_bytes_per_param
         self.allreduce = config.link.transfer(self.step_bytes)
+
+    def _generation(self, members: tuple[int, ...], t: float, reason: str) -> None:
+        """Log a change of the workers that all-reduce together (as the runtime's generations)."""
+        if members != self.generation:
+            self.generation = members
+            self.observe("generation", t, {"members": list(members), "reason": reason})
+
+    def _outages_until(self, end: float) -> None:
+        """Log the failure trace's downs and ups before the run's end: the same outages as the DiLoCo
+        methods log, so every method's timeline shows them."""
+        for m, spans in self.avail.outages.items():
+            for down, up in spans:
+                if down < end:
+                    self.observe("down", down, {"learner": m})
+                    if up < end:
+                        self.observe("up", up, {"learner": m})
 
     def global_model(self) -> torch.nn.Module:
         return self.model
@@ -91,6 +112,7 @@ class DataParallel:
         while tokens < cfg.tokens:
             live = frozenset(m for m in everyone if self.avail.is_up(m, t))
             if not live or (not self.elastic and len(live) < cfg.learners):
+                self._generation((), t, "stalled: " + ("no worker is up" if not live else "a worker is down"))
                 resume = (
                     max(self.avail.back_at(m, t) for m in everyone)
                     if not self.elastic
@@ -105,6 +127,7 @@ class DataParallel:
                 members = None  # re-check membership after the pause
                 continue
             members = live
+            self._generation(tuple(sorted(live)), t, "formed")
             durations = {m: self.samplers[m]() for m in sorted(live)}
             end = t + max(durations.values()) + self.allreduce
             failure = min(self.avail.next_failure(m, t) for m in live)
@@ -125,6 +148,7 @@ class DataParallel:
             t = end
             if self.progress is not None:
                 self.progress(min(1.0, tokens / cfg.tokens), {"loss": loss, "time": t, "tokens": tokens})
+        self._outages_until(t)
         summary = self.ledger.summary(t)
         return {
             **summary,

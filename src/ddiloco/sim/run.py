@@ -33,14 +33,14 @@ def run_sim(
 ) -> dict:
     """Train `config` on the virtual clock; returns the summary of `ddiloco sim --json`.
 
-    `observer(kind, time, details)` hears the DiLoCo methods' events (down, up, join, merge, rejected; see
-    `ddiloco.records.events.KINDS`).
+    `observer(kind, time, details)` hears the run's events (the DiLoCo methods': down, up, join, merge,
+    rejected; the data-parallel ones': down, up, generation; see `ddiloco.records.events.KINDS`).
     """
     wall_start = time.perf_counter()
     torch.manual_seed(config.seed)
     task = task if task is not None else build_task(config)
     driver = (
-        DataParallel(config, task, progress)
+        DataParallel(config, task, progress, observer)
         if config.method in ("ddp", "elastic-ddp")
         else DecoupledCluster(config, task, progress, observer)
     )
