@@ -65,7 +65,7 @@ def invoke(*args: str):
         (["sim", "--model", "foo"], "foo"),
         (["demo", "--tokens", "5"], "--tokens"),
         (["demo", "--learners", "1"], "--learners"),
-        (["report", "/nonexistent-run"], "not a run directory"),
+        (["report", "/nonexistent-run"], "/nonexistent-run: no such directory"),
     ],
 )
 def test_bad_flag_values_are_refused_up_front(args, flag):
