@@ -226,6 +226,13 @@ MIN_BANDWIDTH = typer.Option(
     help="The slowest link a push or fetch may travel, MB/s: a bulk stream's deadline is rpc + bytes / this "
     "+ the failure timeout (default 10; ddiloco run --net-bandwidth B takes B / 2).",
 )
+ORPHAN_TIMEOUT = typer.Option(
+    600.0,
+    min=0.1,
+    max=1e6,
+    help="Seconds a learner trains on without an answer from its synchronizer before it ends (exit code 3, "
+    "its journal and inner state kept); it ends sooner after S x H steps alone (--max-staleness rounds).",
+)
 # The bounds of a run's budget, in tokens and in seconds.
 TOKENS_MIN, TOKENS_MAX = 1, 2**53
 DURATION_MIN, DURATION_MAX = 0.001, 1e7

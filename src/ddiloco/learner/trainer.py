@@ -25,6 +25,7 @@ from ..train.inner import InnerConfig, inner_step, lr_at, make_inner_optimizer, 
 from ..train.tasks import make_task
 from ..wire.protocol import state_checksum
 from .client import LearnerClient
+from .ending import DEFAULT_ORPHAN_TIMEOUT, Ending, RunFinished
 from .peerstate import snapshot
 from .state import BackgroundSaver, load_optimizer
 from .wan import WanSettings
@@ -52,6 +53,7 @@ class LearnerSettings:
     max_steps: int | None = None
     checkpoint_every: int = 24
     start_timeout: float = 120.0
+    orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT  # train on alone at most this long (and S x H steps): `ending`
     min_step_seconds: float = 0.0  # pad every step to this long: emulates a dedicated accelerator
     device: str = "auto"  # auto: cuda:LOCAL_RANK when CUDA is present, else cpu
     precision: str = "fp32"  # or bf16 (autocast; weights and optimizer state stay fp32)
@@ -102,7 +104,8 @@ def leave_process_group() -> None:
 
 
 def train(settings: LearnerSettings) -> dict:
-    """Train until the synchronizer says stop (or max_steps, or SIGTERM); returns the client's stats."""
+    """Train until the synchronizer says stop (or max_steps, or SIGTERM, or the learner ends on its own:
+    `ending`); returns the client's stats, whose "exit_code" is the one to exit with."""
     device = resolve_device(settings.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -131,6 +134,7 @@ def train(settings: LearnerSettings) -> dict:
         wan=settings.wan,
         journal_dir=str(state_dir) if state_dir else None,
         start_timeout=settings.start_timeout,
+        orphan_timeout=settings.orphan_timeout,
         optimizer=optimizer if settings.peer_recovery else None,  # empty at start: a live peer's state
     )
     stop = {"signal": False, "at": 0.0}
@@ -159,6 +163,9 @@ def train(settings: LearnerSettings) -> dict:
     try:
         try:
             position = client.start()
+        except RunFinished as exc:  # a learner (re)started after its run ended: nothing trained, nothing lost
+            client.ending = Ending(f"learner {settings.learner}: {exc}; nothing to train", 0)
+            return {**client.stats(), "rank": rank, "world": world, "params_sha": ""}
         except ConnectionError:
             if stop["signal"]:  # told to stop before it could join: nothing trained, nothing lost
                 log.info("learner %d stopped before joining", settings.learner)

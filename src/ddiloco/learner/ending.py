@@ -1,0 +1,102 @@
+"""How a learner ends without its synchronizer: the bound on the work it does alone, a run it finds
+finished, and the exit code that tells a scheduler not to start it again.
+
+A learner cut off from a shard (no answer from it for longer than the failure timeout, after which
+the shard declares it gone) trains on: a partition may heal, and work that comes back within the
+staleness bound is still merged. Past that bound it is refused (more than S versions late), so the
+learner trains on alone for at most S rounds' worth of steps (S x H) or `orphan_timeout` seconds,
+whichever comes first, then ends with EXIT_ORPHANED. Without this bound a learner cut off across the
+end of a run trained alone until someone killed it (issue 46: ten minutes, 17x the run's budget).
+
+A learner that finds the run finished (the shard's mark beside its address file, `wire.runend`, or
+a registration reply that says so) ends at once: 0 when the shard's books count its work up to its
+data position, EXIT_ORPHANED when it trained past what was counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..wire import runend
+
+EXIT_ORPHANED = 3  # ended without its synchronizer; its work is on disk; do not restart it for this run
+DEFAULT_ORPHAN_TIMEOUT = 600.0  # seconds a learner trains on alone at most (`--orphan-timeout`)
+
+
+class RunFinished(ConnectionError):
+    """A shard's run is over (its mark, or its reply): there is nothing left to register with."""
+
+    def __init__(self, message: str, mark: Mapping[str, object]) -> None:
+        super().__init__(message)
+        self.mark = dict(mark)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Why a learner stopped on its own, and the exit code it should end with."""
+
+    reason: str
+    code: int
+
+    def as_dict(self) -> dict:
+        return {"ended": self.reason, "exit_code": self.code}
+
+
+def kept_in(where: str | None) -> str:
+    return f"its journal and inner state are kept in {where}" if where else "it has no --state-dir to keep them in"
+
+
+class EndWatch:
+    """Rank 0's judge, asked at every step boundary (and while a blocking sync waits)."""
+
+    def __init__(self, learner: int, orphan_timeout: float, solo_steps: int, failure: float, where: str | None):
+        """`solo_steps`: S x H, the steps whose work can still be merged after the last answer."""
+        self.learner = learner
+        self.orphan_timeout = orphan_timeout
+        self.solo_steps = solo_steps
+        self.failure = failure
+        self.where = where
+        self.contact_step = 0  # the learner's step at the last boundary with every shard answering
+        self.finished: dict[int, dict] = {}  # shard -> its mark (or what its reply said)
+        self.gave_up: dict[int, str] = {}  # shard -> why its link stopped registering (the orphan bound)
+        self.ending: Ending | None = None
+
+    def lost(self, contact: float, now: float) -> bool:
+        """No answer from some shard for longer than the failure timeout (`contact`: the oldest last answer)."""
+        return now - contact > self.failure
+
+    def check(self, step: int, position: int, contact: float, address: str) -> Ending | None:
+        """The ending, once there is one: a finished run, or the orphan bound passed."""
+        if self.ending is not None:
+            return self.ending
+        if self.finished:
+            self.ending = self._finished(position)
+            return self.ending
+        now = time.monotonic()
+        if not self.lost(contact, now) and not self.gave_up:
+            self.contact_step = step
+            return None
+        alone, solo = now - contact, step - self.contact_step
+        since = time.strftime("%H:%M:%S", time.localtime(time.time() - alone))
+        head = f"learner {self.learner}: lost its synchronizer {address} at {since}"
+        if alone >= self.orphan_timeout or self.gave_up:
+            why = f"for {alone:.0f} s (orphan timeout {self.orphan_timeout:g} s)"
+        elif solo >= self.solo_steps:
+            why = f"and trained {solo} steps alone, the staleness bound (S x H = {self.solo_steps} steps)"
+        else:
+            return None
+        self.ending = Ending(f"{head} {why}; {kept_in(self.where)}", EXIT_ORPHANED)
+        return self.ending
+
+    def _finished(self, position: int) -> Ending:
+        counted = min(runend.counted_position(mark, self.learner) for mark in self.finished.values())
+        shards = ", ".join(str(s) for s in sorted(self.finished))
+        head = f"learner {self.learner}: the run is finished (shard {shards})"
+        if counted >= position:
+            return Ending(f"{head}; its work up to data position {position} was counted", 0)
+        return Ending(
+            f"{head}; its work past data position {counted} (to {position}) was not merged; {kept_in(self.where)}",
+            EXIT_ORPHANED,
+        )
