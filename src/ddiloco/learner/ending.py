@@ -3,10 +3,13 @@ finished, and the exit code that tells a scheduler not to start it again.
 
 A learner cut off from a shard (no answer from it for longer than the failure timeout, after which
 the shard declares it gone) trains on: a partition may heal, and work that comes back within the
-staleness bound is still merged. Past that bound it is refused (more than S versions late), so the
-learner trains on alone for at most S rounds' worth of steps (S x H) or `orphan_timeout` seconds,
-whichever comes first, then ends with EXIT_ORPHANED. Without this bound a learner cut off across the
-end of a run trained alone until someone killed it (issue 46: ten minutes, 17x the run's budget).
+staleness bound is still merged. Past S rounds' worth of steps alone (S x H) its work would be
+refused (more than S versions late), so it stops training there and only waits for its synchronizer;
+`orphan_timeout` seconds after the shard's last answer it ends with EXIT_ORPHANED. It waits rather
+than ends at S x H because a synchronizer restarted from its checkpoint (a crash, a requeued job) is
+back within seconds, when S x H steps of a small model take less than one: the learner then resyncs
+and trains on. Without these bounds a learner cut off across the end of a run trained alone until
+someone killed it (issue 46: ten minutes, 17x the run's budget).
 
 A learner that finds the run finished (the shard's mark beside its address file, `wire.runend`, or
 a registration reply that says so) ends at once: 0 when the shard's books count its work up to its
@@ -68,7 +71,7 @@ class EndWatch:
         return now - contact > self.failure
 
     def check(self, step: int, position: int, contact: float, address: str) -> Ending | None:
-        """The ending, once there is one: a finished run, or the orphan bound passed."""
+        """The ending, once there is one: a finished run, or the orphan timeout passed."""
         if self.ending is not None:
             return self.ending
         if self.finished:
@@ -78,17 +81,22 @@ class EndWatch:
         if not self.lost(contact, now) and not self.gave_up:
             self.contact_step = step
             return None
-        alone, solo = now - contact, step - self.contact_step
-        since = time.strftime("%H:%M:%S", time.localtime(time.time() - alone))
-        head = f"learner {self.learner}: lost its synchronizer {address} at {since}"
-        if alone >= self.orphan_timeout or self.gave_up:
-            why = f"for {alone:.0f} s (orphan timeout {self.orphan_timeout:g} s)"
-        elif solo >= self.solo_steps:
-            why = f"and trained {solo} steps alone, the staleness bound (S x H = {self.solo_steps} steps)"
-        else:
+        alone = now - contact
+        if alone < self.orphan_timeout and not self.gave_up:
             return None
-        self.ending = Ending(f"{head} {why}; {kept_in(self.where)}", EXIT_ORPHANED)
+        since = time.strftime("%H:%M:%S", time.localtime(time.time() - alone))
+        self.ending = Ending(
+            f"learner {self.learner}: lost its synchronizer {address} at {since} for {alone:.0f} s "
+            f"(orphan timeout {self.orphan_timeout:g} s), after {step - self.contact_step} steps alone "
+            f"(at most S x H = {self.solo_steps}); {kept_in(self.where)}",
+            EXIT_ORPHANED,
+        )
         return self.ending
+
+    def idle(self, step: int, contact: float) -> bool:
+        """S x H steps alone: more would be refused as stale, so the learner waits without training
+        (`check` still ends it at the orphan timeout)."""
+        return self.lost(contact, time.monotonic()) and step - self.contact_step >= self.solo_steps
 
     def _finished(self, position: int) -> Ending:
         counted = min(runend.counted_position(mark, self.learner) for mark in self.finished.values())

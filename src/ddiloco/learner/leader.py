@@ -101,8 +101,24 @@ class LeaderSide:
         `stopping` turns true, so the training loop (every rank's) leaves at this boundary."""
         if self.watch is None or self.ending is not None:
             return
+        watch = self.watch
         oldest = min(self.links, key=lambda link: link.contact)
-        ending = self.watch.check(self.steps, self.position, oldest.contact, oldest.address)
+        ending = watch.check(self.steps, self.position, oldest.contact, oldest.address)
+        if ending is None and watch.idle(self.steps, oldest.contact):
+            log.warning(
+                "learner %d: %d steps alone, S x H: more would be refused as stale; it waits for synchronizer "
+                "%s without training, at most %.0f s more (--orphan-timeout)",
+                self.learner,
+                self.steps - watch.contact_step,
+                oldest.address,
+                oldest.orphan_deadline() - time.monotonic(),
+            )
+            while ending is None and watch.idle(self.steps, oldest.contact):  # bounded by the orphan timeout
+                self._drain(wait=self.timeouts.heartbeat)
+                oldest = min(self.links, key=lambda link: link.contact)
+                ending = watch.check(self.steps, self.position, oldest.contact, oldest.address)
+            if ending is None:
+                log.info("learner %d: synchronizer %s answers again; training on", self.learner, oldest.address)
         if ending is not None:
             self.ending = ending
             log.log(logging.ERROR if ending.code else logging.WARNING, "%s", ending.reason)
