@@ -91,8 +91,8 @@ def learner(
     """Train until the synchronizer says the run is over; communication never blocks the training loop.
 
     Exit codes: 0 the run ended (or this learner's work is all counted), 2 no synchronizer at start or
-    a refusal, 3 ended without its synchronizer (cut off past --orphan-timeout or S x H steps, or the
-    run finished with its last work unmerged; its journal and inner state are kept)."""
+    a refusal, 3 ended without its synchronizer (no answer for --orphan-timeout seconds, or the run
+    finished with its last work unmerged; its journal and inner state are kept)."""
 
     from ..learner.addresses import check_spec
     from ..learner.link import SynchronizerError

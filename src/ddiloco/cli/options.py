@@ -11,6 +11,7 @@ import enum
 import typer
 
 from ..core.config import AlgorithmConfig
+from ..learner.ending import DEFAULT_ORPHAN_TIMEOUT
 
 _D = AlgorithmConfig()
 
@@ -227,11 +228,11 @@ MIN_BANDWIDTH = typer.Option(
     "+ the failure timeout (default 10; ddiloco run --net-bandwidth B takes B / 2).",
 )
 ORPHAN_TIMEOUT = typer.Option(
-    600.0,
+    DEFAULT_ORPHAN_TIMEOUT,
     min=0.1,
     max=1e6,
-    help="Seconds a learner trains on without an answer from its synchronizer before it ends (exit code 3, "
-    "its journal and inner state kept); it ends sooner after S x H steps alone (--max-staleness rounds).",
+    help="Seconds a learner goes on without an answer from its synchronizer before it ends (exit code 3, its "
+    "journal and inner state kept); after S x H steps alone (--max-staleness rounds) it only waits, untrained.",
 )
 # The bounds of a run's budget, in tokens and in seconds.
 TOKENS_MIN, TOKENS_MAX = 1, 2**53
