@@ -18,10 +18,14 @@ data position, EXIT_ORPHANED when it trained past what was counted.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
+from ..records.atomic import atomic_write
 from ..wire import runend
 
 EXIT_ORPHANED = 3  # ended without its synchronizer; its work is on disk; do not restart it for this run
@@ -45,6 +49,29 @@ class Ending:
 
     def as_dict(self) -> dict:
         return {"ended": self.reason, "exit_code": self.code}
+
+
+MARK = "ended.json"  # in the state dir: this learner ended without its synchronizer (code 3)
+
+
+def mark_ended(state_dir: Path, ending: Ending) -> None:
+    """Leave the ending beside the journal: a scheduler's restart of this learner reads it (`restarted_after`)."""
+    atomic_write(state_dir / MARK, json.dumps({**ending.as_dict(), "wall": time.time()}).encode())
+
+
+def clear_mark(state_dir: Path) -> None:
+    """A learner that joined its run again is no longer ended."""
+    (state_dir / MARK).unlink(missing_ok=True)
+
+
+def restarted_after(state_dir: Path | None) -> Ending | None:
+    """A torchrun restart of a group whose learner ended without its synchronizer (exit 3 is a failure
+    to torchrun, which starts the group again up to --max-restarts times): it ends at once, 0."""
+    if state_dir is None or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") in ("", "0"):
+        return None
+    if not (state_dir / MARK).is_file():
+        return None
+    return Ending(f"ended before without its synchronizer ({state_dir / MARK}); not started again by torchrun", 0)
 
 
 def kept_in(where: str | None) -> str:
