@@ -29,10 +29,26 @@ def names(learners: int, shards: int) -> list[str]:
 
 
 class Cluster:
-    """`shards` synchronizer shards and `learners` learners; the run ends after `duration` seconds."""
+    """`shards` synchronizer shards and `learners` learners; the run ends after `duration` seconds (or
+    `tokens` trained). `by_file`: learners connect with @FILE (the shards' address files, where a
+    finished shard leaves its mark); `sync_args`, `learner_args`: more flags for every shard, learner."""
 
-    def __init__(self, net, tmp: Path, data: str, *, learners: int = 2, shards: int = 1, duration: float = 40) -> None:
+    def __init__(
+        self,
+        net,
+        tmp: Path,
+        data: str,
+        *,
+        learners: int = 2,
+        shards: int = 1,
+        duration: float = 40,
+        tokens: int | None = None,
+        by_file: bool = False,
+        sync_args: tuple[str, ...] = (),
+        learner_args: tuple[str, ...] = (),
+    ) -> None:
         self.net, self.tmp, self.learners, self.shards = net, tmp, learners, shards
+        budget = ("--tokens", str(tokens)) if tokens is not None else ("--duration", str(duration))
         env = {**os.environ, "DDILOCO_TOKEN": TOKEN}
         self.sync: list[subprocess.Popen] = []
         for s in range(shards):
@@ -43,7 +59,7 @@ class Cluster:
                 *("--host", net.address(f"sync{s}"), "--port", "0", "--address-file", str(d / "address")),
                 *model_args(data, learners),
                 *("--fragments", "4", "--sync-every", str(SYNC_EVERY), "--overlap", "2", "--quorum", str(learners)),
-                *("--grace", str(GRACE), "--heartbeat", str(HEARTBEAT), "--duration", str(duration)),
+                *("--grace", str(GRACE), "--heartbeat", str(HEARTBEAT), *budget, *sync_args),
                 *("--shard", str(s), "--num-shards", str(shards), "--max-learners", str(learners)),
                 *("--checkpoint-dir", str(d), "--event-log", str(d / "events.jsonl")),
                 *("--summary", str(d / "summary.json")),
@@ -51,6 +67,8 @@ class Cluster:
             with open(d / "stderr.log", "wb") as err:
                 self.sync.append(net.popen(f"sync{s}", cmd, env=env, stdout=err, stderr=err))
         addresses = [self._address(s) for s in range(shards)]
+        if by_file:
+            addresses = [f"@{self.sync_dir(s) / 'address'}" for s in range(shards)]
         self.learner_procs: list[subprocess.Popen] = []
         for m in range(learners):
             d = tmp / f"learner-{m}"
@@ -60,7 +78,7 @@ class Cluster:
                 *("--connect", ",".join(addresses), "--id", str(m)),
                 *model_args(data, learners),
                 *("--batch-size", "4", "--threads", "1", "--state-dir", str(d)),
-                *("--min-step-seconds", str(STEP_S), "--log-level", "info"),
+                *("--min-step-seconds", str(STEP_S), "--log-level", "info", *learner_args),
             )
             with open(d / "stderr.log", "wb") as err:
                 self.learner_procs.append(net.popen(f"learner{m}", cmd, env=env, stdout=err, stderr=err))

@@ -251,3 +251,42 @@ def test_a_value_rank_0_takes_while_finishing_reaches_every_rank(tmp_path, shake
     leader = ranks[0]
     assert leader["after"][0] > leader["before"][0], f"no value arrived inside finish(): {leader}"
     assert ranks[0]["digest"] == ranks[1]["digest"], "the ranks left with different models"
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.skipif(not TORCHRUN.exists() and shutil.which("torchrun") is None, reason="torchrun not installed")
+def test_the_ranks_of_a_learner_whose_synchronizer_is_killed_end_together_with_exit_code_3(
+    procs, tmp_path, shakespeare
+):
+    """Issue 46: rank 0 finds the orphan timeout passed; every rank leaves the loop at the same step and
+    ends with the same reason and code (torchrun, given no restarts, then ends too)."""
+    from ddiloco.learner.ending import EXIT_ORPHANED
+
+    from ..support.processes import journals, status
+    from ..support.runtime import wait_for
+
+    sync, address = start_synchronizer(procs, tmp_path, shakespeare, 1, 0, "--max-staleness", "1000")
+    d = tmp_path / "learner-0"
+    d.mkdir()
+    torchrun = str(TORCHRUN) if TORCHRUN.exists() else shutil.which("torchrun")
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", "-m", "ddiloco", "learner"]
+    cmd += ["--connect", address, "--id", "0", *model_args(shakespeare, 1), "--batch-size", "4", "--threads", "1"]
+    cmd += ["--state-dir", str(d), "--min-step-seconds", "0.03", "--orphan-timeout", "4", "--json"]
+    group = procs.start("torchrun", cmd, d / "stderr.log", d / "stdout.log")
+    wait_for(
+        lambda: status(address).get("books", {}).get("0", {}).get("contributions", 0) >= 2,
+        120,
+        message="the torchrun learner to contribute",
+    )
+    procs.kill_tree(sync)  # kill -9, never restarted
+    (code,) = wait_exit([group], 120)
+    assert code is not None and code != 0, (d / "stderr.log").read_text()[-3000:]
+    stats = [json.loads(line) for line in (d / "stdout.log").read_text().splitlines() if line.startswith("{")]
+    by_rank = {s["rank"]: s for s in stats}
+    assert set(by_rank) == {0, 1}, stats
+    assert {s["exit_code"] for s in stats} == {EXIT_ORPHANED}
+    assert by_rank[0]["ended"] == by_rank[1]["ended"] and "orphan timeout" in by_rank[0]["ended"]
+    assert by_rank[0]["steps"] == by_rank[1]["steps"]  # they left the loop at the same step
+    (journal,) = journals(tmp_path, 0)  # rank 0's, kept
+    assert journal["state"] == "orphaned"
+    assert f"exitcode  : {EXIT_ORPHANED}" in (d / "stderr.log").read_text()  # torchrun's report of the ranks

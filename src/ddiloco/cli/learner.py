@@ -55,6 +55,7 @@ def learner(
         max=1e6,
         help="Give up (exit code 2) when no synchronizer answers within this many seconds at start.",
     ),
+    orphan_timeout: float = options.ORPHAN_TIMEOUT,
     device: str = typer.Option(
         "auto",
         "--device",
@@ -87,7 +88,11 @@ def learner(
     as_json: bool = typer.Option(False, "--json", help="End with one JSON line of this learner's stats."),
     log_level: options.LogLevel = options.LOG_LEVEL,
 ) -> None:
-    """Train until the synchronizer says the run is over; communication never blocks the training loop."""
+    """Train until the synchronizer says the run is over; communication never blocks the training loop.
+
+    Exit codes: 0 the run ended (or this learner's work is all counted), 2 no synchronizer at start or
+    a refusal, 3 ended without its synchronizer (no answer for --orphan-timeout seconds, or the run
+    finished with its last work unmerged; its journal and inner state are kept)."""
 
     from ..learner.addresses import check_spec
     from ..learner.link import SynchronizerError
@@ -123,6 +128,7 @@ def learner(
             checkpoint_every=save_state_every,
             min_step_seconds=min_step_seconds * step_slowdown(learner_id),  # mixed hardware, emulated
             start_timeout=connect_timeout,
+            orphan_timeout=orphan_timeout,
             device=device,
             precision=options.plain(precision)[0],
             term_grace=term_grace,
@@ -146,4 +152,9 @@ def learner(
     if as_json:  # one write per line: the ranks of a torchrun group share this file
         sys.stdout.flush()
         os.write(sys.stdout.fileno(), (json.dumps(stats) + "\n").encode())
+    code = int(stats.get("exit_code") or 0)
+    if stats.get("ended") and stats.get("rank", 0) == 0:  # one line, why it stopped on its own
+        typer.echo(("error: " if code else "") + str(stats["ended"]), err=True)
     leave_process_group()
+    if code:  # 3 (`ending.EXIT_ORPHANED`): ended without its synchronizer; a scheduler must not restart it
+        sys.exit(code)

@@ -11,6 +11,7 @@ import enum
 import typer
 
 from ..core.config import AlgorithmConfig
+from ..learner.ending import DEFAULT_ORPHAN_TIMEOUT
 
 _D = AlgorithmConfig()
 
@@ -225,6 +226,13 @@ MIN_BANDWIDTH = typer.Option(
     max=1e6,
     help="The slowest link a push or fetch may travel, MB/s: a bulk stream's deadline is rpc + bytes / this "
     "+ the failure timeout (default 10; ddiloco run --net-bandwidth B takes B / 2).",
+)
+ORPHAN_TIMEOUT = typer.Option(
+    DEFAULT_ORPHAN_TIMEOUT,
+    min=0.1,
+    max=1e6,
+    help="Seconds a learner goes on without an answer from its synchronizer before it ends (exit code 3, its "
+    "journal and inner state kept); after S x H steps alone (--max-staleness rounds) it only waits, untrained.",
 )
 # The bounds of a run's budget, in tokens and in seconds.
 TOKENS_MIN, TOKENS_MAX = 1, 2**53

@@ -165,6 +165,7 @@ def run(
     peer_recovery: bool = typer.Option(
         True, help="A learner restarted without its inner optimizer state copies a live learner's (docs/cluster.md)."
     ),
+    orphan_timeout: float = options.ORPHAN_TIMEOUT,
     learner_state: options.LearnerState = typer.Option(
         "shared",
         help="slurm: where a learner keeps its inner "
@@ -331,6 +332,7 @@ def run(
             eval_every=eval_every,
             token=auth.resolve_token(token),
             peer_recovery=peer_recovery,
+            orphan_timeout=orphan_timeout,
             chaos=chaos,
         )
         try:

@@ -153,7 +153,7 @@ def synchronizer(
     from ..synchronizer.heap import return_freed_memory
     from ..synchronizer.server import SynchronizerServer, build_service
     from ..synchronizer.settings import ServiceSettings
-    from ..wire import auth
+    from ..wire import auth, runend
     from ..wire.timeouts import Timeouts
 
     codec_down_name = options.CodecDown(codec_down).value
@@ -244,6 +244,7 @@ def synchronizer(
             server.stop()
             raise typer.BadParameter(str(exc), param_hint="--dashboard-host/--dashboard-port") from None
     if address_file is not None:
+        runend.marker_path(address_file).unlink(missing_ok=True)  # a shard that starts: the run is not over
         atomic_write(address_file, address.encode())
     print(f"synchronizer shard {shard}/{num_shards} listening on {address}", flush=True)
     if board is not None:
@@ -273,6 +274,11 @@ def synchronizer(
             atomic_write(summary, json.dumps(status, indent=1, sort_keys=True).encode())
         except OSError as exc:
             failed = failed or f"the summary could not be written: {exc}"
+    if address_file is not None and status["finished"]:  # learners cut off across the end stop at once
+        try:
+            atomic_write(runend.marker_path(address_file), runend.encode(status))
+        except OSError as exc:
+            failed = failed or f"the run's end could not be marked beside {address_file}: {exc}"
     if failed:
         logging.getLogger(__name__).error(failed)
         sys.exit(1)

@@ -48,7 +48,7 @@ shard() {  # shard S PORT: run it, publish its address once it listens, restart 
     local s=$1 port=$2 stopping=0 pid=0 rc=0 published="$DDILOCO_RUN/sync-$1/address"
     trap 'stopping=1; [ "$pid" != 0 ] && kill -TERM "$pid" 2>/dev/null' TERM INT
     for attempt in $(seq 0 "$MAX_RESTARTS"); do
-        rm -f "$STATE/address-$s"
+        rm -f "$STATE/address-$s" "$published.finished"
         start_shard "$s" &
         pid=$!
         for _ in $(seq 1200); do  # bounded: 10 minutes to listen
@@ -61,6 +61,10 @@ shard() {  # shard S PORT: run it, publish its address once it listens, restart 
         fi
         wait "$pid"; rc=$?
         while kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done  # a trapped signal interrupts wait
+        if [ "$rc" = 0 ] && [ -s "$STATE/address-$s.finished" ]; then  # the run's end, for learners (wire.runend)
+            cp -f "$STATE/address-$s.finished" "$published.finished.tmp-$$" && mv -f "$published.finished.tmp-$$" \\
+                "$published.finished"
+        fi
         [ "$stopping" = 1 ] && return "$rc"
         [ "$rc" = 0 ] && return 0
         echo "synchronizer shard $s exited with $rc; restart $((attempt + 1)) from its checkpoint on port $port" >&2
@@ -105,6 +109,11 @@ def learner(m: int, files: list[str], command: str, address_wait: int) -> str:
         + f'    for _ in $(seq {address_wait}); do [ -s "$f" ] && break; sleep 1; done\n'
         + '    [ -s "$f" ] || { echo "no synchronizer address in $f" >&2; exit 1; }\n'
         + "done\n"
+        # a learner that ended without its synchronizer (exit 3, `learner.ending`) is not started again:
+        # job_recovery would otherwise restart it up to --max-restarts times; 0 ends the managed job
+        + f'if [ -s "$DDILOCO_RUN/learner-{m}/ended.json" ]; then\n'
+        + f'    echo "learner {m} ended without its synchronizer: not started again" >&2; exit 0\n'
+        + "fi\n"
         + f"exec {command}\n"
     )
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..chaos.injector import ChaosSettings
 from ..core.config import AlgorithmConfig
+from ..learner.ending import DEFAULT_ORPHAN_TIMEOUT
 from ..wire.framing import DEFAULT_CHUNK_BYTES
 from ..wire.timeouts import Timeouts
 
@@ -56,6 +57,7 @@ class RunConfig:
     min_step_seconds: float = 0.0
     token: str | None = None
     peer_recovery: bool = True
+    orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT  # a learner alone this long ends (`learner.ending`)
     sync_hosts: tuple[str, ...] = ()  # the address each shard listens on (--network hosts); none: 127.0.0.1
     chaos: ChaosSettings = field(default_factory=ChaosSettings)
 
@@ -206,6 +208,8 @@ class RunConfig:
             str(self.threads),
             "--save-state-every",
             str(self.sync_every),
+            "--orphan-timeout",
+            f"{self.orphan_timeout:g}",
         ]
         if self.min_step_seconds > 0:
             args += ["--min-step-seconds", str(self.min_step_seconds)]

@@ -6,6 +6,7 @@ leader      rank 0's side of the client's step boundary: the links' events in, t
 link        one background connection per synchronizer shard: register, heartbeat, push, subscribe
 outbound    a link's sending threads: the pusher and the heartbeater
 joining     the shards' registration replies checked, the global parameters awaited
+ending      when a learner stops on its own: a finished run, or cut off past the orphan bound (exit code 3)
 fanout      in a torch.distributed learner, rank 0 talks; replicated or FSDP2-sharded ranks follow
 journal     the learner's record of what it trained and sent, for the run's token accounting
 state       the learner's own inner-optimizer state on disk, saved in the background

@@ -46,6 +46,7 @@ from ..wire.protocol import signature
 from ..wire.timeouts import Timeouts
 from . import addresses as addresses_
 from . import peerstate, reporting
+from .ending import DEFAULT_ORPHAN_TIMEOUT, Ending, EndWatch, RunFinished
 from .fanout import RankFanout, active_group_size
 from .joining import await_global, check_replies, make_core, register_fresh
 from .journal import Journal
@@ -76,6 +77,7 @@ class LearnerClient(LeaderSide):
         timeouts: Timeouts | None = None,
         process_group=None,
         start_timeout: float = 120.0,
+        orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT,
         report_every: float = 30.0,
         optimizer: torch.optim.Optimizer | None = None,
         base_device: str = "cpu",
@@ -84,7 +86,9 @@ class LearnerClient(LeaderSide):
         (`ddiloco.log_to_stderr()` shows them). `optimizer`: the inner optimizer, for peer recovery:
         if it holds no state at `start()` (a new machine) it takes a live learner's, and it donates
         its own when another learner joins empty (`peerstate`). `wan`: an emulated link (`learner.wan`).
-        `base_device`: where the fp32 copy of the global parameters lives (host: the model once on the GPU)."""
+        `base_device`: where the fp32 copy of the global parameters lives (host: the model once on the GPU).
+        `orphan_timeout`: seconds this learner trains on without an answer from a shard before it ends
+        (`stopping` turns true, `ending` says why; at most S x H steps alone in any case: `ending`)."""
         from ..wire import quant
 
         quant.get(codec)  # validate early
@@ -99,6 +103,8 @@ class LearnerClient(LeaderSide):
         self.codec = codec
         self.timeouts = timeouts or Timeouts()
         self.start_timeout = start_timeout
+        if not 0 < orphan_timeout < float("inf"):
+            raise ValueError(f"orphan_timeout must be a positive number of seconds, got {orphan_timeout}")
         self.report_every = float(report_every)
         self.optimizer = optimizer
         self.recovered: dict | None = None  # what peer recovery brought: donor, step, checksum
@@ -122,6 +128,7 @@ class LearnerClient(LeaderSide):
             net_delay=net_delay,
             wan=WanLink(wan),
             pin_memory=any(t.is_cuda for t in self.params.values()),
+            orphan_timeout=float(orphan_timeout),
         )
         self.base_device = str(torch.device(base_device))
         self.links: list[ShardLink] = []
@@ -138,6 +145,8 @@ class LearnerClient(LeaderSide):
         self._span_start: list[float] = []
         self._stop, self._progress = False, 0.0
         self._fatal: str | None = None
+        self.watch: EndWatch | None = None
+        self.ending: Ending | None = None  # why this learner stopped on its own (`ending`), if it did
         self._last_boundary = 0.0
         self.state = "new"
         self.started_wall = time.time()
@@ -152,15 +161,24 @@ class LearnerClient(LeaderSide):
     # --- start ----------------------------------------------------------------------------------
     def start(self) -> int:
         """Register with every shard, take the global parameters; returns the data position to resume at."""
-        position = self._start_leader() if self.is_leader else 0
+        position, finished = 0, None
+        try:
+            position = self._start_leader() if self.is_leader else 0
+        except RunFinished as exc:
+            if self.fanout is None:
+                raise
+            finished = str(exc)  # every rank learns it, and leaves together
         if self.fanout is not None:
             shared = {
                 "names": self.names,
                 "blocking": self._blocking,
                 "position": position,
                 "recovered": self.recovered,
+                "finished": finished,
             }
             shared = json.loads(self.fanout.share_bytes(json.dumps(shared).encode() if self.is_leader else None))
+            if shared["finished"] is not None:
+                raise RunFinished(shared["finished"], {"books": {}})
             self.recovered = shared["recovered"]
             self.names, self._blocking, position = shared["names"], bool(shared["blocking"]), int(shared["position"])
             self.fanout.push([n for names in self.names for n in names])
@@ -178,7 +196,13 @@ class LearnerClient(LeaderSide):
         self.links = [ShardLink(i, a, self.ctx, self.timeouts) for i, a in enumerate(self.addresses)]
         replies = register_fresh(self.links, self.ctx, self.params, self.fanout, deadline)
         plan, self.config, self.owner = check_replies(self.addresses, replies, self.params)
+        for i, reply in enumerate(replies):
+            if reply.get("finished") is True:  # a shard that is done and drained: nothing to train for
+                raise RunFinished(f"synchronizer {self.links[i].address} has finished the run", {"books": {}})
         self.timeouts = self.links[0].timeouts
+        where = str(self.journal.path.parent) if self.journal is not None else None
+        solo = self.config.max_staleness * self.config.sync_every  # S rounds' worth of steps
+        self.watch = EndWatch(self.learner, self.ctx.orphan_timeout, solo, self.timeouts.failure, where)
         self.names = [list(n) for n in plan.names]
         self._blocking = self.config.overlap == 0
         self.overlap = OverlapChooser(self.config.overlap, self.config.sync_every, self.config.overlap_auto)
@@ -289,7 +313,9 @@ class LearnerClient(LeaderSide):
     # --- state ----------------------------------------------------------------------------------
     @property
     def stopping(self) -> bool:
-        """The synchronizer asked the run to stop (token budget or duration reached)."""
+        """The synchronizer asked the run to stop (token budget or duration reached), or this learner
+        must end on its own: the run is over, or it has been cut off past the orphan bound (`ending`
+        says why; `finish()` then returns at once)."""
         return self._stop
 
     @property
@@ -319,6 +345,9 @@ class LearnerClient(LeaderSide):
         if started and self.fanout is not None:
             applied = self.fanout.share_step(applied, [], self._stop, self._progress, len(self.names))[0]
             self.fanout.push(self._names_of(applied))
+            ending = self.ending.as_dict() if self.ending is not None else None  # every rank ends alike
+            shared = json.loads(self.fanout.share_bytes(json.dumps(ending).encode() if self.is_leader else None))
+            self.ending = Ending(shared["ended"], int(shared["exit_code"])) if shared else None
         if self.state == "finishing":  # a rank other than 0, or a leader that never started
             self.state = "done"
         return self.stats()
@@ -333,7 +362,7 @@ class LearnerClient(LeaderSide):
         for link in self.links:
             link.close()
         if self.journal is not None:
-            self.state = "done"
+            self.state = "orphaned" if self.ending is not None and self.ending.code else "done"
             reporting.write_journal(self)
             self.journal.close()
         self.state = "closed"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, cast
 
 from ..core import Contribution, Decline
 from . import peerstate
+from .ending import Ending, EndWatch
 from .joining import resync
 from .link import SynchronizerError
 
@@ -52,6 +53,9 @@ class LeaderSide:
     _stop: bool
     _progress: float
     _fatal: str | None
+    watch: EndWatch | None  # made by `start`: when this learner ends on its own (`ending`)
+    ending: Ending | None
+    steps: int
     tokens: int
     position: int
     counted_position: int
@@ -62,6 +66,7 @@ class LeaderSide:
         if self._fatal:
             raise SynchronizerError(self._fatal)
         self._drain()
+        self._check_end()
         core = cast("LearnerCore", self.core)  # made by `start`
         applied = core.begin_step(tokens, seconds)
         if self.overlap is not None:  # tau from the slowest link (`overlap`); fixed unless --overlap auto
@@ -79,6 +84,7 @@ class LeaderSide:
         before = list(core.versions)
         while core.must_wait() and not self.ctx.stop_requested.is_set():
             self._drain(wait=self.timeouts.heartbeat)
+            self._check_end()  # a blocking sync waits for no shard past the orphan bound
             core.apply_arrivals()
             self._send(core.collect(), [])
             if self._fatal:
@@ -89,6 +95,39 @@ class LeaderSide:
         applied = [p for p in range(len(before)) if core.versions[p] != before[p]]
         self._mark_spans(applied)
         return applied
+
+    def _check_end(self) -> None:
+        """End on our own once the run is found finished or the orphan bound is passed (`ending`):
+        `stopping` turns true, so the training loop (every rank's) leaves at this boundary."""
+        if self.watch is None or self.ending is not None:
+            return
+        watch = self.watch
+        oldest = min(self.links, key=lambda link: link.contact)
+        ending = watch.check(self.steps, self.position, oldest.contact, oldest.address)
+        if ending is None and watch.idle(self.steps, oldest.contact):
+            log.warning(
+                "learner %d: %d steps alone, S x H: more would be refused as stale; it waits for synchronizer "
+                "%s without training, at most %.0f s more (--orphan-timeout)",
+                self.learner,
+                self.steps - watch.contact_step,
+                oldest.address,
+                oldest.orphan_deadline() - time.monotonic(),
+            )
+            while ending is None and watch.idle(self.steps, oldest.contact):  # bounded by the orphan timeout
+                self._drain(wait=self.timeouts.heartbeat)
+                oldest = min(self.links, key=lambda link: link.contact)
+                ending = watch.check(self.steps, self.position, oldest.contact, oldest.address)
+            if ending is None:
+                log.info("learner %d: synchronizer %s answers again; training on", self.learner, oldest.address)
+        if ending is not None:
+            self.ending = ending
+            log.log(logging.ERROR if ending.code else logging.WARNING, "%s", ending.reason)
+            self.ctx.stop_requested.set()
+
+    def _cut_off(self) -> bool:
+        """Some shard has not answered for longer than the failure timeout: waiting on it is in vain."""
+        oldest = min((link.contact for link in self.links), default=time.monotonic())
+        return self.watch is not None and self.watch.lost(oldest, time.monotonic())
 
     def _mark_spans(self, applied: list[int]) -> None:
         wall = time.time()
@@ -134,6 +173,10 @@ class LeaderSide:
             resync(core, event[1], event[2], self._force, event[3])
         elif kind == "fatal":
             self._fatal = event[2]
+        elif kind == "finished" and self.watch is not None:
+            self.watch.finished[event[1]] = event[2]
+        elif kind == "orphaned" and self.watch is not None:
+            self.watch.gave_up[event[1]] = event[2]
         elif kind == "donate" and self.optimizer is not None and event[2] not in self.donations:
             self.donations.append(event[2])
             if self.fanout is not None and self.fanout.sharded:  # rank 0 holds only its own shards
@@ -169,6 +212,8 @@ class LeaderSide:
     def _leave(self, timeout: float) -> list[int]:
         """Rank 0's part of `finish()`: send the work held and wait (bounded) for its merges. Returns the
         fragments whose value it wrote into the model meanwhile (every rank takes them)."""
+        if self.ending is not None:  # nobody is left to merge what it holds: it stays on disk (`ending`)
+            return []
         core = cast("LearnerCore", self.core)
         everything = list(range(len(self.names)))
         deadline = time.monotonic() + timeout
@@ -176,13 +221,15 @@ class LeaderSide:
         applied = set(core.apply_arrivals())
         self._send(core.flush(), everything)
         while any(v is not None for v in core.pending) and time.monotonic() < deadline and not self._fatal:
+            if self._cut_off():  # a SIGTERM while cut off: leave within the grace, with the summary
+                break
             self._drain(wait=0.1)
             applied.update(core.apply_arrivals())
             self._send(core.collect() + core.flush(), everything)
         applied.update(core.apply_arrivals())
         # a push still on its way (behind a long link a value can come back before our own push
         # lands): leaving now would have it refused for want of a session
-        while any(link.pending_pushes() for link in self.links) and time.monotonic() < deadline:
+        while any(link.pending_pushes() for link in self.links) and time.monotonic() < deadline and not self._cut_off():
             time.sleep(0.02)
         unmerged = sum(1 for v in core.pending if v is not None)
         if unmerged:

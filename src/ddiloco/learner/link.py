@@ -30,11 +30,12 @@ import grpc
 
 from ..core import FragmentRequest, FragmentUpdate
 from ..records.supervise import Supervisor, run_supervised
-from ..wire import framing, reassembly, rpc
+from ..wire import framing, reassembly, rpc, runend
 from ..wire.buffers import BufferPool
 from ..wire.delta import DELTA_CODECS
 from ..wire.timeouts import Timeouts
 from . import addresses, staging
+from .ending import DEFAULT_ORPHAN_TIMEOUT, RunFinished
 from .held import HeldValues
 from .initial import InitialValues, kept
 from .outbound import MAX_IN_FLIGHT, PERMANENT, Outbound
@@ -92,6 +93,7 @@ class LinkContext:
     closing: threading.Event = field(default_factory=threading.Event)
     stop_requested: threading.Event = field(default_factory=threading.Event)
     global_progress: float = 0.0
+    orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT  # a link registers again for this long after the last answer
 
     def delay(self) -> None:
         """A message's latency: the chaos delay, then the emulated link's."""
@@ -132,6 +134,7 @@ class ShardLink(Outbound):
         self._threads: list[threading.Thread] = []
         self.chunk_bytes = framing.DEFAULT_CHUNK_BYTES
         self._last_register_log = 0.0
+        self.contact = time.monotonic()  # the last answer from the shard (`ending`: how long it has been silent)
 
     def _open(self, address: str) -> tuple[rpc.Stubs, rpc.Stubs]:
         backoff = (self.timeouts.backoff_min, self.timeouts.backoff_max)
@@ -203,10 +206,12 @@ class ShardLink(Outbound):
                     raise SynchronizerError(
                         f"synchronizer {self.address} refused registration: {exc.details()}"
                     ) from None
+                self._check_finished()
                 now = time.monotonic()
                 if now - self._last_register_log > 5.0:
                     self._last_register_log = now
-                    left = "" if deadline is None else f" for {max(0.0, deadline - now):.0f} s more"
+                    until = deadline if fresh else self.orphan_deadline()  # the subscriber calls again until then
+                    left = "" if until is None else f" for {max(0.0, until - now):.0f} s more"
                     log.warning(
                         "synchronizer %s does not answer yet (%s: %s); retrying%s",
                         self.address,
@@ -223,6 +228,7 @@ class ShardLink(Outbound):
                     ) from None
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(2 * delay, self.timeouts.backoff_max)
+        self.contact = time.monotonic()
         self.info = reply
         self.timeouts = Timeouts.from_dict(reply["timeouts"])
         self.chunk_bytes = int(reply.get("chunk_bytes", self.chunk_bytes))
@@ -231,12 +237,29 @@ class ShardLink(Outbound):
         self.stats.registrations += 1
         if reply.get("stopping"):
             self.ctx.stop_requested.set()
+        if reply.get("finished") is True:  # the run is over and drained: nothing we send is merged now
+            position = reply.get("resume_position")
+            books = {str(self.ctx.learner): {"merged_position": position if isinstance(position, int) else 0}}
+            self.ctx.inbound.put(("finished", self.index, {"finished": True, "books": books}))
         if not fresh:
             versions = {int(p): int(v) for p, v in reply["versions"].items()}
             holding = {int(p): int(v) for p, v in reply.get("holding", {}).items() if int(p) in versions}
             self.ctx.inbound.put(("resync", self.index, versions, holding))
         self._set_session(reply["session"])
         return reply
+
+    def _check_finished(self) -> None:
+        """RunFinished if the shard's address file is marked finished (`wire.runend`): its port is closed
+        for good, and retrying would only train on alone."""
+        if not addresses.is_file_spec(self.spec):
+            return
+        mark = runend.read(self.spec[1:])
+        if mark is not None:
+            raise RunFinished(f"synchronizer {self.address} has finished the run (marked in {self.spec[1:]})", mark)
+
+    def orphan_deadline(self) -> float:
+        """Registering again is given up this long after the shard's last answer (`ending`)."""
+        return self.contact + self.ctx.orphan_timeout
 
     # --- threads --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -271,8 +294,16 @@ class ShardLink(Outbound):
             sid = self._session
             if sid is None:
                 try:
-                    self.register(fresh=False, deadline=time.monotonic() + self.timeouts.failure)
-                except ConnectionError:
+                    deadline = min(time.monotonic() + self.timeouts.failure, self.orphan_deadline())
+                    self.register(fresh=False, deadline=deadline)
+                except RunFinished as exc:
+                    log.warning("%s", exc)
+                    self.ctx.inbound.put(("finished", self.index, exc.mark))
+                    return
+                except ConnectionError as exc:
+                    if time.monotonic() >= self.orphan_deadline():  # the learner ends (`ending`)
+                        self.ctx.inbound.put(("orphaned", self.index, str(exc)))
+                        return
                     continue
                 except SynchronizerError as exc:
                     log.error("%s", exc)
@@ -285,6 +316,7 @@ class ShardLink(Outbound):
                 reassembler = reassembly.Reassembler(1 << 40, max_open=8, pool=self.ctx.arrivals)
                 self.held.reset(self.info.get("codec_down") in DELTA_CODECS)
                 for frame in self._stream:
+                    self.contact = time.monotonic()
                     self.stats.bytes_received += len(frame)
                     self.ctx.wan.received(len(frame))
                     msg = reassembler.feed(frame)

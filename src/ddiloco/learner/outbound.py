@@ -92,6 +92,7 @@ class Outbound:
     push_width: int  # pushes the synchronizer takes from one session at once (its registration says)
     _stats_lock: threading.Lock
     link_time: LinkTime  # this link's measured round trips and pushes (`overlap`)
+    contact: float  # monotonic time of the shard's last answer (`ending`)
 
     if TYPE_CHECKING:  # the session methods of `ShardLink`
 
@@ -221,6 +222,7 @@ class Outbound:
             return
         finally:
             staging.release(c.outer_gradient)
+        self.contact = time.monotonic()
         self.link_time.observe_push(time.monotonic() - started)
         self._count("pushed", sent=sent)
         if reply.get("ok"):
@@ -289,6 +291,7 @@ class Outbound:
                 log.debug("%s to %s failed: %s", method, self.address, exc.code().name)
             return None
         self.ctx.wan.delay()  # the reply's way back
+        self.contact = time.monotonic()
         self.link_time.observe_round_trip(time.monotonic() - started)
         if not reply.get("ok") and reply.get("action") == "reregister":
             self.invalidate(sid)

@@ -80,6 +80,7 @@ def stats(c: LearnerClient) -> dict:
         "recovered": c.recovered,
         "donations": len(c.donations),
         "overlap": c.overlap.summary() if c.overlap is not None else None,
+        **(c.ending.as_dict() if c.ending is not None else {"ended": None, "exit_code": 0}),
     }
 
 

@@ -25,6 +25,7 @@ from ..train.inner import InnerConfig, inner_step, lr_at, make_inner_optimizer, 
 from ..train.tasks import make_task
 from ..wire.protocol import state_checksum
 from .client import LearnerClient
+from .ending import DEFAULT_ORPHAN_TIMEOUT, Ending, RunFinished, clear_mark, mark_ended, restarted_after
 from .peerstate import snapshot
 from .state import BackgroundSaver, load_optimizer
 from .wan import WanSettings
@@ -52,6 +53,7 @@ class LearnerSettings:
     max_steps: int | None = None
     checkpoint_every: int = 24
     start_timeout: float = 120.0
+    orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT  # train on alone at most this long (and S x H steps): `ending`
     min_step_seconds: float = 0.0  # pad every step to this long: emulates a dedicated accelerator
     device: str = "auto"  # auto: cuda:LOCAL_RANK when CUDA is present, else cpu
     precision: str = "fp32"  # or bf16 (autocast; weights and optimizer state stay fp32)
@@ -102,11 +104,17 @@ def leave_process_group() -> None:
 
 
 def train(settings: LearnerSettings) -> dict:
-    """Train until the synchronizer says stop (or max_steps, or SIGTERM); returns the client's stats."""
+    """Train until the synchronizer says stop (or max_steps, or SIGTERM, or the learner ends on its own:
+    `ending`); returns the client's stats, whose "exit_code" is the one to exit with."""
     device = resolve_device(settings.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     rank, world = _init_distributed(device)
+    state_dir = Path(settings.state_dir) if settings.state_dir else None
+    ended = restarted_after(state_dir)
+    if ended is not None:
+        log.warning("learner %d: %s", settings.learner, ended.reason)
+        return {"learner": settings.learner, "steps": 0, "tokens": 0, **ended.as_dict(), "rank": rank, "world": world}
     task = make_task(settings.model, settings.data, seq_len=settings.seq_len, model_size=settings.model_size)
     model = task.build_model(settings.seed).to(device)
     trained: torch.nn.Module  # what the steps run: the model, or its DistributedDataParallel wrapper
@@ -119,7 +127,6 @@ def train(settings: LearnerSettings) -> dict:
     node = f" (Slurm node {os.environ['SLURMD_NODENAME']})" if os.environ.get("SLURMD_NODENAME") else ""
     log.info("learner %d rank %d/%d on %s in %s%s", settings.learner, rank, world, device, settings.precision, node)
     optimizer = make_inner_optimizer(model, settings.inner)
-    state_dir = Path(settings.state_dir) if settings.state_dir else None
     client = LearnerClient(
         model,
         settings.addresses,
@@ -131,6 +138,7 @@ def train(settings: LearnerSettings) -> dict:
         wan=settings.wan,
         journal_dir=str(state_dir) if state_dir else None,
         start_timeout=settings.start_timeout,
+        orphan_timeout=settings.orphan_timeout,
         optimizer=optimizer if settings.peer_recovery else None,  # empty at start: a live peer's state
     )
     stop = {"signal": False, "at": 0.0}
@@ -159,12 +167,17 @@ def train(settings: LearnerSettings) -> dict:
     try:
         try:
             position = client.start()
+        except RunFinished as exc:  # a learner (re)started after its run ended: nothing trained, nothing lost
+            client.ending = Ending(f"learner {settings.learner}: {exc}; nothing to train", 0)
+            return {**client.stats(), "rank": rank, "world": world, "params_sha": ""}
         except ConnectionError:
             if stop["signal"]:  # told to stop before it could join: nothing trained, nothing lost
                 log.info("learner %d stopped before joining", settings.learner)
                 return {**client.stats(), "rank": rank, "world": world, "params_sha": ""}
             raise
         inner_steps = own_steps or (client.recovered or {}).get("step", 0)
+        if rank == 0 and state_dir is not None:
+            clear_mark(state_dir)
         if rank == 0 and inner_dir is not None:
             saver = BackgroundSaver(inner_dir)
         stream = task.stream(
@@ -200,13 +213,10 @@ def train(settings: LearnerSettings) -> dict:
         digest = params_digest(model)  # every rank holds the same values here (see `fanout`)
         left = settings.term_grace - (time.monotonic() - stop["at"]) - 1.0 if stop["signal"] else None
         inner = state_checksum(*snapshot(optimizer, dict(model.named_parameters())))[:16]
-        return {
-            **client.finish(timeout=None if left is None else max(0.0, left)),
-            "rank": rank,
-            "world": world,
-            "params_sha": digest,
-            "inner_sha": inner,
-        }
+        stats = client.finish(timeout=None if left is None else max(0.0, left))
+        if rank == 0 and state_dir is not None and client.ending is not None and client.ending.code:
+            mark_ended(state_dir, client.ending)
+        return {**stats, "rank": rank, "world": world, "params_sha": digest, "inner_sha": inner}
     finally:
         if saver is not None:
             saver.close()

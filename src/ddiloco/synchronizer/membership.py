@@ -40,6 +40,7 @@ class Membership:
     cond: threading.Condition
     closed: bool
     stopping: bool
+    finished: threading.Event  # the run is over and drained: a learner registering now ends at once
     stop_reason: str
     sessions: SessionTable
     ledger: MergeLedger
@@ -124,6 +125,7 @@ class Membership:
                 "pushes_per_session": MAX_PUSHES_PER_SESSION,
                 "max_message_bytes": self.settings.max_message_bytes,
                 "stopping": self.stopping,
+                "finished": self.finished.is_set(),
                 "progress": self.progress(),
             }
 

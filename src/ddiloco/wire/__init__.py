@@ -8,4 +8,5 @@ rpc         gRPC plumbing: bytes-in/bytes-out methods, one control and one bulk 
 auth        the shared-token rule, and TLS
 timeouts    the one set of timeouts, derived from the heartbeat interval
 routing     which synchronizer shard owns which fragment
+runend      the mark a finished shard leaves beside its address file, read by learners cut off across the end
 """
