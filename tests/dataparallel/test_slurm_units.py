@@ -22,6 +22,7 @@ from ddiloco.cluster.sbatch import SlurmOptions
 from ddiloco.dataparallel import slurm as dps
 from ddiloco.dataparallel.config import DataParallelConfig
 from ddiloco.dataparallel.rendezvous import Membership
+from ddiloco.dataparallel.storeauth import read_secret
 
 
 def config(tmp_path: Path, method: str = "ddp") -> DataParallelConfig:
@@ -171,7 +172,8 @@ def start(launcher: dps.SlurmLauncher, table: FakeTable) -> list[Membership]:
     hellos = []
     for m, job in table.jobs.items():
         job.state = "RUNNING"
-        hellos.append(Membership(launcher.coordinator.port, m, timeout=5))
+        secret = read_secret(launcher.secret_file)  # the store's values are signed (storeauth)
+        hellos.append(Membership(launcher.coordinator.port, m, timeout=5, secret=secret))
         hellos[-1].hello(1000 + m, job.expected)
     for m, job in table.jobs.items():
         seen_within(lambda m=m, job=job: launcher.coordinator.hello(m) == (1000 + m, job.expected))
