@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import stat
 import time
 from pathlib import Path
@@ -26,12 +27,13 @@ def eventually(check, seconds: float = 5.0) -> bool:  # noqa: ANN001
     return bool(check())
 
 
-def test_the_store_listens_on_the_address_it_was_given_only():
-    import os
-
-    coordinator = Coordinator(timeout=5)
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2"])  # a local run's; one --sync-host address
+def test_the_store_listens_on_the_address_it_was_given_only(host: str):
+    coordinator = Coordinator(timeout=5, host=host)
     found = [a for a in listeners_of({os.getpid()}) if a[1] == coordinator.port]
-    assert found == [("127.0.0.1", coordinator.port)], found
+    assert found == [(host, coordinator.port)], found  # not 0.0.0.0 or ::, which torch binds by itself
+    worker = Membership(coordinator.port, slot=0, timeout=5, host=host)
+    assert worker.newest() == 0  # and the workers reach it there
 
 
 def test_a_stranger_without_the_secret_cannot_stop_the_run_or_name_members(tmp_path: Path):
