@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 POLL = 0.05
+_WARNED: set[str] = set()  # keys whose forged value was logged (only keys this module reads)
 
 
 def _timeout(seconds: float) -> datetime.timedelta:
@@ -53,7 +54,9 @@ def _read(store: dist.Store, key: str) -> str | None:
     try:
         return store.get(key).decode()
     except ForgedValue as exc:
-        log.warning("%s: ignored", exc)
+        if key not in _WARNED:  # polled every tick: one line per key, not a flood a stranger controls
+            _WARNED.add(key)
+            log.warning("%s: ignored", exc)
         return None
 
 
