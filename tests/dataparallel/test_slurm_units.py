@@ -22,6 +22,7 @@ from ddiloco.cluster.sbatch import SlurmOptions
 from ddiloco.dataparallel import slurm as dps
 from ddiloco.dataparallel.config import DataParallelConfig
 from ddiloco.dataparallel.rendezvous import Membership
+from ddiloco.dataparallel.storeauth import read_secret
 
 
 def config(tmp_path: Path, method: str = "ddp") -> DataParallelConfig:
@@ -171,7 +172,8 @@ def start(launcher: dps.SlurmLauncher, table: FakeTable) -> list[Membership]:
     hellos = []
     for m, job in table.jobs.items():
         job.state = "RUNNING"
-        hellos.append(Membership(launcher.coordinator.port, m, timeout=5))
+        secret = read_secret(launcher.secret_file)  # the store's values are signed (storeauth)
+        hellos.append(Membership(launcher.coordinator.port, m, timeout=5, secret=secret))
         hellos[-1].hello(1000 + m, job.expected)
     for m, job in table.jobs.items():
         seen_within(lambda m=m, job=job: launcher.coordinator.hello(m) == (1000 + m, job.expected))
@@ -191,6 +193,8 @@ def test_a_requeued_worker_restarts_the_whole_ddp_job_but_only_leaves_the_elasti
     launcher = dps.SlurmLauncher(config(tmp_path, method), factory, "127.0.0.1")
     table = tables[0]
     assert "--store-host" in table.argvs[0] and launcher.config.learner_down == 0.0
+    secret_file = table.argvs[0][table.argvs[0].index("--store-secret-file") + 1]  # a path, not the secret
+    assert secret_file == str(launcher.secret_file) and read_secret(launcher.secret_file).decode() not in table.argvs[0]
     hellos = start(launcher, table)
     assert launcher.coordinator.generation == 1 and launcher.pids == {0: 1000, 1: 1001}
     table.jobs[1].restarts, table.jobs[1].state = 1, "PENDING"  # scontrol requeue of worker 1's job

@@ -12,8 +12,10 @@ the end of its input, or after `LIFETIME` seconds whatever happens. Every call h
   Fetch for a session that does not exist): the TCP connection, the TLS handshake and the token check
   all happen before the synchronizer looks at the session, so `NOT_FOUND` means all three passed.
   `{"ok": false, "code": NAME, "error": details}`.
-- `{"op": "http", "url": U, "token": T or null}`: a GET, the token as `X-Ddiloco-Token`:
-  `{"code": 200, "body": ...}` (JSON bodies parsed).
+- `{"op": "http", "url": U, "view": V or null, "token": T or null, "ca": PEM path or null}`: a GET,
+  the dashboard's view credential as `X-Ddiloco-View` and the control token (which the dashboard
+  refuses) as `X-Ddiloco-Token`, HTTPS verified against `ca`: `{"code": 200, "body": ...}` (JSON
+  bodies parsed).
 """
 
 from __future__ import annotations
@@ -67,9 +69,13 @@ def bulk(req: dict) -> dict:
 
 
 def http(req: dict) -> dict:
-    headers = {"X-Ddiloco-Token": req["token"]} if req.get("token") else {}
+    headers = {"X-Ddiloco-View": req["view"]} if req.get("view") else {}
+    if req.get("token"):
+        headers["X-Ddiloco-Token"] = req["token"]
+    context = ssl.create_default_context(cafile=req["ca"]) if req.get("ca") else None
+    request = urllib.request.Request(req["url"], headers=headers)
     try:
-        with urllib.request.urlopen(urllib.request.Request(req["url"], headers=headers), timeout=TIMEOUT) as r:
+        with urllib.request.urlopen(request, timeout=TIMEOUT, context=context) as r:
             code, raw, kind = r.status, r.read(), r.headers.get("Content-Type", "")
     except urllib.error.HTTPError as exc:
         code, raw, kind = exc.code, exc.read(), exc.headers.get("Content-Type", "")

@@ -31,6 +31,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from ddiloco.launch.dashauth import view_credential
+
 from ..support.processes import model_args
 from ..support.runtime import wait_for
 from .conftest import close_and_check, new_network
@@ -271,12 +273,15 @@ def test_bulk_socket_and_dashboard_at_the_advertised_address(run):
     # the dashboard, at the address the synchronizer printed, asked from host b
     url = urlsplit(run.board)
     assert url.hostname == run.net.address("sync") and url.port == BOARD_PORT, run.board
+    assert url.scheme == "https"  # the run has TLS: so has its dashboard, with the same certificate
     state_url = f"{url.scheme}://{url.netloc}/state.json"
-    board = run.client.ask(op="http", url=state_url, token=TOKEN)
+    board = run.client.ask(op="http", url=state_url, view=view_credential(TOKEN), ca=str(run.cert))
     assert board["code"] == 200, board
     rows = {r["id"]: r for r in board["body"]["learners"]}
     assert board["body"]["merges"] > 0 and rows[0]["tokens_merged"] > 0, board
-    refused = run.client.ask(op="http", url=state_url, token=None)
+    refused = run.client.ask(op="http", url=state_url, ca=str(run.cert))
+    assert refused["code"] == 401, refused
+    refused = run.client.ask(op="http", url=state_url, token=TOKEN, ca=str(run.cert))  # the control token
     assert refused["code"] == 401, refused
 
 

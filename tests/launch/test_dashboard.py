@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 
+from ddiloco.launch.dashauth import view_credential
 from ddiloco.launch.dashboard import Dashboard
 
 from ..support.runtime import wait_for
@@ -47,14 +48,15 @@ def test_page_and_state_over_http():
         board.stop()
 
 
-def test_a_token_guards_page_and_state():
+def test_a_token_guards_page_and_state_with_its_view_credential():
     board = Dashboard(lambda: {"version": 1}, token="s3cret")
-    url = board.start()
+    opened = board.start()  # the address to open carries the view credential (issue 46)
+    url, view = board.url, view_credential("s3cret")
     try:
         assert get(url + "state.json")[0] == 401 and get(url)[0] == 401
-        assert get(url + "state.json", {"X-Ddiloco-Token": "wrong"})[0] == 401
-        assert get(url + "state.json", {"X-Ddiloco-Token": "s3cret"})[0] == 200
-        assert get(url + "?token=s3cret")[0] == 200
+        assert get(url + "state.json", {"X-Ddiloco-View": "wrong"})[0] == 401
+        assert get(url + "state.json", {"X-Ddiloco-View": view})[0] == 200
+        assert get(opened)[0] == 200 and opened == f"{url}?view={view}"
     finally:
         board.stop()
 

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from contextlib import ExitStack
 
+from ddiloco.launch.dashauth import view_credential
 from ddiloco.launch.dashboard import HANDLER_THREAD, Dashboard
 
 from ..support.runtime import wait_for
@@ -25,8 +26,8 @@ def handler_threads() -> int:
 
 
 def honest_get(url: str) -> int | None:
-    """The status of one GET of state.json with the token, or None if the connection was dropped."""
-    request = urllib.request.Request(url + "state.json", headers={"X-Ddiloco-Token": TOKEN})
+    """The status of one GET of state.json with the view credential, or None if the connection was dropped."""
+    request = urllib.request.Request(url + "state.json", headers={"X-Ddiloco-View": view_credential(TOKEN)})
     try:
         with urllib.request.urlopen(request, timeout=10) as r:
             return r.status
@@ -39,7 +40,8 @@ def honest_get(url: str) -> int | None:
 def test_silent_connections_are_capped_and_timed_out_and_an_honest_client_gets_in():
     cap, silent = 8, 40
     board = Dashboard(lambda: {"version": 1}, token=TOKEN, read_timeout=1.0, max_connections=cap)
-    url = board.start()
+    board.start()
+    url = board.url
     host, port = board.server.server_address[:2]
     try:
         with ExitStack() as stack:

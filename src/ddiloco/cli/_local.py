@@ -49,6 +49,7 @@ def _run_locally(
     import torch
     from rich.live import Live
 
+    from ..launch.dashauth import write_url_file
     from ..launch.dashboard import Dashboard
     from ..launch.livestate import snapshot
     from ..launch.metrics import RunMetrics, RunView
@@ -95,9 +96,9 @@ def _run_locally(
             )
         except (ValueError, OSError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--dashboard-host/--dashboard-port") from None
-        url = board.start()
-        (config.run_dir / "dashboard.url").write_text(url + "\n")
-        stderr.print(f"dashboard: {url}")
+        url = board.start()  # with the read-only view credential, never the token
+        write_url_file(config.run_dir / "dashboard.url", url)
+        stderr.print(f"dashboard: {url}", soft_wrap=True)
 
     def on_signal(signum, frame):  # noqa: ANN001
         sup.interrupted.set()

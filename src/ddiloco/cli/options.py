@@ -262,7 +262,7 @@ WANDB_PROJECT = typer.Option("ddiloco", "--wandb-project", help="wandb project n
 DASHBOARD_HOST = typer.Option(
     "127.0.0.1",
     "--dashboard-host",
-    help="Dashboard address; beyond loopback it needs --token (sent as X-Ddiloco-Token or ?token=).",
+    help="Dashboard address; beyond loopback it needs --token (the page is read with a view credential from it).",
 )
 DASHBOARD_PORT = typer.Option(0, "--dashboard-port", min=0, max=65535, help="Dashboard port (0: a free one).")
 

@@ -238,7 +238,11 @@ def synchronizer(
         try:
             auth.require_token_policy(dashboard_host, secret, False)
             board = Dashboard(
-                ShardState(service.status, method, learners, duration, tokens), dashboard_host, dashboard_port, secret
+                ShardState(service.status, method, learners, duration, tokens),
+                dashboard_host,
+                dashboard_port,
+                secret,
+                tls=credentials.ssl if credentials is not None else None,  # HTTPS with the gRPC plane's certificate
             )
         except (ValueError, OSError) as exc:
             server.stop()

@@ -61,6 +61,7 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--clock-origin", type=float, default=0.0)
     worker.add_argument("--store-host", default="127.0.0.1", help="where the launcher's store listens")
     worker.add_argument("--incarnation", type=int, help="on Slurm: the job's restart count")
+    worker.add_argument("--store-secret-file", type=Path, help="the store's secret (a 0600 file, never the secret)")
     return top
 
 

@@ -79,8 +79,11 @@ class DataParallelConfig:
     def checkpoint_dir(self) -> Path:
         return self.run_dir / "checkpoint"
 
-    def worker_command(self, slot: int, store_port: int, clock_origin: float) -> list[str]:
-        """`python -m ddiloco.dataparallel worker ...` for worker `slot`."""
+    def worker_command(
+        self, slot: int, store_port: int, clock_origin: float, secret_file: Path | None = None
+    ) -> list[str]:
+        """`python -m ddiloco.dataparallel worker ...` for worker `slot` (the store's secret by its
+        file's path: a command line is readable by every user of the host)."""
         args = [
             sys.executable,
             "-m",
@@ -123,6 +126,8 @@ class DataParallelConfig:
         ]
         if self.data is not None:
             args += ["--data", self.data]
+        if secret_file is not None:
+            args += ["--store-secret-file", str(secret_file)]
         for flag, value in (
             ("--net-latency", self.net_latency),
             ("--net-bandwidth", self.net_bandwidth),

@@ -17,7 +17,9 @@ line in dataparallel.jsonl (members, when it formed, at which step). Every proce
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -26,11 +28,27 @@ from ..chaos.injector import ChaosEvent, ChaosInjector
 from ..launch.procs import Child, ProcessTable
 from ..records.events import EventLog
 from .config import DataParallelConfig
-from .rendezvous import Coordinator
+from .rendezvous import HOST, Coordinator
+from .storeauth import read_secret, write_secret
 
 TICK = 0.05
 MAX_CRASHES = 3  # a worker that exits with an error this many times in a row, each within CRASH_WINDOW
 CRASH_WINDOW = 60.0  # of its start, ends the run with an error instead of being restarted forever
+
+
+def loopback_interface() -> str | None:
+    """The name of the loopback interface (`lo` on Linux, `lo0` on macOS), if this host has one."""
+    names = {name for _, name in socket.if_nameindex()}
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+def local_env() -> dict[str, str]:
+    """The workers' environment for a local run: gloo listens on the loopback interface only."""
+    env = dict(os.environ)
+    interface = loopback_interface()
+    if interface is not None:
+        env["GLOO_SOCKET_IFNAME"] = interface
+    return env
 
 
 @dataclass
@@ -48,13 +66,16 @@ class WorkerSlot:
 class Launcher:
     backend = "local"  # where the workers run (`slurm.SlurmLauncher`: Slurm jobs)
 
-    def __init__(self, config: DataParallelConfig) -> None:
+    def __init__(self, config: DataParallelConfig, store_host: str = HOST) -> None:
         self.config = config
         config.run_dir.mkdir(parents=True, exist_ok=True)
-        self.procs = ProcessTable()
+        # gloo's own sockets: on loopback for a local run (by default it binds what the host name resolves to)
+        self.procs = ProcessTable(local_env() if store_host == HOST else None)
         self.events = EventLog(config.run_dir / "events.jsonl")
         self.log = open(config.run_dir / "dataparallel.jsonl", "a", buffering=1)
-        self.coordinator = Coordinator(timeout=config.collective_timeout)
+        self.secret_file = write_secret(config.run_dir)  # the store's values are signed with it
+        secret = read_secret(self.secret_file)
+        self.coordinator = Coordinator(timeout=config.collective_timeout, host=store_host, secret=secret)
         self.injector = ChaosInjector(config.chaos, config.workers, config.horizon)
         if self.injector.trace.outages:
             self.injector.trace.save(config.run_dir / "chaos-trace.csv")
@@ -80,7 +101,7 @@ class Launcher:
     def _start(self, slot: WorkerSlot) -> None:
         d = self.config.worker_dir(slot.id)
         d.mkdir(parents=True, exist_ok=True)
-        cmd = self.config.worker_command(slot.id, self.coordinator.port, self.start_wall)
+        cmd = self.config.worker_command(slot.id, self.coordinator.port, self.start_wall, self.secret_file)
         slot.child = self.procs.start(f"worker-{slot.id}", cmd, d / "stderr.log", d / "stdout.log")
         slot.state, slot.restart_at, slot.started_at = "running", None, self.elapsed()
         self.events.write("learner_started", learner=slot.id, pid=slot.child.pid, restarts=slot.restarts)

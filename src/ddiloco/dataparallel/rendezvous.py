@@ -18,8 +18,9 @@ Keys (all small text):
     formed/G        written by rank 0 once generation G formed: world, step, tokens_merged
     stop            written by rank 0 when the budget is reached: the run is over
 
-Workers reach the store on 127.0.0.1 by default; on Slurm, at the address `--sync-host` gives
-(`dataparallel/slurm.py`). Every wait is bounded.
+The store listens on 127.0.0.1 only for a local run; on Slurm, on the one address `--sync-host` gives
+(`dataparallel/slurm.py`), never on every interface. Given the run's secret, every value is signed
+and a forged one is taken as absent (`storeauth`). Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -27,31 +28,51 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import logging
 import time
 from collections.abc import Callable
 
 import torch.distributed as dist
 
+from .storeauth import ForgedValue, SignedStore, master_store
+
+log = logging.getLogger(__name__)
+
 HOST = "127.0.0.1"
 POLL = 0.05
+_WARNED: set[str] = set()  # keys whose forged value was logged (only keys this module reads)
 
 
 def _timeout(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
+def _read(store: dist.Store, key: str) -> str | None:
+    """The value of `key`; None when it is absent or forged (not signed with the run's secret)."""
+    if not store.check([key]):
+        return None
+    try:
+        return store.get(key).decode()
+    except ForgedValue as exc:
+        if key not in _WARNED:  # polled every tick: one line per key, not a flood a stranger controls
+            _WARNED.add(key)
+            log.warning("%s: ignored", exc)
+        return None
+
+
 class Coordinator:
     """The launcher's side: it hosts the store and opens generations."""
 
-    def __init__(self, timeout: float = 30.0) -> None:
-        self.store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False, timeout=_timeout(timeout))
+    def __init__(self, timeout: float = 30.0, host: str = HOST, secret: bytes | None = None) -> None:
+        self.raw, self._socket = master_store(host, _timeout(timeout))  # bound to `host` alone
+        self.store: dist.Store = self.raw if secret is None else SignedStore(self.raw, secret)
         self.generation = 0
         self.members: list[int] = []
         self.store.set("gen", "0")
 
     @property
     def port(self) -> int:
-        return int(self.store.port)
+        return int(self.raw.port)
 
     def open(self, members: list[int]) -> int:
         """Open the next generation with these members (rank order); the members are written first,
@@ -63,7 +84,7 @@ class Coordinator:
         return self.generation
 
     def _read(self, key: str) -> str | None:
-        return self.store.get(key).decode() if self.store.check([key]) else None
+        return _read(self.store, key)
 
     def hello_pid(self, slot: int) -> int | None:
         return self.hello(slot)[0]
@@ -82,25 +103,29 @@ class Coordinator:
         return json.loads(value) if value else None
 
     def stopped(self) -> bool:
-        return self.store.check(["stop"])
+        return self._read("stop") is not None
 
 
 class Membership:
     """A worker's side: say it is ready, wait for a generation that names it, report failures."""
 
-    def __init__(self, port: int, slot: int, timeout: float = 30.0, host: str = HOST) -> None:
-        self.slot = slot
-        self.store = dist.TCPStore(host, port, is_master=False, timeout=_timeout(timeout))
+    def __init__(
+        self, port: int, slot: int, timeout: float = 30.0, host: str = HOST, secret: bytes | None = None
+    ) -> None:
+        self.slot, self.secret = slot, secret
+        self.raw = dist.TCPStore(host, port, is_master=False, timeout=_timeout(timeout))
+        self.store: dist.Store = self.raw if secret is None else SignedStore(self.raw, secret)
 
     def hello(self, pid: int, incarnation: int | None = None) -> None:
         """Ready to join; one key, so the launcher never pairs a PID with another start's incarnation."""
         self.store.set(f"hello/{self.slot}", str(pid) if incarnation is None else f"{pid} {incarnation}")
 
     def newest(self) -> int:
-        return int(self.store.get("gen").decode())
+        """The newest generation; 0 while the launcher's value is absent or forged."""
+        return int(_read(self.store, "gen") or 0)
 
     def stopped(self) -> bool:
-        return self.store.check(["stop"])
+        return _read(self.store, "stop") is not None
 
     def stop(self) -> None:
         self.store.set("stop", "1")
@@ -122,7 +147,7 @@ class Membership:
                 return 0, []
             newest = self.newest()
             if newest > after:
-                members = json.loads(self.store.get(f"members/{newest}").decode())
+                members = json.loads(_read(self.store, f"members/{newest}") or "[]")
                 if self.slot in members:
                     return newest, members
                 after = newest
@@ -130,8 +155,12 @@ class Membership:
         raise TimeoutError(f"worker {self.slot} was named in no generation within {timeout:g} s")
 
     def form(self, generation: int, rank: int, world: int, backend: str, timeout: float) -> None:
-        """Join generation `generation`'s process group (its own key prefix in the launcher's store)."""
-        prefixed = dist.PrefixStore(f"pg/{generation}/", self.store)
+        """Join generation `generation`'s process group (its own key prefix in the launcher's store;
+        gloo's own values signed too, scoped to the generation, when the run has a secret)."""
+        prefix = f"pg/{generation}/"
+        prefixed: dist.Store = dist.PrefixStore(prefix, self.raw)
+        if self.secret is not None:  # outermost: gloo calls a Python store only through its own methods
+            prefixed = SignedStore(prefixed, self.secret, scope=prefix)
         dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world, timeout=_timeout(timeout))
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from .config import DataParallelConfig
@@ -57,10 +58,17 @@ class JobTable(Protocol):
 TableFactory = Callable[[dict[int, list[str]]], JobTable]
 
 
-def worker_argv(config: DataParallelConfig, slot: int, store_host: str, store_port: int, origin: float) -> list[str]:
+def worker_argv(
+    config: DataParallelConfig,
+    slot: int,
+    store_host: str,
+    store_port: int,
+    origin: float,
+    secret_file: Path | None = None,
+) -> list[str]:
     """Worker `slot`'s command line in its job: the local one, plus where the store is and which
-    incarnation of the job it runs in."""
-    argv = config.worker_command(slot, store_port, origin)
+    incarnation of the job it runs in (the store's secret: a file on the shared run directory)."""
+    argv = config.worker_command(slot, store_port, origin, secret_file)
     return [*argv, "--store-host", store_host, "--incarnation", INCARNATION]
 
 
@@ -73,10 +81,10 @@ class SlurmLauncher(Launcher):
     backend = "slurm"
 
     def __init__(self, config: DataParallelConfig, table: TableFactory, store_host: str) -> None:
-        super().__init__(slurm_config(config))
+        super().__init__(slurm_config(config), store_host)  # the store listens on that one address
         self.store_host = store_host
         argvs = {
-            m: worker_argv(self.config, m, store_host, self.coordinator.port, self.start_wall)
+            m: worker_argv(self.config, m, store_host, self.coordinator.port, self.start_wall, self.secret_file)
             for m in range(self.config.workers)
         }
         self.jobs = table(argvs)

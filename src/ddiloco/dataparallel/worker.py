@@ -38,6 +38,7 @@ from . import checkpoint
 from .link import AllReduceLink, LinkSettings
 from .rendezvous import Membership, leave_group
 from .replicated import Lineage, broadcast_state
+from .storeauth import read_secret
 
 log = logging.getLogger(__name__)
 LOG_EVERY = 2.0  # seconds between rank 0's train/progress lines in metrics.jsonl
@@ -69,6 +70,7 @@ class WorkerSettings:
     net_jitter: float = 0.0  # ms
     store_host: str = "127.0.0.1"  # where the launcher's store listens (on Slurm: --sync-host)
     incarnation: int | None = None  # on Slurm: the job's restart count, so the launcher tells starts apart
+    store_secret_file: Path | None = None  # the store's values are signed with the secret in it (`storeauth`)
 
 
 class Worker:
@@ -88,7 +90,10 @@ class Worker:
         link = LinkSettings(s.net_latency / 1000.0, s.net_bandwidth * 1e6, s.net_jitter / 1000.0)
         self.link = AllReduceLink(link, grad_bytes, seed=s.seed * 1000 + s.slot)
         self.pad_to = s.min_step_seconds * step_slowdown(s.slot)  # this worker's emulated accelerator
-        self.membership = Membership(s.store_port, s.slot, timeout=s.collective_timeout, host=s.store_host)
+        secret = read_secret(s.store_secret_file) if s.store_secret_file is not None else None
+        self.membership = Membership(
+            s.store_port, s.slot, timeout=s.collective_timeout, host=s.store_host, secret=secret
+        )
         self.journal = Journal(s.run_dir / f"learner-{s.slot}" / f"journal-{os.getpid()}-{time.time_ns()}.json")
         # this process's journal: what it computed (tokens, seconds, steps), how much of it was merged
         self.books: dict[str, Any] = {"slot": s.slot, "pid": os.getpid(), "tokens": 0, "seconds": 0.0, "steps": 0}

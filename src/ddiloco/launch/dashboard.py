@@ -1,14 +1,18 @@
 """A live web dashboard for `ddiloco run`: one page and its JSON, from the standard library's HTTP
 server (no framework, no build step).
 
-It listens on loopback by default. The auth rule is the gRPC service's: any other address needs the
-run's token, sent as the `X-Ddiloco-Token` header or `?token=` in the page's address (the page
-passes it on to its own requests).
+It listens on loopback by default; any other address needs the run to have a token (the gRPC
+service's rule). Given a token, the dashboard asks for the run's *view credential* (`dashauth`: an
+HMAC of the token, read-only), never the token itself, which authorizes Stop, Fetch and pushes and so
+never travels to a page: the `X-Ddiloco-View` header or `?view=` in the page's address (the page
+passes it on to its own requests). When the run has TLS (`--tls-cert/--tls-key`), the dashboard is
+served over HTTPS with the same certificate and nothing else: a plain-HTTP request gets no answer.
 
 Anyone who can reach the port can open connections before any token is checked, so the server
 bounds what they cost (issue 32): each read waits at most `read_timeout` and the whole request at
 most `request_seconds` (a client trickling a byte at a time cannot keep its place), at most
-`max_connections` are served at once (more are closed at once), a client that hangs up logs no
+`max_connections` are served at once and at most `per_address` of them for one client address (more
+are closed at once: one address cannot lock operators out, issue 46), a client that hangs up logs no
 traceback, and every line a client can trigger goes through one rate limit. The serving thread is
 supervised (`records.supervise`): anything that ends its loop is logged once with its traceback and
 the loop is started again with backoff, so the page never dies silently.
@@ -21,6 +25,7 @@ import io
 import json
 import logging
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -31,12 +36,14 @@ from urllib.parse import parse_qs, urlsplit
 
 from ..records.ratelimit import RateLimit
 from ..records.supervise import Supervisor, run_supervised
+from .dashauth import VIEW_HEADER, VIEW_PARAM, redact, view_credential, view_url
 from .dashboard_page import PAGE
 
 log = logging.getLogger(__name__)
 
 HANDLER_THREAD = "ddiloco-dashboard-conn"  # the name of each connection's thread
-HANG_UPS = (ConnectionError, TimeoutError, socket.timeout)  # a client that left or went silent: no traceback
+# a client that left, went silent or spoke plain HTTP to HTTPS: one debug line, no traceback
+HANG_UPS = (ConnectionError, TimeoutError, socket.timeout, ssl.SSLError)
 
 
 class DeadlineReader(io.RawIOBase):
@@ -66,14 +73,32 @@ class BoundedServer(ThreadingHTTPServer):
     block_on_close = False  # stop() must not wait for a client that holds its connection open
     request_queue_size = 64
 
-    def __init__(self, address: tuple[str, int], handler: type, max_connections: int) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type,
+        max_connections: int,
+        per_address: int | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.slots = threading.BoundedSemaphore(max_connections)
         self.max_connections = max_connections
+        self.per_address = min(max_connections, per_address or max_connections)
+        self.tls = tls
         self.active = 0  # connections being served now (each on its own thread)
-        self.refused = 0  # connections closed at once because all slots were taken
+        self.by_address: dict[str, int] = {}  # of those, how many each client address holds
+        self.refused = 0  # connections closed at once because all slots (or their address's) were taken
         self.log_limit = RateLimit(per_second=5.0, burst=20)
         self._count = threading.Lock()
         super().__init__(address, handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """The accepted connection, wrapped in TLS when the run has it; the handshake happens on the
+        connection's own thread (`Handler.setup`), so a silent client never holds the accept loop."""
+        sock, address = super().get_request()
+        if self.tls is not None:
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, address
 
     def note(self, level: int, msg: str, *args: object, exc_info: bool = False) -> None:
         """A line a client triggered, if the rate limit lets it through."""
@@ -84,24 +109,30 @@ class BoundedServer(ThreadingHTTPServer):
             msg, args = msg + " (%d more lines not logged: rate limit)", (*args, dropped)
         log.log(level, msg, *args, exc_info=exc_info)
 
+    def _refuse(self, request: Any, why: str, host: str) -> None:
+        with self._count:
+            self.refused += 1
+        self.note(logging.WARNING, "dashboard: %s; closed one from %s", why, host)
+        self.shutdown_request(request)
+
     def process_request(self, request: Any, client_address: Any) -> None:
+        host = str(client_address[0])
         if not self.slots.acquire(blocking=False):
-            with self._count:
-                self.refused += 1
-            self.note(
-                logging.WARNING,
-                "dashboard: %d connections open; closed one from %s",
-                self.max_connections,
-                client_address[0],
-            )
-            self.shutdown_request(request)
+            self._refuse(request, f"{self.max_connections} connections open", host)
             return
         with self._count:
-            self.active += 1
+            crowded = self.by_address.get(host, 0) >= self.per_address
+            if not crowded:
+                self.active += 1
+                self.by_address[host] = self.by_address.get(host, 0) + 1
+        if crowded:  # this address holds its share: the others' slots stay free for them
+            self.slots.release()
+            self._refuse(request, f"{self.per_address} connections open from one address", host)
+            return
         try:
             super().process_request(request, client_address)
         except BaseException:  # no thread started: give its slot back
-            self._release()
+            self._release(host)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
@@ -109,7 +140,7 @@ class BoundedServer(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._release()
+            self._release(str(client_address[0]))
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]
@@ -118,9 +149,14 @@ class BoundedServer(ThreadingHTTPServer):
         else:
             self.note(logging.WARNING, "dashboard: request from %s failed", client_address[0], exc_info=True)
 
-    def _release(self) -> None:
+    def _release(self, host: str) -> None:
         with self._count:
             self.active -= 1
+            left = self.by_address.get(host, 1) - 1
+            if left > 0:
+                self.by_address[host] = left
+            else:
+                self.by_address.pop(host, None)
         self.slots.release()
 
 
@@ -131,25 +167,32 @@ class Dashboard:
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
-        read_timeout: float = 5.0,
+        read_timeout: float = 3.0,
         max_connections: int = 64,
-        request_seconds: float = 10.0,
+        request_seconds: float = 5.0,
+        per_address: int = 8,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        self.state, self.token = state, token
+        self.state = state
+        self.view = view_credential(token) if token is not None else None  # the token itself is never kept
+        self.tls = tls
         dashboard = self
 
         class Handler(BaseHTTPRequestHandler):
             timeout = read_timeout  # per socket operation: a silent client gives its slot back
 
             def setup(self) -> None:
+                if isinstance(self.request, ssl.SSLSocket):  # bounded: each step of it waits read_timeout
+                    self.request.settimeout(read_timeout)
+                    self.request.do_handshake()
                 super().setup()
                 self.rfile.close()  # the plain reader: replaced by one that also has a deadline in all
                 self.rfile = io.BufferedReader(DeadlineReader(self.connection, read_timeout, request_seconds))
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 url = urlsplit(self.path)
-                if not dashboard.allowed(self.headers.get("X-Ddiloco-Token"), parse_qs(url.query).get("token")):
-                    self._send(401, "text/plain", b"wrong or missing token (X-Ddiloco-Token or ?token=)")
+                if not dashboard.allowed(self.headers.get(VIEW_HEADER), parse_qs(url.query).get(VIEW_PARAM)):
+                    self._send(401, "text/plain", b"wrong or missing view credential (open the printed URL)")
                 elif url.path in ("/", "/index.html"):
                     self._send(200, "text/html; charset=utf-8", PAGE.encode())
                 elif url.path == "/state.json":
@@ -172,9 +215,10 @@ class Dashboard:
                 self.wfile.write(body)
 
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's name
-                dashboard.server.note(logging.DEBUG, "dashboard: " + format, *args)
+                # the request line carries ?view= (and a confused client's ?token=): never logged
+                dashboard.server.note(logging.DEBUG, "dashboard: " + format, *(redact(str(a)) for a in args))
 
-        self.server = BoundedServer((host, port), Handler, max_connections)
+        self.server = BoundedServer((host, port), Handler, max_connections, per_address, tls)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="ddiloco-dashboard", daemon=True)
 
@@ -186,19 +230,27 @@ class Dashboard:
         run_supervised(step, lambda s: not self._stopping.wait(s), Supervisor("dashboard server", log))
 
     def allowed(self, header: str | None, query: list[str] | None) -> bool:
-        if self.token is None:
+        """The view credential, or no token at all for the run (loopback only: `require_token_policy`)."""
+        if self.view is None:
             return True
         given = header or (query[0] if query else None)
-        return given is not None and hmac.compare_digest(self.token.encode(), given.encode())
+        return given is not None and hmac.compare_digest(self.view.encode(), given.encode())
 
     @property
     def url(self) -> str:
+        """The dashboard's address, without any credential."""
         host, port = cast(tuple[str, int], self.server.server_address[:2])  # an AF_INET address
-        return f"http://{host}:{port}/"
+        return f"{'https' if self.tls is not None else 'http'}://{host}:{port}/"
+
+    @property
+    def view_url(self) -> str:
+        """The address to open: with the view credential when the run has a token (never the token)."""
+        return view_url(self.url, self.view)
 
     def start(self) -> str:
+        """Serve; returns the address to open (`view_url`)."""
         self._thread.start()
-        return self.url
+        return self.view_url
 
     def stop(self) -> None:
         self._stopping.set()

@@ -35,8 +35,8 @@ svg { border: 1px solid #ddd; background: #fafafa; }
 <p>eval loss of the global model (blue), learners' training loss (orange).
 <a href="state.json">state.json</a></p>
 <script>
-const token = new URLSearchParams(location.search).get("token");
-const headers = token ? {"X-Ddiloco-Token": token} : {};
+const view = new URLSearchParams(location.search).get("view");
+const headers = view ? {"X-Ddiloco-View": view} : {};
 const fmt = (x, d) => (x === null || x === undefined) ? "-" : Number(x).toFixed(d);
 function line(points, xmax, ymin, ymax, color) {
   if (points.length < 1) return "";

@@ -38,8 +38,34 @@ METRIC_KINDS = ("eval", "train", "progress")
 SECRET_KEYS = frozenset({"token", "secret", "password"})
 
 
+REDACTED = "<redacted>"
+
+
+def _secret_flag(arg: str) -> bool:
+    """`--token`, `--wandb-token`, `--secret`...: a flag whose last word names a secret (`--tokens` does not)."""
+    name = arg.split("=", 1)[0]
+    return name.startswith("--") and name[2:].replace("_", "-").rsplit("-", 1)[-1] in SECRET_KEYS
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """A command line as it may be written down: the value of every secret-bearing flag replaced, in
+    both spellings (`--token X`, `--token=X`), wherever it appears."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+        elif _secret_flag(arg) and "=" in arg:
+            out.append(arg.split("=", 1)[0] + "=" + REDACTED)
+        else:
+            out.append(arg)
+            hide_next = _secret_flag(arg)
+    return out
+
+
 def _field(key: str, value: object) -> object:
-    return "<redacted>" if key in SECRET_KEYS and value is not None else jsonable(value)
+    return REDACTED if key in SECRET_KEYS and value is not None else jsonable(value)
 
 
 def jsonable(value: object) -> object:
@@ -125,7 +151,7 @@ class RunDir:
             self.path / CONFIG,
             {
                 "command": command,
-                "argv": sys.argv,
+                "argv": redact_argv(sys.argv),  # `--token X` is a setting like any other here
                 "settings": jsonable(settings),
                 "versions": versions(),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
