@@ -13,11 +13,14 @@ import pytest
 import torch
 
 from ddiloco.core import AlgorithmConfig
+from ddiloco.synchronizer import bulk_greeting, bulk_socket
 from ddiloco.synchronizer.grpc_front import PREFACE
 from ddiloco.synchronizer.server import SynchronizerServer, build_service
 from ddiloco.synchronizer.settings import ServiceSettings
+from ddiloco.wire import framing, sockets
 
 from ..support.runtime import RawClient
+from .fuzz_support import contribution_head
 
 pytestmark = pytest.mark.timeout(180)
 NUMEL = 1 << 20
@@ -105,3 +108,39 @@ def test_silent_grpc_connections_beyond_the_caps_are_closed_and_honest_clients_a
                 assert "merges" in client.call("Status", {}, timeout=30)  # its channel was not one of them
             finally:
                 client.close()
+
+
+def test_a_flood_of_the_bulk_sockets_waiting_places_from_some_addresses_does_not_refuse_another(monkeypatch):
+    """Every waiting place held by silent connections from four addresses (4 x 4 = 16 places): a push
+    from a fifth address, and one from a flooding address, still go through the socket plane (each
+    connection beyond a cap now takes the place of the oldest from the address holding the most;
+    before, it was closed at once and the push refused)."""
+    monkeypatch.setattr(bulk_greeting, "MAX_WAITING", 16)
+    monkeypatch.setattr(bulk_greeting, "MAX_WAITING_PER_PEER", 4)
+    monkeypatch.setattr(bulk_socket, "HELLO_SECONDS", 60.0)  # the flood holds its places for the test
+    with synchronizer() as (service, server, _):
+        assert server.bulk is not None
+        port = server.handlers.bulk_port
+        sessions = [service.register(m, f"inc{m}", True)["session"] for m in (0, 1)]
+        with connections() as opened:
+            for source in ("127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6"):
+                for _ in range(4):
+                    connect(port, source, opened)
+            assert wait_until(lambda: len(server.bulk.greeter.waiting) == 16)
+            for n, source in enumerate(("127.0.0.2", "127.0.0.3"), start=1):
+                reply = push_from(source, port, sessions[n - 1], service.core.versions[0], opened)
+                assert reply.get("ok") is True, reply
+                assert server.bulk.served["Push"] == n  # on the socket plane
+            assert len(server.bulk.greeter.waiting) <= 16
+
+
+def push_from(source: str, port: int, session: str, version: int, opened: list[socket.socket]) -> dict:
+    """A well-formed push on the bulk socket, by hand from `source`: the synchronizer's reply."""
+    s = connect(port, source, opened)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    deadline = sockets.Deadline(30)
+    sockets.send_small(s, {"method": "Push", "token": TOKEN}, deadline)
+    grads = {"w": torch.full((NUMEL,), -0.5), "b": torch.zeros(3)}
+    for parts in framing.iter_frame_parts(contribution_head(session, version), grads, "bf16"):
+        sockets.send_frame(s, parts, deadline)
+    return sockets.recv_small(s, deadline)
