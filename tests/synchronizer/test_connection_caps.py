@@ -9,6 +9,7 @@ import contextlib
 import socket
 import time
 
+import grpc
 import pytest
 import torch
 
@@ -17,7 +18,7 @@ from ddiloco.synchronizer import bulk_greeting, bulk_socket
 from ddiloco.synchronizer.grpc_front import PREFACE
 from ddiloco.synchronizer.server import SynchronizerServer, build_service
 from ddiloco.synchronizer.settings import ServiceSettings
-from ddiloco.wire import framing, sockets
+from ddiloco.wire import framing, rpc, sockets
 
 from ..support.runtime import RawClient
 from .fuzz_support import contribution_head
@@ -144,3 +145,28 @@ def push_from(source: str, port: int, session: str, version: int, opened: list[s
     for parts in framing.iter_frame_parts(contribution_head(session, version), grads, "bf16"):
         sockets.send_frame(s, parts, deadline)
     return sockets.recv_small(s, deadline)
+
+
+def test_one_session_holds_at_most_one_fetch_place_so_two_cannot_hold_them_all():
+    """Two sessions open fetches they never read, two each: one of each is served and one refused, so
+    a third session's fetch still finds a place (with two per session, the two held all four places)."""
+    with synchronizer() as (service, server, _):
+        assert server.bulk is not None
+        server.bulk.listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_BUFFER)  # accepted ones inherit it
+        port = server.handlers.bulk_port
+        squatters = [service.register(m, f"inc{m}", True)["session"] for m in (1, 2)]
+        with connections() as opened:
+            for session in squatters:
+                for _ in range(2):
+                    s = connect(port, "127.0.0.3", opened, rcvbuf=SMALL_BUFFER)
+                    sockets.send_small(s, {"method": "Fetch", "token": TOKEN, "session": session}, sockets.Deadline(10))
+            capped = lambda: server.bulk.closed  # noqa: E731
+            assert wait_until(lambda: server.bulk.served["Fetch"] + capped()[bulk_socket.SESSION_FETCH_CAP] >= 4)
+            assert server.bulk.served["Fetch"] == 2 and capped()[bulk_socket.SESSION_FETCH_CAP] == 2
+            honest = service.register(0, "inc0", True)["session"]
+            client = sockets.BulkSocketClient("127.0.0.1", port, TOKEN, framing.DEFAULT_CHUNK_BYTES + rpc.FRAME_MARGIN)
+            try:
+                msgs = list(client.fetch(60, session=honest))
+            except grpc.RpcError as exc:
+                pytest.fail(f"a third session's fetch was refused: {exc}")
+            assert [m.head["fragment"] for m in msgs] == [0]
