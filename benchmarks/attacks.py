@@ -95,8 +95,12 @@ class HonestLearner(threading.Thread):
         return sum(link.uplink.fallbacks for link in self.client.links)
 
     def on_bulk_socket(self) -> bool:
-        """Whether the learner still pushes on the bulk socket (it gives it up for gRPC if unreachable)."""
-        return all(link.uplink.socket is not None for link in self.client.links)
+        """Whether the learner still pushes on the bulk socket (it sets it aside for a pause, for gRPC,
+        when it cannot reach it)."""
+        return all(
+            link.uplink.socket is not None and time.monotonic() >= link.uplink.socket_paused_until
+            for link in self.client.links
+        )
 
     def run(self) -> None:
         try:
