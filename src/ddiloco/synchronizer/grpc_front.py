@@ -47,6 +47,7 @@ FD_RESERVE = 256  # descriptors kept for everything else: checkpoints, the bulk 
 ACCEPTS_PER_ROUND = 64
 ACCEPT_PAUSE = 0.1  # after accept failed for lack of descriptors
 RELAY_BUFFER = 1 << 18
+BACKEND_CONNECT_SECONDS = 10.0
 SEND_STALL_SECONDS = 60  # a relayed peer that takes nothing for this long is gone
 
 # Why the front closed a connection (keys of `GrpcFront.closed`).
@@ -238,7 +239,9 @@ class GrpcFront:
             stall = struct.pack("ll", SEND_STALL_SECONDS, 0)
             for s in (client, backend):
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, stall)
+            backend.settimeout(BACKEND_CONNECT_SECONDS)  # gRPC's own backlog full: give up, not hang
             backend.connect("\0" + self.backend)
+            backend.settimeout(None)
             backend.sendall(first)
             down = threading.Thread(target=_copy, args=(backend, client), name="ddiloco-grpc-relay", daemon=True)
             down.start()
