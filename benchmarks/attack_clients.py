@@ -38,6 +38,9 @@ class Attack:
     trickle: bool  # one byte every `interval`
     interval: float
     small_window: bool = False  # a receive buffer of SMALL_BUFFER bytes, set before connecting
+    sources: int = 1  # source addresses, 127.0.0.10 on, in turn (1: 127.0.0.1)
+    raw: bytes = b""  # sent once connected, before any hello
+    fetch_sessions: int = FETCH_SESSIONS  # the token holder's sessions the fetches name in turn
 
 
 def raise_fd_limit() -> int:
@@ -95,6 +98,13 @@ ATTACKS = [
     Attack("refused pushes", 30, "bulk", "Push", True, 0.2),
     Attack("unread fetches", 2 * FETCH_SESSIONS, "bulk", "Fetch", False, 0.5, small_window=True),
     Attack("dashboard", 400, "dashboard", "", False, 0.5),
+    # #46's: the gRPC port's silent connections, the socket's waiting places from 8 addresses (16 each,
+    # twice the 64 places), two sessions' unread fetches (two each), and the 12-byte hello (last: on a
+    # synchronizer without its fix it stops the bulk socket for good)
+    Attack("silent gRPC", 1100, "grpc", "", False, 0.5),
+    Attack("waiting places (8 addresses)", 128, "bulk", "", False, 0.2, sources=8),
+    Attack("fetch squatting (2 sessions)", 4, "bulk", "Fetch", False, 0.5, small_window=True, fetch_sessions=2),
+    Attack("12-byte hello", 1, "bulk", "", False, 0.5, raw=b"\x08\x00\x00\x00DDL\x01\x00\x00\x00\x00"),
 ]
 
 
@@ -119,6 +129,7 @@ class AttackThread(threading.Thread):
         super().__init__(name=f"attack-{attack.name}", daemon=True)
         self.attack, self.port, self.connections, self.sessions = attack, port, connections, sessions
         self.turn = itertools.count()
+        self.source = itertools.count()
         self.socks: list[socket.socket] = []
         self.opened = 0  # connections opened, first ones and re-opened ones
         self.failed = 0  # connects or sends that failed
@@ -132,8 +143,12 @@ class AttackThread(threading.Thread):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             if self.attack.small_window:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER)
+            if self.attack.sources > 1:
+                sock.bind((f"127.0.0.{10 + next(self.source) % self.attack.sources}", 0))
             sock.settimeout(2.0)
             sock.connect((HOST, self.port))
+            if self.attack.raw:
+                sock.sendall(self.attack.raw)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
             self._hello(sock)
             sock.settimeout(0.0)  # never wait on a full send buffer: a stalled trickle is still a trickle

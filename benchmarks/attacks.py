@@ -15,6 +15,10 @@ any the synchronizer closes) and closes them all at the end:
                     and keeps them alive with heartbeats): each session's cap and the 4 fetch places full,
                     the fetches beyond them refused and re-opened every 0.5 s
     dashboard       400 silent connections to the dashboard
+    silent gRPC     1100 silent connections to the gRPC port (#46)
+    waiting places  128 silent bulk-socket connections from 8 addresses (127.0.0.10-17), twice the places
+    fetch squatting 4 unread fetches of 2 sessions (2 each: with 2 per session they held all 4 places)
+    12-byte hello   the hello of #46 that stopped the bulk socket's reader for good (last)
 
 A fetch that is never read holds its place only once the model no longer fits the kernel's socket
 buffers (a few MB on loopback): any real model, not this small one. So the synchronizer's bulk socket
@@ -28,7 +32,8 @@ Every learner step is padded to --step-seconds, so that the learner behaves like
 instead of racing the attack for this machine's cores.
 
     python benchmarks/attacks.py                  # 20 s windows (~2.5 minutes)
-    python benchmarks/attacks.py --quick --json   # 8 s windows (~1 minute)
+    python benchmarks/attacks.py --quick --json   # 8 s windows (~2 minutes)
+    python benchmarks/attacks.py --quick --large  # two fragments of ~10M parameters each
 """
 
 from __future__ import annotations
@@ -44,7 +49,6 @@ import time
 import torch
 from attack_clients import (
     ATTACKS,
-    FETCH_SESSIONS,
     HOST,
     SMALL_BUFFER,
     TOKEN,
@@ -68,10 +72,18 @@ console = Console(stderr=True, width=190)
 FD_MARGIN = 256  # descriptors for everything else: the server's listeners, gRPC, the learner, Python
 
 
+WIDTH = 64  # the hidden width; --large: LARGE_WIDTH, two fragments of about 10M parameters each
+LARGE_WIDTH = 4500
+
+
 def make_model() -> torch.nn.Module:
     """The honest learner's model: small, but larger (20 kB) than what a 4 kB socket buffer takes."""
     return torch.nn.Sequential(
-        torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+        torch.nn.Linear(8, WIDTH),
+        torch.nn.ReLU(),
+        torch.nn.Linear(WIDTH, WIDTH),
+        torch.nn.ReLU(),
+        torch.nn.Linear(WIDTH, 1),
     )
 
 
@@ -95,8 +107,12 @@ class HonestLearner(threading.Thread):
         return sum(link.uplink.fallbacks for link in self.client.links)
 
     def on_bulk_socket(self) -> bool:
-        """Whether the learner still pushes on the bulk socket (it gives it up for gRPC if unreachable)."""
-        return all(link.uplink.socket is not None for link in self.client.links)
+        """Whether the learner still pushes on the bulk socket (it sets it aside for a pause, for gRPC,
+        when it cannot reach it)."""
+        return all(
+            link.uplink.socket is not None and time.monotonic() >= link.uplink.socket_paused_until
+            for link in self.client.links
+        )
 
     def run(self) -> None:
         try:
@@ -155,9 +171,14 @@ def main() -> None:
     p.add_argument("--json", action="store_true", help="end with one line of JSON")
     p.add_argument("--window", type=float, default=None, help="seconds per measurement (default 20, --quick: 8)")
     p.add_argument("--step-seconds", type=float, default=0.01, help="pad every learner step to this long (0: unpadded)")
+    p.add_argument("--large", action="store_true", help="two fragments of about 10M parameters each")
+    p.add_argument("--only", default=None, help="comma-separated attack names (default: all)")
     p.add_argument("--settle", type=float, default=2.0, help="seconds between one attack's end and the next window")
     args = p.parse_args()
     seconds = args.window if args.window is not None else (8.0 if args.quick else 20.0)
+    global WIDTH
+    WIDTH = LARGE_WIDTH if args.large else WIDTH
+    attacks = [a for a in ATTACKS if args.only is None or a.name in args.only.split(",")]
     limit = raise_fd_limit()
     # each connection costs a descriptor here and (while the server holds it) one in the server
     most = max(1, (limit - FD_MARGIN) // 2) if limit != resource.RLIM_INFINITY else 1 << 20
@@ -181,7 +202,11 @@ def main() -> None:
         server.bulk.listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_BUFFER)
         board = Dashboard(ShardState(service.status, "decoupled", 1), HOST, 0, TOKEN)
         board.start()
-        ports = {"bulk": server.handlers.bulk_port, "dashboard": board.server.server_address[1]}
+        ports = {
+            "bulk": server.handlers.bulk_port,
+            "dashboard": board.server.server_address[1],
+            "grpc": int(address.rsplit(":", 1)[1]),
+        }
         learner = HonestLearner(address, args.step_seconds)
         learner.start()
         deadline = time.monotonic() + 60
@@ -194,9 +219,9 @@ def main() -> None:
         baseline, baseline_fallbacks = quiet["merged"], quiet["fallbacks"]
         baseline_on_bulk = learner.on_bulk_socket()
         console.print(f"  {baseline} contributions merged")
-        for spec in ATTACKS:
+        for spec in attacks:
             if spec.hello == "Fetch":  # the token holder's sessions, live for this attack only
-                holder = SessionHolder(address, signature(params), FETCH_SESSIONS)
+                holder = SessionHolder(address, signature(params), spec.fetch_sessions)
                 holder.start()
             n = min(spec.connections, most)
             attack = AttackProcess(spec, ports[spec.port], n, holder.sessions if holder is not None else [])

@@ -1,9 +1,15 @@
 """A learner pushes on the synchronizer's bulk socket plane when it offers one (`learner.uplink`)."""
 
+import contextlib
+import socket
+import threading
+import time
+
 import pytest
 import torch
 
 from ddiloco.core import AlgorithmConfig
+from ddiloco.learner import uplink as uplink_module
 from ddiloco.learner.client import LearnerClient
 from ddiloco.learner.uplink import Uplink
 from ddiloco.learner.wan import WanLink
@@ -70,9 +76,81 @@ def test_an_unreachable_bulk_port_falls_back_to_grpc():
         names = service.core.plan.names[0]
         grads = {n: torch.zeros(service.shapes[n]) for n in names}
         reply, sent = dead.push(link.bulk, head, grads, "bf16", framing.DEFAULT_CHUNK_BYTES, 30)
-        assert dead.socket is None and sent > 0
+        assert not dead.on_socket() and sent > 0  # set aside for a while (see the next test)
         assert reply.get("ok") or "reason" in reply  # gRPC answered it
         assert service.traffic.bytes_received >= sent
+
+
+def test_an_unreachable_bulk_socket_is_tried_again_after_a_pause(monkeypatch):
+    """#46: a connection flood sometimes left a learner's bulk socket unreachable for a moment, and the
+    learner gave it up until it registered again. Now it is set aside for a pause, then tried again:
+    here the port answers only after the first push (a forwarder to the synchronizer's bulk port)."""
+    monkeypatch.setattr(uplink_module, "SOCKET_RETRY_SECONDS", 0.3)
+    with mlp_run(width=64, bulk_socket=True) as (service, client, model):
+        link = client.links[0]
+        port = _free_port()
+        uplink = Uplink(None, None, 1 << 22, WanLink())
+        uplink.configure(link.address, {"bulk_port": port})
+        grads = {n: torch.zeros(service.shapes[n]) for n in service.core.plan.names[0]}
+        served = service.server.bulk.served["Push"]
+        head = _contribution_head(link.session)
+        reply, _ = uplink.push(link.bulk, head, grads, "bf16", framing.DEFAULT_CHUNK_BYTES, 30)
+        assert service.server.bulk.served["Push"] == served and not uplink.on_socket()  # over gRPC
+        with _forward(port, service.server.bulk.port):
+            for _ in range(100):  # the pause, bounded
+                if uplink.on_socket():
+                    break
+                time.sleep(0.05)
+            head = {**head, "step": 2, "position": 2}
+            reply, _ = uplink.push(link.bulk, head, grads, "bf16", framing.DEFAULT_CHUNK_BYTES, 30)
+        assert service.server.bulk.served["Push"] == served + 1  # on the socket again
+        assert reply.get("ok") or "reason" in reply
+
+
+@contextlib.contextmanager
+def _forward(port: int, to: int):
+    """Connections to 127.0.0.1:`port` relayed to `to` (both ways), while the block runs."""
+    listener = socket.create_server(("127.0.0.1", port))
+    listener.settimeout(0.1)
+    halt = threading.Event()
+    opened: list[socket.socket] = []
+
+    def pipe(a: socket.socket, b: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            for _ in range(1 << 20):
+                data = a.recv(1 << 16)
+                if not data:
+                    break
+                b.sendall(data)
+        with contextlib.suppress(OSError):
+            b.shutdown(socket.SHUT_WR)
+
+    def accept() -> None:
+        for _ in range(10_000):
+            if halt.is_set():
+                return
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.settimeout(30)
+            up = socket.create_connection(("127.0.0.1", to), timeout=30)
+            opened.extend((conn, up))
+            for a, b in ((conn, up), (up, conn)):
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield
+    finally:
+        halt.set()
+        acceptor.join(5)
+        listener.close()
+        for s in opened:
+            s.close()
 
 
 def _contribution_head(session: str | None) -> dict:

@@ -26,6 +26,7 @@ def test_learners_follow_a_synchronizer_that_lost_merges(tiny_task, tmp_path):
         t.start()
     wait_for(lambda: min(service.core.versions.values()) >= 4, 30, message="merges")
     server.server.stop(0).wait(5)  # a crash: no final checkpoint, the merges since the start are lost
+    server.front.stop()  # and its port let go (gRPC listens behind it: `grpc_front`)
     service.commit.close()
     restored, server2, address2 = start(tiny_task, tmp_path, int(address.rsplit(":", 1)[1]))
     try:

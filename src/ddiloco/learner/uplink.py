@@ -1,8 +1,11 @@
 """How a shard link sends a contribution: on the synchronizer's bulk socket plane when it offers one
 (`wire.sockets`: each frame sent from the snapshot's memory, no gRPC copies), else as a gRPC Push.
 
-A bulk port that cannot be reached (a firewall that lets only the gRPC port through) is given up
-for gRPC, once, with a warning; the next registration offers it again. A push the bulk socket drops or
+A bulk port that cannot be reached (a firewall that lets only the gRPC port through, or a flood that
+fills the synchronizer's waiting places or its listen queue) is set aside for gRPC, with a warning,
+and tried again after `SOCKET_RETRY_SECONDS`, twice as long each time it still fails (at most
+`SOCKET_RETRY_MAX_SECONDS`), and at once on the next registration: a connection flood must not
+cost the learner the socket plane for the rest of its session (#46). A push the bulk socket drops or
 refuses for lack of room (connections that flood it, no free slot) goes over gRPC instead, and the
 socket stays the first choice for the next one: a flood on one plane cannot lock the learner out.
 
@@ -19,6 +22,7 @@ the final loss was 2.77 against 2.54 over gRPC. So once the link's measured roun
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 
 import grpc
@@ -35,6 +39,8 @@ log = logging.getLogger(__name__)
 FALLBACK_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
 BULK_MAX_ROUND_TRIP = 0.02  # s: beyond this (another site), a connection per push costs more than copies save
 BULK_RETURN_ROUND_TRIP = 0.01  # s: and back on the socket only below this, so a link near the line does not flap
+SOCKET_RETRY_SECONDS = 5.0  # after the bulk socket could not be reached: gRPC only for this long
+SOCKET_RETRY_MAX_SECONDS = 120.0  # the pause doubles while the socket stays unreachable, up to this
 
 
 class Uplink:
@@ -46,12 +52,15 @@ class Uplink:
         self.socket: sockets.BulkSocketClient | None = None
         self.long_link = False  # the measured round trip sends pushes over gRPC (see the module's docstring)
         self.fallbacks = 0  # pushes the bulk socket failed and gRPC carried
+        self.socket_paused_until = 0.0  # monotonic time: the unreachable socket set aside until then
+        self._socket_pause = 0.0  # the last pause (0: the socket was reached, or never failed)
         self._fallback_log = RateLimit(per_second=0.2, burst=3)
 
     def configure(self, address: str, reply: Mapping) -> None:
         """From a registration reply: the bulk socket to use, if the synchronizer offers one we can use."""
         port = reply.get("bulk_port")
         self.socket = None
+        self.socket_paused_until, self._socket_pause = 0.0, 0.0
         if not isinstance(port, int) or not 1 <= port <= 65535:
             return
         if self.credentials is not None and auth.ssl_part(self.credentials) is None:
@@ -63,23 +72,32 @@ class Uplink:
         host = address.rpartition(":")[0]
         self.socket = sockets.BulkSocketClient(host, port, self.token, self.max_frame, auth.ssl_part(self.credentials))
 
+    def on_socket(self) -> bool:
+        """Whether the next push goes to the bulk socket (offered, reachable, a short link)."""
+        return self.socket is not None and time.monotonic() >= self.socket_paused_until and not self._long_link()
+
     def push(
         self, bulk: rpc.Stubs, head: dict, tensors: Mapping[str, torch.Tensor], codec: str, chunk: int, timeout: float
     ) -> tuple[dict, int]:
         """Send one contribution; (the synchronizer's reply, frame bytes sent). Raises grpc.RpcError."""
-        client = self.socket if self.socket is not None and not self._long_link() else None
+        client = self.socket if self.on_socket() else None
         if client is not None:
             self.wan.handshake(tls=client.tls is not None)  # one connection per push on this plane
             try:
-                return client.push(framing.iter_frame_parts(head, tensors, codec, chunk), timeout, self.wan.sent)
+                answer = client.push(framing.iter_frame_parts(head, tensors, codec, chunk), timeout, self.wan.sent)
+                self._socket_pause = 0.0
+                return answer
             except sockets.ConnectFailed as exc:
+                pause = min(SOCKET_RETRY_MAX_SECONDS, 2 * self._socket_pause or SOCKET_RETRY_SECONDS)
+                self._socket_pause, self.socket_paused_until = pause, time.monotonic() + pause
                 log.warning(
-                    "cannot reach the synchronizer's bulk socket %s:%d (%s); pushing over gRPC from now on",
+                    "cannot reach the synchronizer's bulk socket %s:%d (%s); pushing over gRPC, the socket "
+                    "again in %.0f s",
                     client.host,
                     client.port,
                     exc.details(),
+                    pause,
                 )
-                self.socket = None
             except sockets.SocketRpcError as exc:
                 if exc.code() not in FALLBACK_CODES:
                     raise

@@ -8,15 +8,18 @@ place here:
     per peer   at most `MAX_WAITING_PER_PEER` of them from one address
     deadline   `HELLO_SECONDS` (less with a shorter failure timeout) from its accept to its whole hello
 
-A connection beyond a cap is closed at once, and one that misses its deadline is closed then; both
-are counted by reason (`count`, with one of the reason keys below: Status shows them) and logged
-rate-limited, without a traceback. A complete hello goes to the server's `admit` (in this thread: it
-must not block), which either takes the connection for its call (an authenticated call, on a thread
-the server starts) or returns the refusal to send. A refusal is sent from here, and what the client
-still sends is taken and dropped (so that closing does not reset the connection before the client
-has read it) for at most `DRAIN_SECONDS`, holding the same place. The server hands back calls it
-refuses later (a push refused for a bad frame) the same way (`drain`), so a client that keeps
-trickling bytes after a refusal holds no thread either.
+A connection beyond a cap takes the place of the oldest one waiting from its own address or (total
+cap) from the address holding the most places (its own if tied), so that no address, however many
+connections it opens, locks another out (#46: 64 connections waiting from a few addresses refused
+every push); that oldest one is closed unless its hello is there by now. One that misses its
+deadline is closed then; both are counted by reason (`count`, with one of the reason keys below:
+Status shows them) and logged rate-limited, without a traceback. A complete hello goes to the
+server's `admit` (in this thread: it must not block), which either takes the connection for its call
+(an authenticated call, on a thread the server starts) or returns the refusal to send. A refusal is
+sent from here, and what the client still sends is taken and dropped (so that closing does not reset
+the connection before the client has read it) for at most `DRAIN_SECONDS`, holding the same place.
+The server hands back calls it refuses later (a push refused for a bad frame) the same way
+(`drain`), so a client that keeps trickling bytes after a refusal holds no thread either.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 from ..records.ratelimit import RateLimit
@@ -71,6 +74,7 @@ class Waiting:
     out: bytes = b""  # the answer still to send
     drain_left: int = 0
     events: int = selectors.EVENT_READ
+    since: float = field(default_factory=time.monotonic)  # its accept (or hand-over): the oldest goes first
 
 
 class Greeter:
@@ -155,12 +159,36 @@ class Greeter:
                 self._resume_accepting = time.monotonic() + ACCEPT_PAUSE
                 return
             peer = str(addr[0]) if isinstance(addr, tuple) else str(addr)
-            if self.per_peer[peer] >= MAX_WAITING_PER_PEER:
-                self._refuse(conn, peer, PER_ADDRESS_CAP, f"more than {MAX_WAITING_PER_PEER} unauthenticated from it")
-            elif not self.places.acquire(blocking=False):
-                self._refuse(conn, peer, TOTAL_CAP, f"more than {MAX_WAITING} unauthenticated connections")
-            else:
+            if self._make_room(peer):
                 self._hold(conn, peer)
+            else:  # every place held outside this thread (a test's): nothing to take
+                self._refuse(conn, peer, TOTAL_CAP, f"more than {MAX_WAITING} unauthenticated connections")
+
+    def _make_room(self, peer: str) -> bool:
+        """Below both caps for one more connection from `peer`, and its place taken (True), making
+        room as the module's docstring says."""
+        if self.per_peer[peer] >= MAX_WAITING_PER_PEER:
+            self._evict(peer, PER_ADDRESS_CAP, f"more than {MAX_WAITING_PER_PEER} unauthenticated from it")
+            if self.per_peer[peer] >= MAX_WAITING_PER_PEER:
+                return False
+        if self.places.acquire(blocking=False):
+            return True
+        if self.per_peer:
+            most = max(self.per_peer, key=self.per_peer.__getitem__)
+            victim = peer if self.per_peer[peer] == self.per_peer[most] else most
+            self._evict(victim, TOTAL_CAP, f"more than {MAX_WAITING} unauthenticated connections, the most from it")
+        return self.places.acquire(blocking=False)
+
+    def _evict(self, peer: str, reason: str, why: str) -> None:
+        """The oldest connection waiting from `peer` goes: served first if its hello is there by now
+        (a burst of real clients is accepted in one round before any is read), else closed."""
+        oldest = min((w for w in self.waiting if w.peer == peer), key=lambda w: w.since, default=None)
+        if oldest is None:
+            return
+        self._serve(oldest, selectors.EVENT_READ)
+        if oldest in self.waiting:
+            self._drop(oldest)
+            self._count(reason, f"closed a bulk socket connection from {peer}: {why}")
 
     def _refuse(self, conn: socket.socket, peer: str, reason: str, why: str) -> None:
         conn.close()

@@ -36,7 +36,10 @@ log = logging.getLogger(__name__)
 # Fetches at once. A fetch takes no bulk slot, as over gRPC (whose fetches take none either): fetches
 # that are never read could otherwise hold every slot and refuse every learner's push.
 MAX_FETCHING = 4
-MAX_FETCHES_PER_SESSION = 2  # a fetch names a live session; a joining learner fetches a fragment at a time
+# A fetch names a live session, and one session holds at most one place at once (a joining learner
+# fetches a fragment at a time): with two, two sessions could hold all four places until the idle cut
+# (#46), and with one it takes as many sessions as places.
+MAX_FETCHES_PER_SESSION = 1
 
 # Why a call was refused after its hello (with the greeter's reasons, the keys of Status's `bulk.closed`).
 BAD_TOKEN = "bad_token"

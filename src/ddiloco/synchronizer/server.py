@@ -19,6 +19,7 @@ from ..wire.protocol import plan_to_json, signature
 from ..wire.routing import owned_fragments
 from .bulk_socket import BulkSocketServer
 from .checkpoint import CheckpointStore
+from .grpc_front import GrpcFront
 from .handlers import Handlers
 from .service import SynchronizerService
 from .settings import ServiceSettings
@@ -108,10 +109,21 @@ class SynchronizerServer:
             workers=cast(int, settings.workers),  # `ServiceSettings` sets it when not given
             interceptors=interceptors,
         )
+        self.front: GrpcFront | None = None
         self.address: str | None = None
 
     def start(self) -> str:
-        target = f"{self.host}:{self.port}"
+        """Listens (the port is `grpc_front`'s; gRPC itself listens behind it on a unix socket) and serves."""
+        settings = self.service.settings
+        self.front = GrpcFront(
+            self.host,
+            self.port,
+            self.credentials is not None,
+            settings.grpc_waiting_per_address,
+            settings.grpc_waiting,
+            settings.grpc_preface_seconds,
+        )
+        target = self.front.backend_target
         try:
             if self.credentials is not None:
                 # gRPC's part of the server credentials given (`auth.grpc_part` types it as any object)
@@ -119,20 +131,24 @@ class SynchronizerServer:
             else:
                 bound = self.server.add_insecure_port(target)
         except RuntimeError as exc:
-            raise OSError(f"cannot listen on {target}: {exc}") from None
+            bound = 0
+            log.debug("gRPC cannot listen on %s: %s", target, exc)
         if not bound:
-            raise OSError(f"cannot listen on {target} (address in use?)")
+            self.front.stop()
+            raise OSError(f"gRPC cannot listen on {target}")
         host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
-        self.address = f"{host}:{bound}"
+        self.address = f"{host}:{self.front.port}"
         if self.bulk_socket:
             try:
                 self.bulk = BulkSocketServer(self.handlers, self.host, self.token, self.bulk_tls, self.bulk_port)
             except OSError:
+                self.front.stop()
                 self.server.stop(0)  # the gRPC port is let go too
                 raise
             self.handlers.bulk_port = self.bulk.start()
         self.service.start()
         self.server.start()
+        self.front.start()
         log.info(
             "synchronizer shard %d/%d listening on %s",
             self.service.settings.shard,
@@ -150,5 +166,7 @@ class SynchronizerServer:
         finally:  # a failed final checkpoint raises after the servers stopped: no RPC thread outlives this
             if self.bulk is not None:
                 self.bulk.stop()
+            if self.front is not None:
+                self.front.stop()
             if not self.server.stop(grace).wait(grace + 10.0):
                 log.warning("the gRPC server did not finish stopping within %.0f s", grace + 10.0)

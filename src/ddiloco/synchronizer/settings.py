@@ -28,6 +28,11 @@ class ServiceSettings:
     timeouts: Timeouts = field(default_factory=Timeouts)
     workers: int | None = None  # gRPC threads; default 6 per admissible learner + 16 (see `streams`)
     reserved_control_workers: int = 8
+    # The gRPC port's connections before their first bytes (`grpc_front`): at most this many at once
+    # (and always below the descriptor limit), this many from one address, each for this many seconds.
+    grpc_waiting: int = 256
+    grpc_waiting_per_address: int = 32
+    grpc_preface_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0:
@@ -46,6 +51,8 @@ class ServiceSettings:
             raise ValueError("workers must exceed reserved_control_workers")
         if not 1 <= self.max_learners <= 2**20:
             raise ValueError(f"max_learners must be in [1, {2**20}], got {self.max_learners}")
+        if self.grpc_waiting < 1 or self.grpc_waiting_per_address < 1 or not 0 < self.grpc_preface_seconds <= 600:
+            raise ValueError("grpc_waiting and grpc_waiting_per_address must be >= 1, grpc_preface_seconds in (0, 600]")
         self.timeouts.validate()
 
 
