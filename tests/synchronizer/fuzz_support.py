@@ -48,11 +48,11 @@ def log_budget(seconds: float) -> int:
 
 
 class Plane:
-    """A live synchronizer (token, bulk socket) and what a test needs to probe it."""
+    """A live synchronizer (token or none, bulk socket) and what a test needs to probe it."""
 
-    def __init__(self, service, server, address):
-        self.service, self.server, self.address = service, server, address
-        self.client = RawClient(address, TOKEN)
+    def __init__(self, service, server, address, token: str | None = TOKEN):
+        self.service, self.server, self.address, self.token = service, server, address, token
+        self.client = RawClient(address, token)
         self.sig = signature(PARAMS)
         self.sessions = [self.client.register(m, self.sig, f"fuzz{m}")["session"] for m in range(2)]
         self.port = server.handlers.bulk_port
@@ -68,17 +68,19 @@ class Plane:
         with self.service.lock:
             return self.service.core.versions[0]
 
-    def honest_push(self) -> None:
+    def honest_push(self, fallback: bool = True) -> None:
         """A well-formed contribution on the bulk socket, accepted and merged within
-        `HONEST_PUSH_SECONDS` (on gRPC if the socket has no room for it, as a learner falls back)."""
+        `HONEST_PUSH_SECONDS` (with `fallback`, on gRPC if the socket has no room for it, as a learner
+        falls back; without, the socket itself must take it)."""
         started = time.monotonic()
         version = self.version()
         head = contribution_head(self.sessions[0], version)
         grads = {"w": torch.full((NUMEL,), -0.5), "b": torch.zeros(3)}
-        client = sockets.BulkSocketClient("127.0.0.1", self.port, TOKEN, 1 << 21)
+        client = sockets.BulkSocketClient("127.0.0.1", self.port, self.token, 1 << 21)
         try:
             reply, _ = client.push(framing.iter_frame_parts(head, grads, "bf16"), 30)
         except sockets.SocketRpcError as exc:
+            assert fallback, f"the bulk socket refused an honest push: {exc}"
             assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED), exc
             reply = self.client.push_frames(framing.tensor_frames(head, grads, "bf16"), 30)
         assert reply.get("ok") is True, reply
@@ -88,15 +90,15 @@ class Plane:
 
 
 @contextlib.contextmanager
-def live_plane() -> Iterator[Plane]:
-    """A synchronizer with a token and the bulk socket, two registered sessions kept alive by
-    heartbeats (as learners send them), stopped at the end."""
+def live_plane(token: str | None = TOKEN) -> Iterator[Plane]:
+    """A synchronizer with the bulk socket (and `token`, None for an open one), two registered
+    sessions kept alive by heartbeats (as learners send them), stopped at the end."""
     service = build_service(
         {n: t.clone() for n, t in PARAMS.items()},
         ALGORITHM,
         ServiceSettings(timeouts=Timeouts.derive(0.5), max_learners=4, max_message_bytes=1 << 20, tokens=10**12),
     )
-    server = SynchronizerServer(service, "127.0.0.1", 0, TOKEN, bulk_socket=True)
+    server = SynchronizerServer(service, "127.0.0.1", 0, token, bulk_socket=True)
     address = server.start()
     done = threading.Event()
 
@@ -110,7 +112,7 @@ def live_plane() -> Iterator[Plane]:
     keeper = threading.Thread(target=keep_alive, daemon=True)
     keeper.start()
     try:
-        yield Plane(service, server, address)
+        yield Plane(service, server, address, token)
     finally:
         done.set()
         keeper.join(5)
