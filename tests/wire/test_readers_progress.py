@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import socket
 import struct
 import threading
@@ -23,12 +22,11 @@ from hypothesis import strategies as st
 
 from ddiloco.wire import framing, reassembly, sockets
 
+from ..support.hostile_frames import MAX_FRAME, PREFIX, STALL, hostile_frames
+
 pytestmark = pytest.mark.timeout(300)
 
 CALL_SECONDS = 10.0  # a liveness bound, far above any honest read of these few bytes on a loaded machine
-MAX_FRAME = sockets.MAX_HELLO_BYTES
-PREFIX = framing.PREFIX_BYTES
-STALL = b"\x08\x00\x00\x00DDL\x01\x00\x00\x00\x00"  # the issue's packet
 DONE = (framing.WireError, ConnectionError)
 
 
@@ -60,42 +58,6 @@ def bounded(call: Callable[[], Any]) -> Any:
     return out.get("value")
 
 
-def small_header(head: dict) -> bytes:
-    return json.dumps({"msg": 0, "part": 0, "parts": 1, "head": dict(head, nbytes=0)}).encode()
-
-
-# Lengths that lie in the ways that matter: none, one, the prefix exactly and either side of it, the
-# header's own length and either side, the limits and either side, the largest u32.
-HEADER_LENGTHS = [0, 1, 2, 3, framing.MAX_HEADER_BYTES, framing.MAX_HEADER_BYTES + 1, (1 << 32) - 1]
-FRAME_OFFSETS = [0, 0, 0, -1, 1, -2, 2]  # from the prefix plus the header length
-
-
-@st.composite
-def framed(draw: st.DrawFn) -> bytes:
-    """A frame with its u32 length, well formed or with any field hostile, then whatever follows."""
-    body = draw(
-        st.sampled_from([b"", b"{}", small_header({"method": "Push", "token": "t"}), b'{"parts":1,"head":{}}'])
-        | st.binary(max_size=64)
-    )
-    hlen = draw(st.sampled_from([len(body), *HEADER_LENGTHS]) | st.integers(0, (1 << 32) - 1))
-    if draw(st.sampled_from(["relative"] * 3 + ["absolute"])) == "relative":
-        n = PREFIX + hlen + draw(st.sampled_from(FRAME_OFFSETS))
-    else:
-        n = draw(st.sampled_from([0, 1, PREFIX - 1, PREFIX, PREFIX + 1, MAX_FRAME, MAX_FRAME + 1, (1 << 32) - 1]))
-    n = min(max(n, 0), (1 << 32) - 1)
-    # mostly a good magic and version, so that the lengths behind them are what is tested
-    magic = draw(st.sampled_from([framing.MAGIC] * 4 + [b"DDM", b"\x00\x00\x00"]))
-    version = draw(st.sampled_from([framing.PROTOCOL_VERSION] * 4 + [0, 2, 255]))
-    prefix = struct.pack("<I3sBI", n, magic, version, hlen)
-    frame = prefix + body
-    ending = draw(st.sampled_from(["whole", "prefix", "cut"]))  # a frame may end anywhere, even in its prefix
-    if ending == "prefix":
-        frame = prefix
-    elif ending == "cut":
-        frame = frame[: draw(st.integers(0, len(frame)))]
-    return frame + draw(st.binary(max_size=32))
-
-
 def arrivals(data: bytes, cuts: list[int]) -> list[bytes]:
     """`data` in pieces, cut at `cuts` (positions, any order, repeats ignored); none empty."""
     points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
@@ -111,7 +73,7 @@ fast = settings(
 
 
 @fast
-@given(framed(), st.lists(st.integers(0, 1 << 16), max_size=8), st.booleans())
+@given(hostile_frames(), st.lists(st.integers(0, 1 << 16), max_size=8), st.booleans())
 @example(STALL, [], False)
 @example(STALL, [1, 4, 11], True)
 def test_the_small_reader_completes_refuses_or_takes_a_byte_on_every_call(data, cuts, closes):
@@ -145,7 +107,7 @@ def test_the_small_reader_completes_refuses_or_takes_a_byte_on_every_call(data, 
 
 
 @fast
-@given(framed(), st.sampled_from(["small", "frame", "frames"]))
+@given(hostile_frames(), st.sampled_from(["small", "frame", "frames"]))
 @example(STALL, "small")
 @example(STALL + STALL, "frames")
 def test_the_blocking_readers_complete_or_fail_once_the_peer_has_closed(data, reader):
