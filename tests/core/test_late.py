@@ -9,11 +9,11 @@ from ddiloco.core.messages import Decline
 from .test_synchronizer import contribution, kinds
 
 
-def make(quorum=1, learners=2, late="merge", staleness=4, discount=0.0, defer=False):
+def make(quorum=1, learners=2, late="merge", staleness=4, discount=0.0, defer=False, sync_every=4):
     """Mean merge, no momentum, lr 0.7, H = 4, no grace: each step below is worked by hand."""
     config = AlgorithmConfig(
         fragments=1,
-        sync_every=4,
+        sync_every=sync_every,
         overlap=2,
         quorum=quorum,
         grace=0.0,
@@ -191,3 +191,41 @@ def test_late_work_from_before_a_restart_is_refused_while_work_on_the_restored_v
     assert torch.allclose(core.params["w"], torch.tensor([1.4, 0.7]))
     # work that is late only after the restart is merged as late work again (the floor is version 2)
     assert core.receive(contribution(0, [-1.0, 0.0], version=2), now=2.3) == []
+
+
+def test_the_final_flush_gathers_no_longer_than_its_end_the_drain_by_hand():
+    """#46: at H = 24 and 0.3 s steps the gathering window is 2 * 24 * 0.3 = 14.4 s, past a 12 s
+    drain; a round still open at the drain was abandoned, its accepted work never merged. With the
+    flush's end at 9 s the round that opens at 0.5 s merges at 9 s, not at 14.9 s."""
+    core = make(learners=3, sync_every=24)
+    core.receive(contribution(0, [-1.0, 0.0], step_time=0.3), now=0.0)  # K = 1: version 1, w = (0.7, 0)
+    core.begin_final_flush(ends=9.0)
+    out = core.receive(contribution(0, [-1.0, -1.0], version=1, step_time=0.3), now=0.5)
+    assert kinds(out) == ["FragmentRequest"] and out[0].learners == (1, 2)  # it gathers the others
+    assert core.next_deadline() == pytest.approx(9.0)  # min(0.5 + 14.4, 9.0)
+    assert core.poll(8.9) == []  # learners 1 and 2 are live and silent
+    merged = next(a for a in core.poll(9.0) if kinds([a]) == ["Merged"])
+    assert [w.learner for w in merged.admitted] == [0]
+    assert torch.allclose(core.params["w"], torch.tensor([1.4, 0.7]))  # (0.7, 0) + 0.7 * (1, 1)
+    assert core.rounds == {} and core.versions[0] == 2
+
+
+def test_with_k_above_one_the_final_flush_sets_its_deadline_without_waiting_for_a_quorum_by_hand():
+    """#46: with K = 2 a final-flush round with one contribution had no deadline until a quorum that
+    may never come (the others live but silent); its gathering window now runs from its opening:
+    0.5 + 2 * H 4 * 0.5 s = 4.5, and it merges what it has then."""
+    core = make(quorum=2, learners=3)
+    core.begin_final_flush()
+    out = core.receive(contribution(0, [-1.0, -1.0], step_time=0.5), now=0.5)
+    assert kinds(out) == ["FragmentRequest"] and out[0].learners == (1, 2)
+    assert core.next_deadline() == pytest.approx(4.5)
+    assert core.poll(4.4) == []
+    merged = next(a for a in core.poll(4.5) if kinds([a]) == ["Merged"])
+    assert [w.learner for w in merged.admitted] == [0]
+    assert torch.allclose(core.params["w"], torch.tensor([0.7, 0.7]))
+    # and a flush end before that wins: the same round, ending at 2.0
+    core = make(quorum=2, learners=3)
+    core.begin_final_flush(ends=2.0)
+    core.receive(contribution(0, [-1.0, -1.0], step_time=0.5), now=0.5)
+    assert core.next_deadline() == pytest.approx(2.0)
+    assert kinds(core.poll(2.0))[0] == "Merged"

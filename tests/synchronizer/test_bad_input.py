@@ -133,3 +133,20 @@ def test_protocol_version_mismatch_and_garbage_frames(service):
     err = rpc_error(lambda: client.push_frames([struct.pack("<3sBI", b"DDL", framing.PROTOCOL_VERSION, 2) + b"[]"]))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert client.call("Status", {})["merges"] == 0  # still serving
+
+
+def test_a_step_time_past_an_hour_is_refused_where_it_enters(service):
+    """#46: a reported step time up to 1e7 s was taken, and with it the grace and gathering windows
+    (H steps' worth each) stretched for months. Past `MAX_STEP_SECONDS` (an hour) a contribution is
+    refused as malformed, naming the field and its bound, and a heartbeat is INVALID_ARGUMENT; the
+    core's step time is untouched."""
+    svc, _, client, reply, _ = service
+    before = svc.core.grace.step_time.value
+    tensors = fragment_tensors(svc, reply)
+    answer = client.push_frames(client.contribution(reply["session"], 0, tensors, step_time=1e7))
+    assert answer["ok"] is False and "malformed" in answer["reason"] and "'step_time'" in answer["reason"]
+    assert "3600" in answer["reason"]
+    err = rpc_error(lambda: client.call("Heartbeat", {"session": reply["session"], "step_time": 3600.5}))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "step_time" in err.details()
+    assert client.call("Heartbeat", {"session": reply["session"], "step_time": 3600.0})["ok"] is True
+    assert svc.core.grace.step_time.value == before

@@ -17,7 +17,8 @@ work was applied on its own, one outer step after another, each with a whole rou
 real 100 ms link 126 single-learner merges and 147k refused tokens in the final flush
 (docs/algorithm.md, "The end of a run"). So in the final flush late work opens a *gathering* round at
 once, and every round then waits for each live learner (asked for the fragment: it sends its work or
-declines) at most `FINAL_GATHER_PERIODS` sync periods, and merges them all in one outer step.
+declines) at most `FINAL_GATHER_PERIODS` sync periods (counted from its opening, with or without a
+quorum, and never past the flush's end: the driver's drain), and merges them all in one outer step.
 
 Memory: one float32 running sum per fragment with late work, at most one copy of the owned
 parameters in all; the contributions' own tensors are not kept.
@@ -83,9 +84,11 @@ def carry_due(carry: Carry, sync_every: int, step_time: float) -> float:
     return carry.since + max(MIN_CARRY_SECONDS, CARRY_PERIODS * sync_every * step_time)
 
 
-def gather_until(opened_at: float, sync_every: int, step_time: float) -> float:
-    """In the final flush: until when a round waits for every live learner's last work."""
-    return opened_at + max(MIN_FINAL_GATHER_SECONDS, FINAL_GATHER_PERIODS * sync_every * step_time)
+def gather_until(opened_at: float, sync_every: int, step_time: float, ends: float | None = None) -> float:
+    """In the final flush: until when a round waits for every live learner's last work, never past
+    `ends` (the flush's end: the driver's drain, less a merge's time)."""
+    until = opened_at + max(MIN_FINAL_GATHER_SECONDS, FINAL_GATHER_PERIODS * sync_every * step_time)
+    return until if ends is None else min(until, ends)
 
 
 class LateRounds:
@@ -99,6 +102,7 @@ class LateRounds:
     grace: GraceWindow
     sums: AccumulatorPool
     final_flush: bool
+    flush_ends: float | None  # by when the final flush's rounds are merged (`begin_final_flush`)
     late_floor: dict[int, int]  # per fragment, the version restored at the last restart
 
     if TYPE_CHECKING:  # defined by `SynchronizerCore`
@@ -195,4 +199,4 @@ class LateRounds:
         return requests
 
     def _gather_until(self, opened_at: float) -> float:
-        return gather_until(opened_at, self.config.sync_every, self.grace.step_time.get())
+        return gather_until(opened_at, self.config.sync_every, self.grace.step_time.get(), self.flush_ends)

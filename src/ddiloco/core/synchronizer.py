@@ -91,6 +91,7 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         self.sums = AccumulatorPool()  # the rounds' float32 sums, reused from round to round
         self._param_norms: dict[int, tuple[int, float]] = {}  # fragment -> (version, its L2 norm)
         self.final_flush = False  # the run's budget is reached: what merges now is the final flush
+        self.flush_ends: float | None = None  # by when the final flush's rounds are merged (`begin_final_flush`)
 
     # --- membership -----------------------------------------------------------------------------
     def join(self, learner: int, now: float, restarted: bool = True) -> list[SyncAction]:
@@ -107,9 +108,13 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         self.live.discard(learner)
         return [] if hold else self._advance_all(now)
 
-    def begin_final_flush(self) -> None:
-        """The run's budget is reached; with `final_momentum` off, later merges take no momentum."""
+    def begin_final_flush(self, ends: float | None = None) -> None:
+        """The run's budget is reached; with `final_momentum` off, later merges take no momentum.
+        `ends`: by when (the clock of `now`) every round must have merged, the driver's drain less the
+        time a merge and its updates take: no gathering window or grace runs past it (a round still
+        open when the driver stops waiting would be abandoned, its accepted work never merged)."""
         self.final_flush = True
+        self.flush_ends = ends
 
     def observe_step_time(self, seconds: float) -> None:
         self.grace.step_time.update(seconds)
@@ -274,7 +279,15 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
             r.deadline = now + self.grace.length(now - r.opened_at, r.overlap, r.link)
             if self.final_flush:  # the last work of everyone, merged in one outer step (`late`)
                 r.deadline = max(r.deadline, self._gather_until(r.opened_at))
-        due = r.quorum_at is not None and (not waiting_for or (r.deadline is not None and now >= r.deadline))
+        if self.final_flush:
+            # The gathering window runs from the round's opening whether a quorum comes or not (with
+            # K > 1 it may never come: nothing later will), and every deadline ends by the flush's end.
+            if r.deadline is None:
+                r.deadline = self._gather_until(r.opened_at)
+            if self.flush_ends is not None:
+                r.deadline = min(r.deadline, self.flush_ends)
+        ready = r.quorum_at is not None or (self.final_flush and bool(r.contributions or r.late))
+        due = ready and (not waiting_for or (r.deadline is not None and now >= r.deadline))
         return self._merge(p, now) if due and not self._holding else []
 
     def _merge(self, p: int, now: float) -> list[SyncAction | MergeDue]:

@@ -30,7 +30,7 @@ import grpc
 
 from ..core import FragmentRequest, FragmentUpdate
 from ..records.supervise import Supervisor, run_supervised
-from ..wire import framing, reassembly, rpc, runend
+from ..wire import auth, framing, reassembly, rpc, runend
 from ..wire.buffers import BufferPool
 from ..wire.delta import DELTA_CODECS
 from ..wire.timeouts import Timeouts
@@ -222,8 +222,12 @@ class ShardLink(Outbound):
                 self._follow_address()
                 given_up = self.ctx.closing.is_set() or (fresh and self.ctx.stop_requested.is_set())
                 if given_up or (deadline is not None and now + delay > deadline):
+                    # a certificate that does not name the address fails as UNAVAILABLE too: say so
+                    mismatch = auth.tls_mismatch(self.address, self.ctx.credentials)
                     raise ConnectionError(
-                        f"no answer from synchronizer {self.address} ({exc.code().name}: "
+                        f"synchronizer {self.address}: {mismatch}"
+                        if mismatch is not None
+                        else f"no answer from synchronizer {self.address} ({exc.code().name}: "
                         f"{exc.details()}); is it running, and is the address right?"
                     ) from None
                 time.sleep(delay * (0.5 + random.random()))

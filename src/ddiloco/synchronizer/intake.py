@@ -22,6 +22,9 @@ MAX_STATE_CHARS = 32
 MAX_LEARNER_ID = 2**31 - 1  # the service's --max-learners bounds ids further
 MAX_OVERLAP = 100_000  # a tau in steps (a contribution's is checked against its run's H instead)
 MAX_LINK_SECONDS = 3600.0  # a learner's measured link time (snapshot to update back)
+# A learner's smoothed step time. It feeds the grace window and the final flush's gathering window
+# (H steps' worth each), so one learner reporting 1e7 s would stretch them for months (#46).
+MAX_STEP_SECONDS = 3600.0
 
 
 class BadField(ValueError):
@@ -99,7 +102,7 @@ def progress(head: dict) -> dict:
         if head.get(key) is not None:
             out[key] = count(head, key)
     if head.get("step_time") is not None:
-        out["step_time"] = number(head, "step_time")
+        out["step_time"] = number(head, "step_time", high=MAX_STEP_SECONDS)
     if head.get("loss") is not None:
         out["loss"] = number(head, "loss", high=1e6)
     if head.get("overlap") is not None:  # the learner's tau (`learner.overlap`)

@@ -43,6 +43,9 @@ from .traffic import Traffic
 __all__ = ["Refused", "ServiceSettings", "Session", "SynchronizerService"]
 
 log = logging.getLogger(__name__)
+# The share of the drain (`Timeouts.drain`) the final flush's rounds may gather in; the rest is for
+# their merges and the updates that follow.
+FLUSH_SHARE = 0.75
 
 
 class SynchronizerService(Membership):
@@ -179,7 +182,9 @@ class SynchronizerService(Membership):
             if self.stopping:
                 return
             self.stopping = True
-            self.core.begin_final_flush()
+            # the final flush's rounds gather within the drain, so that each one merges before the
+            # drain ends (`ticks`) instead of being abandoned with its accepted work (#46)
+            self.core.begin_final_flush(ends=self.now() + FLUSH_SHARE * self.settings.timeouts.drain)
             self.stop_reason = reason
             self.stop_mono = time.monotonic()
             log.info("stopping: %s", reason)

@@ -130,3 +130,50 @@ def grpc_part(credentials: object) -> object:
 def ssl_part(credentials: object) -> ssl.SSLContext | None:
     """The `ssl` context of a `Tls`; None for plain gRPC credentials (the bulk socket plane is then not used)."""
     return credentials.ssl if isinstance(credentials, Tls) else None
+
+
+def tls_mismatch(address: str, credentials: object, timeout: float = 5.0) -> str | None:
+    """Why a TLS connection to `address` ("host:port") fails on the server's certificate, naming the
+    names it holds (its subjectAltName), for the one line a learner ends with; None when the
+    certificate is not the problem, or cannot be fetched. gRPC only says "unavailable" (#46)."""
+    context = ssl_part(credentials)
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if context is None or not host or not port.isdigit():
+        return None
+    check = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    check.check_hostname = False  # the chain is verified; the name is compared below, to be named
+    for der in context.get_ca_certs(binary_form=True):
+        check.load_verify_locations(cadata=der)
+    try:
+        with socket.create_connection((host, int(port)), timeout) as raw, check.wrap_socket(raw) as tls:
+            cert = tls.getpeercert() or {}
+    except ssl.SSLCertVerificationError as exc:
+        return f"TLS: the certificate of {address} is not signed by the CA given ({exc.verify_message})"
+    except (OSError, ValueError):
+        return None
+    entries = cast("tuple[tuple[str, str], ...]", cert.get("subjectAltName", ()))  # typeshed types it loosely
+    alt = [(str(kind), str(value)) for kind, value in entries]
+    if any(_name_matches(host, kind, value) for kind, value in alt):
+        return None
+    names = ", ".join(f"{kind}:{value}" for kind, value in alt) or "no subjectAltName at all"
+    return (
+        f"TLS name mismatch: the certificate of {address} is for {names}, not {host!r}; connect by one of "
+        "those names or issue a certificate that names this one"
+    )
+
+
+def _name_matches(host: str, kind: str, value: str) -> bool:
+    """Whether a subjectAltName entry names `host` (an address, or a DNS name with at most a leading
+    wildcard label), as TLS's own check decides."""
+    if kind == "IP Address":
+        try:
+            return ipaddress.ip_address(host) == ipaddress.ip_address(value.strip())
+        except ValueError:
+            return False
+    if kind != "DNS":
+        return False
+    host, value = host.lower().rstrip("."), value.lower().rstrip(".")
+    if value.startswith("*."):
+        return "." in host and host.split(".", 1)[1] == value[2:]
+    return host == value

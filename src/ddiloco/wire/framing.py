@@ -34,6 +34,7 @@ PROTOCOL_VERSION = 1
 _PREFIX = struct.Struct("<3sBI")
 PREFIX_BYTES = _PREFIX.size
 MAX_HEADER_BYTES = 1 << 20
+MIN_HEADER_BYTES = 2  # b"{}": every frame has a JSON object for its header
 DEFAULT_CHUNK_BYTES = 1 << 20
 _ids = itertools.count(1)
 
@@ -56,7 +57,8 @@ def pack_frame(header: Mapping[str, object], body: bytes | memoryview = b"") -> 
 
 def header_length(prefix: bytes | memoryview) -> int:
     """The header length a frame's fixed prefix declares (a reader that receives a frame piece by piece
-    learns from it how much header to read); WireError on a bad magic, version or length."""
+    learns from it how much header to read); WireError on a bad magic, version or length (over
+    `MAX_HEADER_BYTES`, or under `MIN_HEADER_BYTES`: no frame is without a header)."""
     if len(prefix) != _PREFIX.size:
         raise WireError(f"frame prefix of {len(prefix)} bytes, expected {_PREFIX.size}")
     magic, version, length = cast("tuple[bytes, int, int]", _PREFIX.unpack(prefix))  # the format is <3sBI
@@ -66,6 +68,8 @@ def header_length(prefix: bytes | memoryview) -> int:
         raise WireError(f"protocol version mismatch: peer speaks {version}, this side speaks {PROTOCOL_VERSION}")
     if length > MAX_HEADER_BYTES:
         raise WireError(f"header length {length} exceeds {MAX_HEADER_BYTES}")
+    if length < MIN_HEADER_BYTES:  # refused here, before a reader sizes anything from it (#46)
+        raise WireError(f"header length {length}: a frame's header is a JSON object, at least {MIN_HEADER_BYTES} bytes")
     return length
 
 

@@ -174,15 +174,21 @@ class SmallReader:
         self.max_frame = max_frame
         self.buffer = bytearray()
         self.need = _LENGTH.size + framing.PREFIX_BYTES  # a frame is at least its prefix
+        # Whether `need` is the whole message's size yet (its length and prefix read and checked). An
+        # explicit state, not `need` compared with its first value: a frame of exactly its prefix has
+        # the same total, and that comparison made such a hello loop forever without reading (#46).
+        self.sized = False
 
     def read(self, sock: socket.socket) -> dict[str, Any] | None:
         """The message's head once it is complete; None while more must arrive. WireError for a bad
-        frame, ConnectionError when the peer closes first."""
+        frame, ConnectionError when the peer closes first. Each pass of the loop either reads at
+        least one byte or leaves it (sizing happens once), so a call ends as soon as the socket has
+        nothing more to give."""
         while True:
             want = self.need - len(self.buffer)
             if want <= 0:
-                if self.need == _LENGTH.size + framing.PREFIX_BYTES:
-                    self.need = self._frame_bytes()
+                if not self.sized:
+                    self.need, self.sized = self._frame_bytes(), True
                     continue
                 return self._head()
             try:
