@@ -18,7 +18,8 @@ A key is a path into the JSON: `a.b.c` (dict keys), `a[2]` (a list index), `a["k
 key that has dots or slashes), and `rows[method=decoupled,link=wan]` (the items of a list whose fields
 equal those values; alternatives with `|`: `size=84k|148k`; also `field<0`, `field>0`). A selector that
 matches one item continues from it; one that matches several continues on each, and the path must then
-end in an aggregate: `@min`, `@max`, `@mean`, `@count`. A key may also be `A / B` (a ratio), `A / B - 1`
+end in an aggregate: `@min`, `@max`, `@mean`, `@count` (an aggregate also takes one match, or none
+for `@count`). A key may also be `A / B` (a ratio), `A / B - 1`
 (a relative difference) or `A - B`, A and B paths. `abs = true` takes the absolute value.
 
 A figure matches when the README shows exactly the value formatted with its digits. Numbers in the "What
@@ -93,8 +94,6 @@ def lookup(data: Any, path: str) -> Any:
         pos = seg.end()
         key, index, quoted, selector, agg = seg.groups()
         if agg:
-            if not many:
-                raise ValueError(f"{path!r}: @{agg} needs a selector that matches several items")
             if agg == "count":
                 values = [len(values)]
             else:
@@ -105,11 +104,9 @@ def lookup(data: Any, path: str) -> Any:
             many = False
         elif selector is not None:
             values = [x for v in values for x in v if _match(x, selector)]
-            if not many and len(values) == 1:
-                continue
-            if not values:
+            if not values and "@" not in path:
                 raise KeyError(f"{path!r}: [{selector}] matches nothing")
-            many = True
+            many = many or len(values) != 1
         elif index is not None:
             values = [v[int(index)] for v in values]
         else:
