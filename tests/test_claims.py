@@ -61,6 +61,7 @@ def test_keys():
     assert lookup(data, "rows[x>0]@count") == 2
     assert lookup(data, "rows[m=c].x / rows[m=a].x - 1") == 1.0
     assert lookup(data, "rows[m=c].x - rows[m=a].x") == 1.0
+    assert lookup(data, "rows[m=c].x - 1") == 1.0
     with pytest.raises(ValueError, match="aggregate"):
         lookup(data, "rows[r=20].x")
     with pytest.raises(KeyError):

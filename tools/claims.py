@@ -20,7 +20,7 @@ equal those values; alternatives with `|`: `size=84k|148k`; also `field<0`, `fie
 matches one item continues from it; one that matches several continues on each, and the path must then
 end in an aggregate: `@min`, `@max`, `@mean`, `@count` (an aggregate also takes one match, or none
 for `@count`). A key may also be `A / B` (a ratio), `A / B - 1`
-(a relative difference) or `A - B`, A and B paths. `abs = true` takes the absolute value.
+(a relative difference) or `A - B`, A and B paths (B may be a number: `A - 1`). `abs = true` takes the absolute value.
 
 A figure matches when the README shows exactly the value formatted with its digits. Numbers in the "What
 we measured" section that no claim's text covers are counted (a warning, not a failure: some are
@@ -85,7 +85,8 @@ def lookup(data: Any, path: str) -> Any:
         return ratio - 1 if m.group(3) else ratio
     m = re.fullmatch(r"(.+?)\s+-\s+(.+?)", path.strip())
     if m:
-        return lookup(data, m.group(1)) - lookup(data, m.group(2))
+        right = m.group(2)
+        return lookup(data, m.group(1)) - (float(right) if re.fullmatch(r"[\d.]+", right) else lookup(data, right))
     values, many, pos = [data], False, 0
     while pos < len(path):
         seg = _SEGMENT.match(path, pos)
