@@ -45,6 +45,14 @@ def test_a_figure_whose_text_is_gone_fails(tmp_path, capsys):
     assert "NOT FOUND" in capsys.readouterr().out
 
 
+def test_a_new_number_in_what_we_measured_fails(tmp_path, capsys):
+    copy = tmp_path / "README.md"
+    new = "\n- A new figure: 3.14 % faster.\n\n## Layout"
+    copy.write_text((ROOT / "README.md").read_text().replace("\n## Layout", new))
+    assert _claims().main(["--readme", str(copy), "--uncovered"]) == 1
+    assert "UNCOVERED 3.14" in capsys.readouterr().out
+
+
 def test_keys():
     lookup = _claims().lookup
     data = {

@@ -1,18 +1,19 @@
 """Hold every figure the README states about a measurement against the results file it comes from.
 
     python tools/claims.py                 # check README.md against tools/claims.toml; exit 1 on any miss
-    python tools/claims.py --uncovered     # also list the numbers in "## What we measured" no claim covers
+    python tools/claims.py --uncovered     # list the numbers in "## What we measured" that no claim covers
     python tools/claims.py --readme COPY   # check another copy of the README (the test does this)
 
 Each `[[claim]]` in tools/claims.toml is:
 
     text   = "goodput {} % for data-parallel"    # README text, one {} per figure (whitespace is normalised)
-    file   = "benchmarks/results/goodput-chip.json"
+    file   = "benchmarks/results/goodput-calibration.json"
     keys   = ["results[method=ddp,chips=1200000].goodput"]   # one per {}
     scale  = 100          # optional: multiply before rounding (default 1); a list gives one per {}
     digits = 0            # optional: decimals (default 3); a list gives one per {}
     unchecked = "why"     # instead of file/keys: the text holds its numbers literally; the figure has no
                           # committed results file (say why); the text must still be found
+    setting = "what"      # the same for numbers that are not measurements (a configuration, a version)
 
 A key is a path into the JSON: `a.b.c` (dict keys), `a[2]` (a list index), `a["k.with.dots"]` (a dict
 key that has dots or slashes), and `rows[method=decoupled,link=wan]` (the items of a list whose fields
@@ -22,9 +23,9 @@ end in an aggregate: `@min`, `@max`, `@mean`, `@count` (an aggregate also takes 
 for `@count`). A key may also be `A / B` (a ratio), `A / B - 1`
 (a relative difference) or `A - B`, A and B paths (B may be a number: `A - 1`). `abs = true` takes the absolute value.
 
-A figure matches when the README shows exactly the value formatted with its digits. Numbers in the "What
-we measured" section that no claim's text covers are counted (a warning, not a failure: some are
-settings, not measurements); `--uncovered` lists them.
+A figure matches when the README shows exactly the value formatted with its digits. A number in the
+"What we measured" section that no claim's text covers (a claim, an unchecked figure or a setting) is a
+failure too, so that a new figure cannot go in unchecked; `--uncovered` lists them with their context.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ else:  # pragma: no cover
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## What we measured"
-NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*")
 _SEGMENT = re.compile(r'\.?(?:([^.\[\]@]+)|\[(\d+)\]|\["([^"]+)"\]|\[([^\]]+)\])|@(min|max|mean|count)')
 
 
@@ -123,7 +124,7 @@ def _format(value: float, digits: int) -> str:
 
 
 def check(readme: Path, table: Path) -> tuple[int, list[str], list[str], int]:
-    """(claims, problems, uncovered numbers, unchecked): one line per problem."""
+    """(figures checked against a file, problems, uncovered numbers, unchecked): one line per problem."""
     text = readme.read_text()
     flat = _norm(text)
     claims = tomllib.loads(table.read_text())["claim"]
@@ -133,10 +134,10 @@ def check(readme: Path, table: Path) -> tuple[int, list[str], list[str], int]:
     cache: dict[str, Any] = {}
     for claim in claims:
         pattern = _norm(claim["text"])
-        if "unchecked" in claim:
-            unchecked += 1
+        if "setting" in claim or "unchecked" in claim:
+            unchecked += "unchecked" in claim
             expected = pattern
-            where = f"unchecked: {claim['unchecked']}"
+            where = f"unchecked: {claim['unchecked']}" if "unchecked" in claim else f"setting: {claim['setting']}"
         else:
             keys = claim["keys"]
             digits = claim.get("digits", 3)
@@ -175,26 +176,27 @@ def check(readme: Path, table: Path) -> tuple[int, list[str], list[str], int]:
         for m in NUMBER.finditer(flat, start + len(SECTION), end if end >= 0 else len(flat)):
             if not any(a <= m.start() and m.end() <= b for a, b in spans):
                 uncovered.append(f"{m.group()}  …{flat[max(m.start() - 40, 0) : m.end() + 20]}…")
-    return len(claims), problems, uncovered, unchecked
+    checked = sum("keys" in claim for claim in claims)
+    return checked, problems, uncovered, unchecked
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     parser.add_argument("--table", type=Path, default=ROOT / "tools" / "claims.toml")
-    parser.add_argument("--uncovered", action="store_true", help="list the numbers no claim covers")
+    parser.add_argument("--uncovered", action="store_true", help="list the numbers that no claim covers")
     args = parser.parse_args(argv)
     n, problems, uncovered, unchecked = check(args.readme, args.table)
     for line in problems:
         print(line)
-    if args.uncovered:
-        for line in uncovered:
-            print(f"UNCOVERED {line}")
+    for line in uncovered if args.uncovered else []:
+        print(f"UNCOVERED {line}")
     print(
-        f"{n} claims checked ({unchecked} unchecked, stated without a results file), {len(problems)} mismatches; "
-        f"{len(uncovered)} numbers in {SECTION!r} no claim covers (--uncovered lists them)"
+        f"{n} claims checked against their results files, {unchecked} unchecked (no results file: tools/claims.toml "
+        f"says why), {len(problems)} mismatches, "
+        f"{len(uncovered)} numbers in {SECTION!r} no claim covers" + (" (--uncovered lists them)" if uncovered else "")
     )
-    return 1 if problems else 0
+    return 1 if problems or uncovered else 0
 
 
 if __name__ == "__main__":
