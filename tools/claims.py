@@ -6,7 +6,7 @@
 
 Each `[[claim]]` in tools/claims.toml is:
 
-    text   = "goodput {} % for data-parallel"    # README text, one {} per figure (whitespace is normalised)
+    text   = "goodput {} % for data-parallel"    # README text, {} per figure (spaces, quote marks normalised)
     file   = "benchmarks/results/goodput-calibration.json"
     keys   = ["results[method=ddp,chips=1200000].goodput"]   # one per {}
     scale  = 100          # optional: multiply before rounding (default 1); a list gives one per {}
@@ -125,8 +125,7 @@ def _format(value: float, digits: int) -> str:
 
 def check(readme: Path, table: Path) -> tuple[int, list[str], list[str], int]:
     """(figures checked against a file, problems, uncovered numbers, unchecked): one line per problem."""
-    text = readme.read_text()
-    flat = _norm(text)
+    flat = _norm(re.sub(r"(?m)^>[ \t]?", "", readme.read_text()))  # a quote's lines read as one text
     claims = tomllib.loads(table.read_text())["claim"]
     problems: list[str] = []
     spans: list[tuple[int, int]] = []
