@@ -141,16 +141,18 @@ class Merge(str, enum.Enum):
     mean = "mean"
 
 
-class SimMethod(str, enum.Enum):  # sim.config.METHODS
+class SimMethod(str, enum.Enum):  # core.methods.METHODS
     decoupled = "decoupled"
     diloco = "diloco"
     ddp = "ddp"
     elastic_ddp = "elastic-ddp"
+    streaming = "streaming"
 
 
-class RuntimeMethod(str, enum.Enum):
+class RuntimeMethod(str, enum.Enum):  # core.methods.DILOCO_METHODS
     decoupled = "decoupled"
     diloco = "diloco"
+    streaming = "streaming"
 
 
 class RunMethod(str, enum.Enum):  # ddiloco run: the runtime's methods and the data-parallel baselines
@@ -158,6 +160,7 @@ class RunMethod(str, enum.Enum):  # ddiloco run: the runtime's methods and the d
     diloco = "diloco"
     ddp = "ddp"
     elastic_ddp = "elastic-ddp"
+    streaming = "streaming"
 
 
 class Network(str, enum.Enum):  # ddiloco run --network

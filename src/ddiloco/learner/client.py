@@ -135,6 +135,7 @@ class LearnerClient(LeaderSide):
         )
         self._force: dict[int, int] = {}
         self._blocking = False
+        self.waits, self.wait_seconds = 0, 0.0  # boundaries where we waited for a merged fragment, and how long
         self._span_start: list[float] = []
         self._stop, self._progress = False, 0.0
         self._fatal: str | None = None
@@ -180,7 +181,7 @@ class LearnerClient(LeaderSide):
         plan, self.config, self.owner = check_replies(self.addresses, replies, self.params)
         self.timeouts = self.links[0].timeouts
         self.names = [list(n) for n in plan.names]
-        self._blocking = self.config.overlap == 0
+        self._blocking = self.config.overlap == 0 or self.config.synchronous  # may wait at a boundary
         self.overlap = OverlapChooser(self.config.overlap, self.config.sync_every, self.config.overlap_auto)
         held = self.fanout.algorithm_params() if self.fanout is not None else self.params
         sharded = bool(self.fanout and self.fanout.sharded)

@@ -47,6 +47,8 @@ def write_journal(c: LearnerClient) -> None:
             "tokens_overwritten": round(c.core.tokens_overwritten, 1) if c.core is not None else 0.0,
             "overlap": c.overlap.tau if c.overlap is not None else None,
             "overlap_why": c.overlap.reason()[:120] if c.overlap is not None else None,
+            "waits": c.waits,  # step boundaries held back for a merged fragment (blocking, streaming)
+            "wait_seconds": round(c.wait_seconds, 3),
         }
     )
 
@@ -80,6 +82,8 @@ def stats(c: LearnerClient) -> dict:
         "recovered": c.recovered,
         "donations": len(c.donations),
         "overlap": c.overlap.summary() if c.overlap is not None else None,
+        "waits": c.waits,
+        "wait_seconds": c.wait_seconds,
     }
 
 
