@@ -54,7 +54,7 @@ QUORUM = typer.Option(_D.quorum, "--quorum", "-K", help="Minimum quorum K (cappe
 GRACE = typer.Option(
     _D.grace, "--grace", help="Grace factor gamma in [0, 1); 0 disables the grace window (docs/algorithm.md: why 0.9)."
 )
-MERGE = typer.Option(None, "--merge", help="Default: rda; mean for --method diloco.")
+MERGE = typer.Option(None, "--merge", help="Default: rda; mean for --method diloco and streaming.")
 OUTER_LR = typer.Option(_D.outer_lr, "--outer-lr", help="Outer Nesterov learning rate.")
 OUTER_MOMENTUM = typer.Option(_D.outer_momentum, "--outer-momentum", help="Outer Nesterov momentum.")
 ARRIVAL = typer.Option(
