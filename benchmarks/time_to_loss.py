@@ -1,9 +1,11 @@
 """Time to loss: does Decoupled DiLoCo reach a given loss sooner, in wall-clock seconds, than what users
 run today? Loss against wall time for data-parallel (`ddp`), elastic data-parallel (`elastic-ddp`),
-synchronous DiLoCo (`diloco`) and Decoupled DiLoCo (`decoupled`), real processes via `ddiloco run`,
-in four scenarios, each also run on the virtual clock (`ddiloco sim`) to say how far the two agree.
+synchronous DiLoCo (`diloco`), Streaming DiLoCo (`streaming`: fragments and overlap, every learner
+in every round) and Decoupled DiLoCo (`decoupled`), real processes via `ddiloco run`, in four
+scenarios, each also run on the virtual clock (`ddiloco sim`) to say how far the two agree. The best
+synchronous rival (`best_synchronous`) is whichever of diloco and streaming ends at the lower loss.
 
-All four methods train the same model on the same data shards with the same AdamW, token budget,
+All five methods train the same model on the same data shards with the same AdamW, token budget,
 step pad (--min-step-seconds: each learner behaves like its own accelerator) and failure trace
 (one CSV, replayed to every method with --chaos-trace, offsets from each run's launch; on Slurm one
 schedule of requeues, offsets from each run's submission):
@@ -66,8 +68,9 @@ from ddiloco.chaos.trace import FailureTrace, Outage
 from ddiloco.train.device import STEP_SLOWDOWN_ENV
 
 SCENARIOS = ("one_site", "cross_site", "mixed_hardware", "preemptible")
-METHODS = ("ddp", "elastic-ddp", "diloco", "decoupled")
-BASELINES = METHODS[:3]
+METHODS = ("ddp", "elastic-ddp", "diloco", "streaming", "decoupled")
+BASELINES = METHODS[:4]
+SYNCHRONOUS = ("diloco", "streaming")  # the synchronous DiLoCo rivals
 LR_CANDIDATES = (3e-3, 6e-3, 1.2e-2, 2.4e-2)
 REAL = {"params": 1e9, "step_seconds": 1.0, "gbit_per_s": 1.0, "latency_ms": 35.0}
 
@@ -175,7 +178,7 @@ def sweep_lr(args: argparse.Namespace, base: Path) -> tuple[dict[str, float], di
     failures, the scenarios' budget (elastic-ddp takes ddp's: it is the same optimisation)."""
     plain = Scenario("sweep")
     losses: dict[str, dict[str, float]] = {}
-    for method in ("ddp", "diloco", "decoupled"):
+    for method in ("ddp", "diloco", "streaming", "decoupled"):
         losses[method] = {}
         for lr in LR_CANDIDATES:
             r = sim_run(sim_flags(args, plain, method, lr), base / f"sweep-{method}-{lr:g}")
@@ -198,6 +201,8 @@ def compare(runs: dict[str, dict], tolerance: float = 0.0) -> dict:
     target = finals[best] if best is not None else math.nan
     first = min(r["finish"] for r in runs.values())
     out = {"target": target, "best_baseline": best, "first_finish_seconds": first, "seconds": {}, "at_first": {}}
+    rivals = [m for m in SYNCHRONOUS if m in finals]  # the better synchronous DiLoCo, by final loss
+    out["best_synchronous"] = min(rivals, key=lambda m: finals[m]) if rivals else None
     out["strict"] = {}
     for m, r in runs.items():
         out["seconds"][m] = seconds_to_target(r["curve"], target + tolerance)
@@ -275,6 +280,7 @@ def one_scenario(args: argparse.Namespace, sc: Scenario, lrs: dict[str, float], 
         "target": c["target"],
         "tolerance": args.tolerance,
         "best_baseline": c["best_baseline"],
+        "best_synchronous": c["best_synchronous"],
         "first_finish_seconds": c["first_finish_seconds"],
         "aim": sc.aim,
         "aim_met": aim_met(sc.name, c["seconds"], c["best_baseline"]),

@@ -48,6 +48,9 @@ def test_compare_takes_the_best_baselines_final_loss_as_the_target():
     }
     c = ttl.compare(runs)
     assert c["best_baseline"] == "ddp" and c["target"] == 2.3 and c["first_finish_seconds"] == 12.0
+    assert c["best_synchronous"] == "diloco"  # the only synchronous DiLoCo here
+    streaming = {"curve": [(5.0, 3.0), (25.0, 2.35)], "finish": 25.0}
+    assert ttl.compare({**runs, "streaming": streaming})["best_synchronous"] == "streaming"  # 2.35 < 2.4
     assert c["seconds"]["ddp"] == pytest.approx(20.0)
     assert c["seconds"]["decoupled"] == pytest.approx(10.0 + 2.0 * (0.2 / 0.3))
     assert c["seconds"]["elastic-ddp"] is None and c["seconds"]["diloco"] is None

@@ -55,7 +55,7 @@ QUORUM = typer.Option(_D.quorum, "--quorum", "-K", help="Minimum quorum K (cappe
 GRACE = typer.Option(
     _D.grace, "--grace", help="Grace factor gamma in [0, 1); 0 disables the grace window (docs/algorithm.md: why 0.9)."
 )
-MERGE = typer.Option(None, "--merge", help="Default: rda; mean for --method diloco.")
+MERGE = typer.Option(None, "--merge", help="Default: rda; mean for --method diloco and streaming.")
 OUTER_LR = typer.Option(_D.outer_lr, "--outer-lr", help="Outer Nesterov learning rate.")
 OUTER_MOMENTUM = typer.Option(_D.outer_momentum, "--outer-momentum", help="Outer Nesterov momentum.")
 ARRIVAL = typer.Option(
@@ -142,16 +142,18 @@ class Merge(str, enum.Enum):
     mean = "mean"
 
 
-class SimMethod(str, enum.Enum):  # sim.config.METHODS
+class SimMethod(str, enum.Enum):  # core.methods.METHODS
     decoupled = "decoupled"
     diloco = "diloco"
     ddp = "ddp"
     elastic_ddp = "elastic-ddp"
+    streaming = "streaming"
 
 
-class RuntimeMethod(str, enum.Enum):
+class RuntimeMethod(str, enum.Enum):  # core.methods.DILOCO_METHODS
     decoupled = "decoupled"
     diloco = "diloco"
+    streaming = "streaming"
 
 
 class RunMethod(str, enum.Enum):  # ddiloco run: the runtime's methods and the data-parallel baselines
@@ -159,6 +161,7 @@ class RunMethod(str, enum.Enum):  # ddiloco run: the runtime's methods and the d
     diloco = "diloco"
     ddp = "ddp"
     elastic_ddp = "elastic-ddp"
+    streaming = "streaming"
 
 
 class Network(str, enum.Enum):  # ddiloco run --network

@@ -16,8 +16,10 @@ from .run_options import check_backend_flags, hosts_plan, kill_shard_list
 def run(
     method: options.RunMethod = typer.Option(
         "decoupled",
-        help="decoupled, diloco (synchronous baseline: every learner waits at every outer step), or the "
-        "data-parallel baselines ddp and elastic-ddp (docs/dataparallel.md).",
+        help="decoupled, diloco (synchronous baseline: every learner waits at every outer step), streaming "
+        "(Streaming DiLoCo: fragments and overlap tau, every learner in every round, a learner waits once a "
+        "fragment is more than tau steps overdue), or the data-parallel baselines ddp and elastic-ddp "
+        "(docs/dataparallel.md).",
     ),
     model: options.Model = typer.Option("gpt", help="The model to train."),
     model_size: options.ModelSize = typer.Option("default", help="default (~1M parameters) or tiny."),
@@ -200,7 +202,7 @@ def run(
 
     on_hosts = options.plain(network)[0] == "hosts"
     if on_hosts and (options.plain(backend)[0] != "local" or method in ("ddp", "elastic-ddp")):
-        raise user_error(ValueError("--network hosts: with --backend local and --method decoupled or diloco only"))
+        raise user_error(ValueError("--network hosts: with --backend local and a DiLoCo method only"))
     slurm_flags = {  # `cluster.sbatch.SlurmOptions`' fields, for both launchers on Slurm
         "partition": partition,
         "account": account,

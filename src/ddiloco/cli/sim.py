@@ -9,6 +9,7 @@ from typing import cast
 import typer
 
 from ..chaos.trace import FailureTrace, random_trace
+from ..core import methods
 from ..core.config import AlgorithmConfig, MergeMode
 from ..records.events import EventLog
 from ..records.rundir import MetricsLog, RunDir, jsonable
@@ -143,11 +144,10 @@ def sim(
 
     options.set_threads(threads)
     tau, _ = options.parse_overlap(overlap)  # auto: tau_0 (the virtual clock has no measured link)
-    if method == "diloco":  # synchronous DiLoCo: one fragment, blocking syncs, everyone waits (P, tau, K ignored)
-        fragments, tau, quorum = 1, 0, learners
     probe = None  # the task, when building it first tells the default number of fragments
     try:
-        if fragments is None:
+        fixed = methods.fixed_knobs(method, learners)  # what the method sets, whatever was asked (core.methods)
+        if fragments is None and "fragments" not in fixed:
             from ..api.model import fit_fragments
             from ..train.tasks import make_task
 
@@ -155,8 +155,8 @@ def sim(
                 model, data, seq_len=seq_len, model_size=model_size, tokenizer=tokenizer, bpe_vocab_size=bpe_vocab
             )
             fragments = fit_fragments(len(list(probe.build_model(seed).parameters())), None, sync_every)
-        algorithm = AlgorithmConfig(
-            fragments=fragments,
+        knobs = dict(
+            fragments=fragments or 1,
             sync_every=sync_every,
             overlap=tau,
             late=options.plain(late)[0],
@@ -166,10 +166,11 @@ def sim(
             grace=grace,
             outer_lr=outer_lr,
             outer_momentum=outer_momentum,
-            merge=cast(MergeMode, merge or ("mean" if method == "diloco" else "rda")),  # an options.Merge value
+            merge=cast(MergeMode, merge or methods.default_merge(method)),  # an options.Merge value
             arrival=options.plain(arrival)[0],
             final_momentum=final_momentum,
         )
+        algorithm = AlgorithmConfig(**{**knobs, **fixed})
         steps = StepTimeModel(step_time, parse_speeds(speeds, learners, hetero), jitter, straggle_prob, straggle_factor)
         # A generous horizon for random failures: the run cannot take longer than this at speed 1.
         horizon = 4.0 * step_time * max(steps.speeds or (1.0,)) * tokens / max(1, batch_size * seq_len)
@@ -185,7 +186,7 @@ def sim(
             tokens=tokens,
             seed=seed,
             algorithm=algorithm
-            if method in ("decoupled", "diloco")
+            if method in methods.DILOCO_METHODS
             else AlgorithmConfig(fragments=1, sync_every=max(2, sync_every)),
             inner=InnerConfig(lr=inner_lr, batch_size=batch_size),
             steps=steps,

@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -17,21 +17,18 @@ from .output import user_error
 
 if TYPE_CHECKING:
     from ..core.config import AlgorithmConfig
-    from ..sim.config import Method
 
 
 def algorithm_for(method: str, learners: int, **knobs: Any) -> AlgorithmConfig:
-    """The algorithm a method runs, exactly as the simulator derives it (diloco: P=1, tau=0, K=M)."""
+    """The algorithm a method runs, as `core.methods.algorithm_for` says (the simulator's too);
+    `merge` None: the method's default."""
+    from ..core import methods
     from ..core.config import AlgorithmConfig
-    from ..sim.config import SimConfig
 
-    if method not in ("decoupled", "diloco"):
-        raise ValueError(f"the runtime runs --method decoupled or diloco, got {method!r}")
-    knobs["merge"] = knobs.get("merge") or ("mean" if method == "diloco" else "rda")
-    if method == "diloco":  # one fragment, whatever -P says (as `ddiloco sim` derives it)
-        knobs["fragments"] = 1
-    checked = cast("Method", method)  # one of the two, checked above
-    return SimConfig(method=checked, learners=learners, algorithm=AlgorithmConfig(**knobs)).effective_algorithm()
+    if method not in methods.DILOCO_METHODS:
+        raise ValueError(f"the runtime runs --method {', '.join(methods.DILOCO_METHODS)}, got {method!r}")
+    knobs["merge"] = knobs.get("merge") or methods.default_merge(method)
+    return AlgorithmConfig(**{**knobs, **methods.fixed_knobs(method, learners)})
 
 
 @app.command("synchronizer")
@@ -57,7 +54,9 @@ def synchronizer(
         "Hugging Face model's embeddings.",
     ),
     method: options.RuntimeMethod = typer.Option(
-        "decoupled", help="decoupled, or diloco (synchronous baseline: P=1, tau=0, K=M)."
+        "decoupled",
+        help="decoupled; streaming (Streaming DiLoCo: K=M, no grace, learners wait past tau); "
+        "or diloco (synchronous baseline: P=1, tau=0, K=M).",
     ),
     learners: int = options.LEARNERS,
     fragments: int | None = options.FRAGMENTS,

@@ -38,6 +38,8 @@ class AlgorithmConfig:
     quorum is capped at the number of live learners, so K >= M means "wait for every live learner".
     overlap 0 means blocking syncs: a learner waits at the boundary for the fragment it just sent
     (classic synchronous DiLoCo).
+    synchronous: a learner waits for a fragment it sent once it is more than tau steps overdue, and
+    contributes only on its own schedule (Streaming DiLoCo; `core.methods` sets it per method).
     overlap_auto: each learner widens its tau beyond `overlap` by the steps its link takes (the
     measured time to push a fragment and get the update back), so Eq. 3's slack stays positive behind
     a long link (`learner.overlap`); off, tau is `overlap` everywhere.
@@ -64,6 +66,7 @@ class AlgorithmConfig:
     late: LateMode = "merge"
     max_staleness: int = 4
     staleness_discount: float = 0.0
+    synchronous: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -98,6 +101,8 @@ class AlgorithmConfig:
             problems.append(f"staleness_discount must be a finite number >= 0, got {self.staleness_discount}")
         if not isinstance(self.overlap_auto, bool):
             problems.append(f"overlap_auto must be true or false, got {self.overlap_auto!r}")
+        if not isinstance(self.synchronous, bool):
+            problems.append(f"synchronous must be true or false, got {self.synchronous!r}")
         if not isinstance(self.final_momentum, bool):
             problems.append(f"final_momentum must be true or false, got {self.final_momentum!r}")
         if not 0 < self.ema <= 1:

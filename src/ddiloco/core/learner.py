@@ -68,6 +68,7 @@ class LearnerCore:
         rebase: bool = False,
         stage: Callable[[int, Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]] | None = None,
         late_merged: bool = True,
+        synchronous: bool = False,
     ) -> None:
         """`ema`: smoothing of the step time sent with each contribution (`AlgorithmConfig.ema`);
         `rebase`: keep local progress when a global value arrives (`AlgorithmConfig.arrival`);
@@ -75,7 +76,8 @@ class LearnerCore:
         base values; a driver passes one that copies now and subtracts later, in another thread
         (`learner.staging`). Default: computed here. `late_merged`: the synchronizer merges work that
         missed its round into a later one (`AlgorithmConfig.late` "merge"), so a snapshot an update did
-        not take is still on its way, not unsent work to keep."""
+        not take is still on its way, not unsent work to keep. `synchronous`: wait for a fragment once it
+        is more than tau steps overdue (`must_wait`), contribute only on our own schedule (Streaming DiLoCo)."""
         missing = set(plan.all_names()) - set(params)
         if missing:
             raise KeyError(f"model lacks parameters named in the fragment plan: {sorted(missing)[:5]}")
@@ -88,7 +90,10 @@ class LearnerCore:
         self.schedule = schedule
         # Blocking (tau = 0) learners contribute only on their own schedule: answering a pull early
         # would cut the outer step short of H inner steps, which classic DiLoCo never does.
-        self.answer_requests = schedule.overlap > 0 if answer_requests is None else answer_requests
+        # So do synchronous (Streaming DiLoCo) learners: every learner sends each fragment after H steps.
+        self.synchronous = synchronous
+        default_answer = schedule.overlap > 0 and not synchronous
+        self.answer_requests = default_answer if answer_requests is None else answer_requests
         num = plan.num_fragments
         self.step = 0
         self.joined = False
@@ -364,5 +369,18 @@ class LearnerCore:
         )
 
     def must_wait(self) -> bool:
-        """Blocking mode only: a fragment we sent has not come back yet."""
-        return self.schedule.overlap == 0 and any(v is not None for v in self.pending)
+        """Whether the next step must wait for a fragment we sent: with overlap 0 (blocking syncs) until
+        each comes back; when `synchronous`, once one is more than tau steps overdue (`overdue`)."""
+        if self.schedule.overlap == 0:
+            return any(v is not None for v in self.pending)
+        # while a contribution is pending, its fragment's anchor is the step it was sent at (`_snapshot`)
+        return self.synchronous and any(
+            v is not None and overdue(self.step + 1, self.anchors[p], self.overlap) for p, v in enumerate(self.pending)
+        )
+
+
+def overdue(step: int, sent_at: int, overlap: int) -> bool:
+    """Streaming DiLoCo's rule: step `step` may run without the merged value of a fragment sent after
+    step `sent_at` only while it is one of the tau overlapped steps (sent_at + 1 .. sent_at + tau); a
+    later step waits for it. tau = 0 waits at once: synchronous DiLoCo."""
+    return step > sent_at + overlap

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..chaos.injector import ChaosSettings
+from ..core import methods
 from ..core.config import AlgorithmConfig
 from ..learner.ending import DEFAULT_ORPHAN_TIMEOUT
 from ..wire.framing import DEFAULT_CHUNK_BYTES
@@ -62,8 +63,8 @@ class RunConfig:
     chaos: ChaosSettings = field(default_factory=ChaosSettings)
 
     def __post_init__(self) -> None:
-        if self.method not in ("decoupled", "diloco"):
-            raise ValueError(f"ddiloco run supports --method decoupled or diloco, got {self.method!r}")
+        if self.method not in methods.DILOCO_METHODS:
+            raise ValueError(f"ddiloco run supports --method {', '.join(methods.DILOCO_METHODS)}, got {self.method!r}")
         if self.tokens is None and self.duration is None:
             raise ValueError("give --tokens N or --duration S (or both): the run needs a budget")
         if self.learners < 1 or self.sync_shards < 1:
@@ -223,16 +224,20 @@ class RunConfig:
         return args
 
     def as_dict(self) -> dict:
+        """The settings the run's synchronizers use: what the user asked, then what the method sets
+        (`core.methods`)."""
+        fixed = methods.fixed_knobs(self.method, self.learners)
+        overlap = "auto" if self.overlap_auto else self.overlap
         return {
             "method": self.method,
             "model": self.model,
             "learners": self.learners,
             "seed": self.seed,
-            "fragments": 1 if self.method == "diloco" else self.fragments,
+            "fragments": fixed.get("fragments", self.fragments),
             "sync_every": self.sync_every,
-            "overlap": 0 if self.method == "diloco" else ("auto" if self.overlap_auto else self.overlap),
+            "overlap": fixed.get("overlap", overlap),
             "late": self.late,
-            "quorum": self.learners if self.method == "diloco" else self.quorum,
-            "grace": self.grace,
-            "merge": self.merge or ("mean" if self.method == "diloco" else "rda"),
+            "quorum": fixed.get("quorum", self.quorum),
+            "grace": fixed.get("grace", self.grace),
+            "merge": self.merge or methods.default_merge(self.method),
         }

@@ -142,6 +142,7 @@ class LearnerClient(LeaderSide):
         )
         self._force: dict[int, int] = {}
         self._blocking = False
+        self.waits, self.wait_seconds = 0, 0.0  # boundaries where we waited for a merged fragment, and how long
         self._span_start: list[float] = []
         self._stop, self._progress = False, 0.0
         self._fatal: str | None = None
@@ -204,7 +205,7 @@ class LearnerClient(LeaderSide):
         solo = self.config.max_staleness * self.config.sync_every  # S rounds' worth of steps
         self.watch = EndWatch(self.learner, self.ctx.orphan_timeout, solo, self.timeouts.failure, where)
         self.names = [list(n) for n in plan.names]
-        self._blocking = self.config.overlap == 0
+        self._blocking = self.config.overlap == 0 or self.config.synchronous  # may wait at a boundary
         self.overlap = OverlapChooser(self.config.overlap, self.config.sync_every, self.config.overlap_auto)
         held = self.fanout.algorithm_params() if self.fanout is not None else self.params
         sharded = bool(self.fanout and self.fanout.sharded)

@@ -119,6 +119,7 @@ def make_core(
         base_device=base_device,
         stage=stage,
         late_merged=config.late == "merge",
+        synchronous=config.synchronous,
     )
 
 

@@ -49,6 +49,8 @@ class LeaderSide:
     _donate_to: list[tuple[int, str]]
     _force: dict[int, int]
     _blocking: bool
+    waits: int
+    wait_seconds: float
     _span_start: list[float]
     _stop: bool
     _progress: float
@@ -82,6 +84,7 @@ class LeaderSide:
         core = cast("LearnerCore", self.core)  # made by `start`
         self._send(core.collect(), due)
         before = list(core.versions)
+        waiting, started = core.must_wait(), time.perf_counter()  # counted: what synchronous methods cost
         while core.must_wait() and not self.ctx.stop_requested.is_set():
             self._drain(wait=self.timeouts.heartbeat)
             self._check_end()  # a blocking sync waits for no shard past the orphan bound
@@ -89,6 +92,9 @@ class LeaderSide:
             self._send(core.collect(), [])
             if self._fatal:
                 raise SynchronizerError(self._fatal)
+        if waiting:
+            self.waits += 1
+            self.wait_seconds += time.perf_counter() - started
         if self.fanout is None or self._blocking:  # else every rank must keep the value shared at the begin
             self._stop = self.ctx.stop_requested.is_set()
             self._progress = max(self._progress, self.ctx.global_progress)

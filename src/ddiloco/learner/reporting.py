@@ -47,6 +47,8 @@ def write_journal(c: LearnerClient) -> None:
             "tokens_overwritten": round(c.core.tokens_overwritten, 1) if c.core is not None else 0.0,
             "overlap": c.overlap.tau if c.overlap is not None else None,
             "overlap_why": c.overlap.reason()[:120] if c.overlap is not None else None,
+            "waits": c.waits,  # step boundaries held back for a merged fragment (blocking, streaming)
+            "wait_seconds": round(c.wait_seconds, 3),
         }
     )
 
@@ -81,6 +83,8 @@ def stats(c: LearnerClient) -> dict:
         "donations": len(c.donations),
         "overlap": c.overlap.summary() if c.overlap is not None else None,
         **(c.ending.as_dict() if c.ending is not None else {"ended": None, "exit_code": 0}),
+        "waits": c.waits,
+        "wait_seconds": c.wait_seconds,
     }
 
 

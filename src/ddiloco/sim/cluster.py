@@ -121,6 +121,7 @@ class DecoupledCluster:
             "longest_gap_seconds": self.longest_gap,
             "fragments": self.algorithm.fragments,
             "peak_step_bytes": self.peak_send_bytes,
+            "wait_seconds": sum(learner.waited for learner in self.learners),  # held back by synchronous syncs
             "outer_norm_ratio": sum(self.norm_ratios) / len(self.norm_ratios) if self.norm_ratios else None,
         }
 
@@ -147,6 +148,7 @@ class DecoupledCluster:
             ema=self.algorithm.ema,
             rebase=self.algorithm.rebases,
             late_merged=self.algorithm.late == "merge",
+            synchronous=self.algorithm.synchronous,
         )
         if now > 0:
             learner.optimizer = self._rejoin_optimizer(learner)
@@ -167,13 +169,19 @@ class DecoupledCluster:
         if learner.state == "down":
             return
         self.observe("down", now, {"learner": m})
+        self._end_wait(learner, now)
         learner.state = "down"
         learner.incarnation += 1  # everything in flight to or from the old process is lost
         learner.core = None
         self._dispatch(self.sync.leave(m, now), now)
 
     # --- learners -------------------------------------------------------------------------------
+    def _end_wait(self, learner: SimLearner, now: float) -> None:
+        if learner.state == "waiting":
+            learner.waited += now - learner.wait_since
+
     def _start_step(self, learner: SimLearner, now: float) -> None:
+        self._end_wait(learner, now)
         learner.state = "stepping"
         learner.step_started = now
         learner.step_duration = learner.sample_step_time()
@@ -203,7 +211,7 @@ class DecoupledCluster:
         if self.tokens_trained >= self.config.tokens:
             self._drain(now)
         elif learner.live_core.must_wait():
-            learner.state = "waiting"
+            learner.state, learner.wait_since = "waiting", now
         else:
             self._start_step(learner, now)
 
@@ -213,6 +221,7 @@ class DecoupledCluster:
         self.sync.begin_final_flush()
         for learner in self.learners:
             if learner.state in ("stepping", "waiting"):
+                self._end_wait(learner, now)
                 learner.state = "stopped"
                 self._send(learner, learner.live_core.flush(), now)
             elif learner.state == "joining":

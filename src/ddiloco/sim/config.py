@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from ..chaos.trace import FailureTrace
 from ..core.config import AlgorithmConfig
+from ..core.methods import METHODS, algorithm_for
 from ..train.inner import InnerConfig
 from ..wire import quant
 from .hardware import LinkModel, StepTimeModel
 
-Method = Literal["ddp", "elastic-ddp", "diloco", "decoupled"]
-METHODS: tuple[str, ...] = ("ddp", "elastic-ddp", "diloco", "decoupled")
+Method = Literal["ddp", "elastic-ddp", "diloco", "streaming", "decoupled"]  # core.methods.METHODS
 
 
 @dataclass(frozen=True)
@@ -65,12 +65,8 @@ class SimConfig:
             raise ValueError(f"failure trace names learner {bad[0]} but there are only {self.learners} learners")
 
     def effective_algorithm(self) -> AlgorithmConfig:
-        """Synchronous DiLoCo is the same core with one fragment, blocking syncs and K = M."""
-        if self.method == "diloco":
-            return replace(
-                self.algorithm, fragments=1, overlap=0, quorum=self.learners, sync_every=self.algorithm.sync_every
-            )
-        return self.algorithm
+        """The algorithm the method runs (`core.methods.algorithm_for`): every method is the same core."""
+        return algorithm_for(self.method, self.algorithm, self.learners)
 
     def to_dict(self) -> dict:
         d = asdict(self)

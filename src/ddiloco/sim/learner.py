@@ -27,6 +27,8 @@ class SimLearner:
     step_started: float = 0.0
     step_duration: float = 0.0
     inner_steps: int = 0
+    waited: float = 0.0  # seconds spent waiting for merged fragments (the synchronous methods)
+    wait_since: float = 0.0
 
     @property
     def live_core(self) -> LearnerCore:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..core.methods import DILOCO_METHODS
 from ..train.tasks import Task, make_task
 from .cluster import DecoupledCluster
 from .config import SimConfig
@@ -65,7 +66,7 @@ def run_sim(
         "wall_seconds": time.perf_counter() - wall_start,
         "seed": config.seed,
     }
-    if config.method in ("diloco", "decoupled"):
+    if config.method in DILOCO_METHODS:
         result.update(
             fragments=algorithm.fragments,
             sync_every=algorithm.sync_every,
