@@ -66,4 +66,4 @@ def test_the_cli_refuses_hosts_with_an_emulated_link_or_another_backend(tmp_path
     code, out = _run("--network", "hosts", "--backend", "slurm", "--run-dir", str(tmp_path / "b"))
     assert code == 2 and "--backend local" in out
     code, out = _run("--network", "hosts", "--method", "ddp", "--run-dir", str(tmp_path / "c"))
-    assert code == 2 and "--method decoupled or diloco" in out
+    assert code == 2 and "--method decoupled, diloco or streaming" in out

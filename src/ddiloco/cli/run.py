@@ -202,7 +202,9 @@ def run(
 
     on_hosts = options.plain(network)[0] == "hosts"
     if on_hosts and (options.plain(backend)[0] != "local" or method in ("ddp", "elastic-ddp")):
-        raise user_error(ValueError("--network hosts: with --backend local and a DiLoCo method only"))
+        raise user_error(
+            ValueError("--network hosts: with --backend local and --method decoupled, diloco or streaming only")
+        )
     slurm_flags = {  # `cluster.sbatch.SlurmOptions`' fields, for both launchers on Slurm
         "partition": partition,
         "account": account,
