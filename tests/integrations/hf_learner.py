@@ -8,6 +8,7 @@ import argparse
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -15,7 +16,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 SEQ, BATCH = 32, 4
 CONFIG = dict(
@@ -125,6 +126,21 @@ def digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+class WaitForLearners(TrainerCallback):
+    """After ddiloco's callback joined, wait (bounded) until `n` learners have registered, so that a test
+    that needs every learner's work is not decided by which process started faster."""
+
+    def __init__(self, address: str, n: int) -> None:
+        self.address, self.n = address, n
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from ddiloco.api.control import shard_status
+
+        deadline = time.monotonic() + 120
+        while len(shard_status(self.address)["learners"]) < self.n and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
 def main() -> int:
     from ddiloco.integrations.transformers import DecoupledDiLoCoCallback, last_checkpoint
 
@@ -138,6 +154,7 @@ def main() -> int:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--codec", default="bf16", help="how contributions travel (fp32: exact)")
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 (full_shard) through the Trainer's Accelerate")
+    parser.add_argument("--wait-learners", type=int, default=0, help="before the first step: until N have joined")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = build()
@@ -146,6 +163,8 @@ def main() -> int:
     callbacks = (
         [DecoupledDiLoCoCallback(args.connect, args.id, codec=args.codec, report_every=1e9)] if args.connect else []
     )
+    if args.wait_learners:
+        callbacks.append(WaitForLearners(args.connect, args.wait_learners))
     trainer = Trainer(
         model=model,
         args=arguments(args.out, args.max_steps, args.save_steps, fsdp=args.fsdp),

@@ -55,9 +55,10 @@ def test_two_trainer_learners_one_under_torchrun_merge_and_count_their_tokens(pr
     budget = 60 * STEP_TOKENS
     sync = synchronizer(budget)
     address = sync.start()
-    try:
-        one, out1 = learner(procs, tmp_path, "single", address, 0, corpus_file)
-        two, out2 = learner(procs, tmp_path, "torchrun", address, 1, corpus_file, ranks=2)
+    try:  # each waits for the other before its first step: the faster start must not train the whole budget
+        wait = ("--wait-learners", "2")
+        one, out1 = learner(procs, tmp_path, "single", address, 0, corpus_file, *wait)
+        two, out2 = learner(procs, tmp_path, "torchrun", address, 1, corpus_file, *wait, ranks=2)
         codes = wait_exit([one, two], 180)
         status = sync.status()
     finally:

@@ -4,10 +4,16 @@ steps, finding the torch optimizer inside a framework's wrapper, and refusing De
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 import torch
+
+from ..learner.client import LearnerClient
+from ..learner.ending import RunFinished
+
+log = logging.getLogger(__name__)
 
 ZERO_REFUSED = (
     "Decoupled DiLoCo does not work with DeepSpeed ZeRO: ZeRO keeps the fp32 master copy of the parameters "
@@ -22,6 +28,18 @@ FSDP1_REFUSED = (
     "module's parameters into one FlatParameter and keeps only this rank's slice, so the model's named "
     "parameters are no longer its tensors. Use FSDP2: fsdp_config={'version': 2} (the Trainer's default)."
 )
+
+
+def start_or_finished(client: LearnerClient) -> bool:
+    """Start `client`; False (logged once) when its run is already over, so that the framework's loop
+    stops before its first step instead of failing: a learner started after the run ended has nothing
+    to train (the same end as a reached budget)."""
+    try:
+        client.start()
+    except RunFinished as exc:
+        log.warning("%s: nothing to train, the training loop stops", exc)
+        return False
+    return True
 
 
 def refuse_fsdp1(args: Any = None, model: torch.nn.Module | None = None) -> None:

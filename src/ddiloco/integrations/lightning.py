@@ -26,7 +26,7 @@ except ImportError as exc:  # an optional extra: say which
         f"ddiloco.integrations.lightning needs lightning: pip install 'ddiloco[lightning]' ({exc})"
     ) from exc
 
-from ddiloco.integrations.common import refuse_fsdp1, torch_optimizer
+from ddiloco.integrations.common import refuse_fsdp1, start_or_finished, torch_optimizer
 from ddiloco.learner.attach import Attachment
 from ddiloco.learner.client import LearnerClient
 
@@ -67,8 +67,11 @@ class DecoupledDiLoCo(Callback):
             raise RuntimeError("the LightningModule configured no optimizer: nothing to attach to")
         refuse_fsdp1(model=pl_module)  # Lightning's FSDPStrategy is FSDP1 (FSDP2: ModelParallelStrategy)
         inner = torch_optimizer(trainer.optimizers[0])
-        self.client = LearnerClient(pl_module, self.address, self.learner_id, optimizer=inner, **self.client_kwargs)
-        self.client.start()  # after Lightning restored a checkpoint: the global parameters win
+        client = LearnerClient(pl_module, self.address, self.learner_id, optimizer=inner, **self.client_kwargs)
+        if not start_or_finished(client):  # after Lightning restored a checkpoint: the global parameters win
+            trainer.should_stop = True
+            return
+        self.client = client
         if self.tokens_per_step is not None:
             self.attachment = self.client.attach(inner, tokens_per_step=self.tokens_per_step, loss=self._last_loss)
         else:

@@ -33,7 +33,13 @@ except ImportError as exc:  # an optional extra: say which
         f"ddiloco.integrations.transformers needs transformers: pip install 'ddiloco[hf]' ({exc})"
     ) from exc
 
-from ddiloco.integrations.common import TokenCounter, refuse_deepspeed, refuse_fsdp1, torch_optimizer
+from ddiloco.integrations.common import (
+    TokenCounter,
+    refuse_deepspeed,
+    refuse_fsdp1,
+    start_or_finished,
+    torch_optimizer,
+)
 from ddiloco.learner.attach import Attachment
 from ddiloco.learner.client import LearnerClient
 from ddiloco.learner.fanout import is_sharded
@@ -72,8 +78,11 @@ class DecoupledDiLoCoCallback(TrainerCallback):
         if getattr(args, "fsdp", None) and not any(is_sharded(p) for p in model.parameters()):
             log.warning(FSDP_DROPPED)
         inner = torch_optimizer(optimizer)
-        self.client = LearnerClient(model, self.address, self.learner_id, optimizer=inner, **self.client_kwargs)
-        self.client.start()  # after the Trainer loaded a checkpoint: the global parameters win
+        client = LearnerClient(model, self.address, self.learner_id, optimizer=inner, **self.client_kwargs)
+        if not start_or_finished(client):  # after the Trainer loaded a checkpoint: the global parameters win
+            control.should_training_stop = True
+            return control
+        self.client = client
         self.counter = TokenCounter(model, self.token_key)
         self.attachment = self.client.attach(inner, count_tokens=self.counter.take, loss=lambda: self._loss)
 
