@@ -83,6 +83,14 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _skips.append((report.nodeid, str(reason)))
 
 
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """A module that skips as a whole (`pytest.importorskip` at its top) is a skip too."""
+    if report.skipped:
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        _skips.append((report.nodeid, str(reason)))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.environ.get("CI") != "true" or not _skips:
         return

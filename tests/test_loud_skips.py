@@ -32,3 +32,8 @@ def test_a_skip_off_the_list_fails_a_ci_run_and_one_on_it_does_not(tmp_path: Pat
     assert "needs a missing tool" in failed.stdout
     allowed = run({**base, "CI": "true", "DDILOCO_ALLOWED_SKIPS": "missing tool | not in CI\n"})
     assert allowed.returncode == 0, allowed.stdout[-2000:]
+    # a module that skips whole at import is a skip too
+    test.write_text("import pytest\n\npytest.importorskip('no_such_module_here', reason='needs a missing tool')\n")
+    assert run({**base, "CI": "true"}).returncode == 1
+    allowed_env = {**base, "CI": "true", "DDILOCO_ALLOWED_SKIPS": "missing tool | not in CI\n"}
+    assert run(allowed_env).returncode == 5  # pytest's own "no test ran", not the rule's failure
