@@ -60,6 +60,21 @@ def _torch_threads_restored():
         torch.set_num_threads(before)
 
 
+# --- side by side (pytest-xdist, `-n 2 --dist loadgroup`) ----------------------------------------------
+# Tests that use what the whole machine shares (network namespaces, which tests/hosts lists and
+# compares; munge and Slurm daemons, which tests/support/slurm_cluster.py starts and stops) run in one
+# worker, one after another; every other test makes its own processes, ports and folders.
+MACHINE_WIDE = ("hosts", "cluster", "skypilot")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        parts = item.path.resolve().relative_to(tests).parts
+        if parts and parts[0] in MACHINE_WIDE:
+            item.add_marker(pytest.mark.xdist_group("machine"))
+
+
 # --- a skip is loud in CI ---------------------------------------------------------------------------
 # `.ci/run` exports DDILOCO_ALLOWED_SKIPS: one skip a line, "text the skip's reason contains | why CI
 # may skip it". With CI=true, any other skip fails the run: a test that skips because a tool is missing

@@ -2,6 +2,7 @@
 
     python tools/coverage_parts.py            # the table; parts under 80 % are named
     python tools/coverage_parts.py --check    # and exit 1 if a part fell below its floor
+    python tools/coverage_parts.py --markdown # the table for CONTRIBUTING.md ("## Coverage")
 
 The floors are `[tool.ddiloco.coverage-floors]` in pyproject.toml: each part's figure when it was set,
 rounded down, less one point for the spread between runs (paths that depend on timing, such as
@@ -57,15 +58,30 @@ def percent(hit: int, total: int) -> float:
     return 100.0 * hit / total if total else 100.0
 
 
+def markdown(parts: dict[str, dict[str, int]], floors: dict[str, int]) -> str:
+    """CONTRIBUTING.md's table: each part's lines, line and branch coverage, and its floor."""
+    rows = ["| part | lines | line % | branch % | floor |", "|---|---:|---:|---:|---:|"]
+    for name, p in parts.items():
+        lines, branches = percent(p["lines_hit"], p["lines"]), percent(p["branches_hit"], p["branches"])
+        rows.append(f"| {name} | {p['lines']} | {lines:.1f} | {branches:.1f} | {floors.get(name, '-')} |")
+    total_hit, total = sum(p["lines_hit"] for p in parts.values()), sum(p["lines"] for p in parts.values())
+    rows.append(f"| all | {total} | {percent(total_hit, total):.1f} | | {floors.get('all', '-')} |")
+    return "\n".join(rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-file", type=Path, default=ROOT / ".coverage")
     parser.add_argument("--check", action="store_true", help="exit 1 if a part is below its floor")
+    parser.add_argument("--markdown", action="store_true", help="print the table as CONTRIBUTING.md has it")
     args = parser.parse_args()
     if not args.data_file.exists():
         parser.error(f"{args.data_file}: no coverage data; run `python -m pytest --cov` first")
     floors = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ddiloco"]["coverage-floors"]
     parts = per_part(args.data_file)
+    if args.markdown:
+        print(markdown(parts, floors))
+        return 0
     print(f"{'part':<14}{'lines':>8}{'line %':>9}{'branches':>10}{'branch %':>10}{'floor':>8}")
     below, fallen = [], []
     for name, p in parts.items():

@@ -33,17 +33,35 @@ def test_the_watch_idles_a_cut_off_learner_after_s_h_steps_and_ends_it_at_the_or
     watch = EndWatch(0, orphan_timeout=60.0, solo_steps=SOLO, failure=1.0, where="/state")
     now = time.monotonic()
     assert watch.check(10, 100, contact=now, address="a:1") is None  # in contact: step 10 counted
-    assert not watch.idle(10 + SOLO, contact=now)
+    assert not watch.idle(10 + SOLO, now)
     stale = now - 2.0  # silent past the failure timeout: alone from step 10
     assert watch.check(10 + SOLO, 100, contact=stale, address="a:1") is None  # well within 60 s
-    assert not watch.idle(10 + SOLO - 1, contact=stale) and watch.idle(10 + SOLO, contact=stale)
+    assert not watch.idle(10 + SOLO - 1, stale) and watch.idle(10 + SOLO, stale)
     ending = watch.check(10 + SOLO, 100, contact=now - 61.0, address="a:1")
     assert ending is not None and ending.code == EXIT_ORPHANED
     assert "orphan timeout" in ending.reason and "/state" in ending.reason and f"{SOLO} steps alone" in ending.reason
     back = EndWatch(0, orphan_timeout=60.0, solo_steps=SOLO, failure=1.0, where=None)
     back.check(10, 0, contact=stale, address="a:1")
     assert back.check(40, 0, contact=time.monotonic(), address="a:1") is None  # an answer again: counted anew
-    assert not back.idle(40 + SOLO - 1, contact=stale)
+    assert not back.idle(40 + SOLO - 1, stale)
+
+
+def test_one_lost_shard_never_idles_a_learner_another_shard_still_answers():
+    """Cut off from shard 1 only, its work on shard 0's fragments is still merged: training on, the
+    others never stall (tests/hosts/test_partitions.py, a shard cut off from every learner). Cut off
+    from both, it idles S x H steps after the last answer from either."""
+    watch = EndWatch(0, orphan_timeout=60.0, solo_steps=SOLO, failure=1.0, where=None)
+    now = time.monotonic()
+    lost, answering = now - 2.0, now  # shard 1 silent past the failure timeout; shard 0 answers
+    for step in range(10, 10 + 3 * SOLO):
+        assert watch.check(step, 0, contact=lost, address="shard1:1", newest=answering) is None
+        assert not watch.idle(step, answering)
+    last_heard = 10 + 3 * SOLO - 1
+    assert watch.heard_step == last_heard and watch.contact_step < last_heard
+    assert watch.check(last_heard + SOLO, 0, contact=lost, address="shard1:1", newest=lost) is None
+    assert not watch.idle(last_heard + SOLO - 1, lost) and watch.idle(last_heard + SOLO, lost)
+    ending = watch.check(last_heard + SOLO, 0, contact=now - 61.0, address="shard1:1", newest=answering)
+    assert ending is not None and ending.code == EXIT_ORPHANED  # one shard silent past the orphan timeout
 
 
 def test_a_finished_run_ends_the_learner_zero_only_when_its_work_was_counted():

@@ -3,9 +3,11 @@ finished, and the exit code that tells a scheduler not to start it again.
 
 A learner cut off from a shard (no answer from it for longer than the failure timeout, after which
 the shard declares it gone) trains on: a partition may heal, and work that comes back within the
-staleness bound is still merged. Past S rounds' worth of steps alone (S x H) its work would be
-refused (more than S versions late), so it stops training there and only waits for its synchronizer;
-`orphan_timeout` seconds after the shard's last answer it ends with EXIT_ORPHANED. It waits rather
+staleness bound is still merged. While another shard answers, its work on that shard's fragments is
+merged too, so it never stops training for one lost shard (the others would stall). Cut off from
+every shard, past S rounds' worth of steps alone (S x H) its work would be refused (more than S
+versions late), so it stops training there and only waits for its synchronizer; `orphan_timeout`
+seconds after any shard's last answer it ends with EXIT_ORPHANED. It waits rather
 than ends at S x H because a synchronizer restarted from its checkpoint (a crash, a requeued job) is
 back within seconds, when S x H steps of a small model take less than one: the learner then resyncs
 and trains on. Without these bounds a learner cut off across the end of a run trained alone until
@@ -89,6 +91,7 @@ class EndWatch:
         self.failure = failure
         self.where = where
         self.contact_step = 0  # the learner's step at the last boundary with every shard answering
+        self.heard_step = 0  # ... and with some shard answering (`idle` counts the steps alone from it)
         self.finished: dict[int, dict] = {}  # shard -> its mark (or what its reply said)
         self.gave_up: dict[int, str] = {}  # shard -> why its link stopped registering (the orphan bound)
         self.ending: Ending | None = None
@@ -97,8 +100,13 @@ class EndWatch:
         """No answer from some shard for longer than the failure timeout (`contact`: the oldest last answer)."""
         return now - contact > self.failure
 
-    def check(self, step: int, position: int, contact: float, address: str) -> Ending | None:
-        """The ending, once there is one: a finished run, or the orphan timeout passed."""
+    def check(
+        self, step: int, position: int, contact: float, address: str, newest: float | None = None
+    ) -> Ending | None:
+        """The ending, once there is one: a finished run, or the orphan timeout passed. `contact`: the
+        oldest of the shards' last answers (`address` its shard's); `newest`: the newest (default `contact`)."""
+        if not self.lost(contact if newest is None else newest, time.monotonic()):
+            self.heard_step = step
         if self.ending is not None:
             return self.ending
         if self.finished:
@@ -120,10 +128,11 @@ class EndWatch:
         )
         return self.ending
 
-    def idle(self, step: int, contact: float) -> bool:
-        """S x H steps alone: more would be refused as stale, so the learner waits without training
-        (`check` still ends it at the orphan timeout)."""
-        return self.lost(contact, time.monotonic()) and step - self.contact_step >= self.solo_steps
+    def idle(self, step: int, newest: float) -> bool:
+        """S x H steps with no shard answering (`newest`: the newest of their last answers): more would
+        be refused as stale, so the learner waits without training (`check` still ends it at the
+        orphan timeout)."""
+        return self.lost(newest, time.monotonic()) and step - self.heard_step >= self.solo_steps
 
     def _finished(self, position: int) -> Ending:
         counted = min(runend.counted_position(mark, self.learner) for mark in self.finished.values())

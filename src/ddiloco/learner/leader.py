@@ -108,27 +108,30 @@ class LeaderSide:
         if self.watch is None or self.ending is not None:
             return
         watch = self.watch
-        oldest = min(self.links, key=lambda link: link.contact)
-        ending = watch.check(self.steps, self.position, oldest.contact, oldest.address)
-        if ending is None and watch.idle(self.steps, oldest.contact):
+        ending = self._judge(watch)
+        if ending is None and watch.idle(self.steps, max(link.contact for link in self.links)):
             log.warning(
-                "learner %d: %d steps alone, S x H: more would be refused as stale; it waits for synchronizer "
-                "%s without training, at most %.0f s more (--orphan-timeout)",
+                "learner %d: %d steps with no shard answering, S x H: more would be refused as stale; it waits "
+                "for its synchronizer without training, at most %.0f s more (--orphan-timeout)",
                 self.learner,
-                self.steps - watch.contact_step,
-                oldest.address,
-                oldest.orphan_deadline() - time.monotonic(),
+                self.steps - watch.heard_step,
+                min(link.orphan_deadline() for link in self.links) - time.monotonic(),
             )
-            while ending is None and watch.idle(self.steps, oldest.contact):  # bounded by the orphan timeout
-                self._drain(wait=self.timeouts.heartbeat)
-                oldest = min(self.links, key=lambda link: link.contact)
-                ending = watch.check(self.steps, self.position, oldest.contact, oldest.address)
+            while ending is None and watch.idle(self.steps, max(link.contact for link in self.links)):
+                self._drain(wait=self.timeouts.heartbeat)  # bounded by the orphan timeout
+                ending = self._judge(watch)
             if ending is None:
-                log.info("learner %d: synchronizer %s answers again; training on", self.learner, oldest.address)
+                log.info("learner %d: its synchronizer answers again; training on", self.learner)
         if ending is not None:
             self.ending = ending
             log.log(logging.ERROR if ending.code else logging.WARNING, "%s", ending.reason)
             self.ctx.stop_requested.set()
+
+    def _judge(self, watch: EndWatch) -> Ending | None:
+        """`watch.check` with the oldest and the newest of the shards' last answers."""
+        oldest = min(self.links, key=lambda link: link.contact)
+        newest = max(link.contact for link in self.links)
+        return watch.check(self.steps, self.position, oldest.contact, oldest.address, newest=newest)
 
     def _cut_off(self) -> bool:
         """Some shard has not answered for longer than the failure timeout: waiting on it is in vain."""
