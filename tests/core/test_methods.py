@@ -6,7 +6,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ddiloco.core import AlgorithmConfig, FragmentRequest, FragmentUpdate, LearnerCore, Schedule, balanced_fragments
+from ddiloco.core import (
+    AlgorithmConfig,
+    Decline,
+    FragmentRequest,
+    FragmentUpdate,
+    LearnerCore,
+    Schedule,
+    balanced_fragments,
+)
 from ddiloco.core.learner import overdue
 from ddiloco.core.methods import METHODS, algorithm_for, default_merge, fixed_knobs
 
@@ -71,3 +79,25 @@ def test_a_streaming_learner_sends_on_its_own_schedule_not_when_pulled():
         c.request(FragmentRequest(1, 0, (7,)))
     assert core.collect() == []
     assert [m.fragment for m in free.collect()] == [1]
+
+
+def test_a_waiting_streaming_learner_answers_the_request_that_would_otherwise_deadlock_the_rounds():
+    # Learner 7 sent fragment 0 at step 3 and, after step 4, waits for its merge. The round of fragment 1
+    # waits for learner 7, while the other learner that fragment 0's round needs waits for fragment 1
+    # (a learner that joined mid-round, steps out of phase): learner 7 answers the pull for fragment 1
+    # with its 4 steps so far, instead of on its own schedule after the wait, which would never end.
+    core = make(synchronous=True)
+    for _ in range(3):
+        core.after_step(10, 0.1)
+    core.request(FragmentRequest(1, 0, (7,)))
+    assert not core.must_wait() and core.collect() == []  # not waiting: its own schedule, as above
+    core.after_step(10, 0.1)
+    core.request(FragmentRequest(1, 0, (7,)))
+    assert core.must_wait()
+    [sent] = core.collect()
+    assert (sent.fragment, sent.base_version, sent.steps) == (1, 0, 4)
+    core.request(FragmentRequest(0, 0, (7,)))  # the fragment it waits on: its work is in that round
+    assert core.collect() == []
+    core.request(FragmentRequest(0, 1, (7,)))  # a later round of it: declined, an update is in flight
+    [declined] = core.collect()
+    assert isinstance(declined, Decline) and declined.fragment == 0

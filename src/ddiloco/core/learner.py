@@ -290,8 +290,13 @@ class LearnerCore:
         return [p for p in range(self.plan.num_fragments) if self._decide(p, self.requested.get(p)) is None]
 
     def _decide(self, p: int, asked: int | None) -> Decline | str | None:
-        """None: snapshot p now; a Decline: answer a request with it; a string: nothing to send."""
-        if not self.answer_requests and not self.stopped:
+        """None: snapshot p now; a Decline: answer a request with it; a string: nothing to send.
+
+        A synchronous learner that waits for a merge answers requests too: the round it waits on may
+        need another learner that itself waits for this learner's fragment, which on its own schedule
+        comes only after the wait (a learner that joined mid-round, with its steps out of phase). Its
+        outer step for that fragment is cut short once, and both schedules go on from there."""
+        if not self.answer_requests and not self.stopped and not (self.synchronous and self.must_wait()):
             asked = None
         if self.pending[p] is not None:
             if asked is not None and asked != self.pending[p]:
