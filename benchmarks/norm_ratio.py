@@ -15,7 +15,7 @@ import json
 import math
 from pathlib import Path
 
-from ddiloco.core import synchronizer as core_sync
+from ddiloco.core.checks import ContributionChecks
 from ddiloco.core.config import AlgorithmConfig
 from ddiloco.sim.config import SimConfig
 from ddiloco.sim.run import run_sim
@@ -27,16 +27,17 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 def measure(h: int, lr: float, tokens: int, data: str) -> dict:
     ratios: list[float] = []
-    bound = core_sync.SynchronizerCore._too_large
+    bound = ContributionChecks._too_large
 
-    def recording(self, c, norms):  # noqa: ANN001, ANN202 - the core's own signature
-        names = self.plan.names[c.fragment]
+    def recording(self, c, norms):  # noqa: ANN001, ANN202 - the checks' own signature
+        plan, params = self.state.plan, self.state.params
+        names = plan.names[c.fragment]
         grad = math.sqrt(sum(float(c.outer_gradient[n].double().square().sum()) for n in names))
-        own = sum(float(self.params[n].double().square().sum()) for n in names)
-        ratios.append(grad / math.sqrt(max(own, 1e-2 * self.plan.sizes[c.fragment])))
+        own = sum(float(params[n].double().square().sum()) for n in names)
+        ratios.append(grad / math.sqrt(max(own, 1e-2 * plan.sizes[c.fragment])))
         return bound(self, c, norms)
 
-    core_sync.SynchronizerCore._too_large = recording
+    ContributionChecks._too_large = recording
     try:
         config = SimConfig(
             method="decoupled",
@@ -48,7 +49,7 @@ def measure(h: int, lr: float, tokens: int, data: str) -> dict:
         )
         result = run_sim(config)
     finally:
-        core_sync.SynchronizerCore._too_large = bound
+        ContributionChecks._too_large = bound
     limit = AlgorithmConfig().max_outer_norm_ratio
     return {
         "sync_every": h,

@@ -54,7 +54,7 @@ ALLOWED: dict[str, set[str]] = {
     },
 }
 TOP_LEVEL_MODULES = {"ddiloco", "ddiloco.__main__"}
-MAX_LINES = 400
+MAX_LINES = 600  # catches a file that holds several concepts (docs/architecture.md)
 
 
 def module_name(path: Path) -> str:
@@ -151,7 +151,7 @@ def test_no_import_cycles():
 
 def test_modules_are_small():
     big = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not big, f"modules over {MAX_LINES} lines (split them along their seams): {big}"
+    assert not big, f"modules over {MAX_LINES} lines (one concept per file: move out the others): {big}"
 
 
 @pytest.mark.parametrize("part", sorted(ALLOWED))

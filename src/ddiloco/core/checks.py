@@ -1,47 +1,46 @@
 """Why the synchronizer core refuses a contribution: its norms, and the checks on its sender, fragment,
 counters, tensors and size (`AlgorithmConfig.max_outer_norm_ratio`).
 
-Apart from `SynchronizerCore` (which mixes this in) because the checks are one idea of their own: they
-read the core's state and change none of it, so a refused message leaves everything as it was.
+The checks read the fragments' global state and change none of it, so a refused message leaves
+everything as it was; their own state is a cache of each fragment's global norm.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import torch
 
 from .config import AlgorithmConfig
-from .fragments import FragmentPlan
 from .messages import Contribution
 from .round_sum import norm
+from .sync_state import SyncState
+
+
+def measure(c: Contribution) -> dict[str, float]:
+    """The L2 norm of each tensor of a contribution: one pass each, and a NaN or Inf anywhere makes its
+    norm non-finite. Pure, so a driver may take it before its lock."""
+    return {
+        name: norm(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else math.nan
+        for name, t in c.outer_gradient.items()
+    }
 
 
 class ContributionChecks:
-    """The checks `SynchronizerCore` makes on each contribution before its round admits it."""
+    """The checks a contribution must pass before its round admits it, against the global `state`."""
 
-    config: AlgorithmConfig
-    plan: FragmentPlan
-    params: dict[str, torch.Tensor]
-    live: set[int]
-    versions: dict[int, int]
-    _param_norms: dict[int, tuple[int, float]]  # fragment -> (version, its L2 norm)
+    def __init__(self, config: AlgorithmConfig, state: SyncState) -> None:
+        self.config = config
+        self.state = state
+        self._param_norms: dict[int, tuple[int, float]] = {}  # fragment -> (version, its L2 norm)
 
-    @staticmethod
-    def measure(c: Contribution) -> dict[str, float]:
-        """The L2 norm of each tensor of a contribution: one pass each, and a NaN or Inf anywhere
-        makes its norm non-finite. Pure, so a driver may take it before its lock."""
-        return {
-            name: norm(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else math.nan
-            for name, t in c.outer_gradient.items()
-        }
-
-    def _invalid(self, c: Contribution, norms: Mapping[str, float]) -> str | None:
-        """Why a contribution must be refused, or None. Nothing is changed by a refused message."""
-        if c.learner not in self.live:
+    def refusal(self, c: Contribution, norms: Mapping[str, float], live: Collection[int]) -> str | None:
+        """Why a contribution must be refused, or None. `norms`: `measure(c)`; `live`: the learners
+        that joined and have not left."""
+        if c.learner not in live:
             return f"unknown learner {c.learner}: register (join) first"
-        if c.fragment not in self.versions:
+        if c.fragment not in self.state.versions:
             return f"fragment {c.fragment} is not owned by this synchronizer"
         if c.steps <= 0:
             return "no steps since the last update: nothing to contribute"
@@ -49,17 +48,18 @@ class ContributionChecks:
             return "negative or non-finite token or time counters"
         if not (math.isfinite(c.step_time) and c.step_time >= 0):
             return "non-finite step time"
-        expected = self.plan.names[c.fragment]
+        expected = self.state.plan.names[c.fragment]
         if set(c.outer_gradient) != set(expected):
             extra = sorted(set(c.outer_gradient) - set(expected))
             lacking = sorted(set(expected) - set(c.outer_gradient))
             return f"wrong tensors for fragment {c.fragment}: unexpected {extra[:3]}, missing {lacking[:3]}"
+        params = self.state.params
         for name in expected:
             t = c.outer_gradient[name]
             if not isinstance(t, torch.Tensor) or not t.is_floating_point():
                 return f"{name}: expected a floating-point tensor"
-            if tuple(t.shape) != tuple(self.params[name].shape):
-                return f"{name}: shape {tuple(t.shape)} != {tuple(self.params[name].shape)}"
+            if tuple(t.shape) != tuple(params[name].shape):
+                return f"{name}: shape {tuple(t.shape)} != {tuple(params[name].shape)}"
             if not math.isfinite(norms[name]):
                 return f"{name}: NaN or Inf values"
         return self._too_large(c, norms)
@@ -69,10 +69,10 @@ class ContributionChecks:
         ratio = self.config.max_outer_norm_ratio
         if ratio <= 0:
             return None
-        names = self.plan.names[c.fragment]
-        grad_sq = sum(norms[n] ** 2 for n in names)
+        plan = self.state.plan
+        grad_sq = sum(norms[n] ** 2 for n in plan.names[c.fragment])
         param_sq = self._param_norm(c.fragment) ** 2
-        floor_sq = 1e-2 * self.plan.sizes[c.fragment]  # an RMS of 0.1 per value
+        floor_sq = 1e-2 * plan.sizes[c.fragment]  # an RMS of 0.1 per value
         limit = ratio * math.sqrt(max(param_sq, floor_sq))
         if not math.sqrt(grad_sq) <= limit:
             return (
@@ -83,8 +83,9 @@ class ContributionChecks:
 
     def _param_norm(self, p: int) -> float:
         """The fragment's global L2 norm, once per version."""
+        version = self.state.versions[p]
         cached = self._param_norms.get(p)
-        if cached is None or cached[0] != self.versions[p]:
-            value = math.sqrt(sum(norm(self.params[n]) ** 2 for n in self.plan.names[p]))
-            cached = self._param_norms[p] = (self.versions[p], value)
+        if cached is None or cached[0] != version:
+            value = math.sqrt(sum(norm(self.state.params[n]) ** 2 for n in self.state.plan.names[p]))
+            cached = self._param_norms[p] = (version, value)
         return cached[1]

@@ -11,14 +11,12 @@ into; past `max_staleness` versions it is refused. Each piece of late work joins
 A carry that no round takes (the other learners are gone) is merged on its own once it has waited
 `CARRY_PERIODS` sync periods (H steps at the smoothed step time), so no accepted work is held forever.
 
-In the run's final flush no later round will come, and every learner sends its last work at once; on
-a long link those pieces arrive spread over seconds. Merged as they came (K = 1), each learner's last
-work was applied on its own, one outer step after another, each with a whole round's RDA norm: on a
-real 100 ms link 126 single-learner merges and 147k refused tokens in the final flush
-(docs/algorithm.md, "The end of a run"). So in the final flush late work opens a *gathering* round at
-once, and every round then waits for each live learner (asked for the fragment: it sends its work or
-declines) at most `FINAL_GATHER_PERIODS` sync periods (counted from its opening, with or without a
-quorum, and never past the flush's end: the driver's drain), and merges them all in one outer step.
+In the run's final flush no later round will come, and every learner sends its last work at once,
+spread over a long link's delays. So then a carry opens a *gathering* round at once, and every round
+waits for each live learner (asked for the fragment: it sends its work or declines) at most
+`FINAL_GATHER_PERIODS` sync periods (counted from its opening, with or without a quorum, and never
+past the flush's end: the driver's drain), and merges them all in one outer step (why:
+docs/algorithm.md, "The end of a run").
 
 Memory: one float32 running sum per fragment with late work, at most one copy of the owned
 parameters in all; the contributions' own tensors are not kept.
@@ -29,19 +27,15 @@ that repeats it) is refused as a duplicate (`taken`), never merged twice.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from .messages import Contribution, FragmentRequest, FragmentUpdate, SyncAction
-from .round_sum import AccumulatorPool, RoundSum
+from .config import AlgorithmConfig
+from .messages import Contribution
+from .round_sum import RoundSum
 from .rounds import LateWork, Round
+from .timing import Ema
 from .weights import token_weight
-
-if TYPE_CHECKING:
-    from .config import AlgorithmConfig
-    from .merge_job import MergeDue, MergeJob
-    from .timing import GraceWindow
 
 CARRY_PERIODS = 1.0  # a carry waits this many sync periods (H * step time) for a round to take it
 MIN_CARRY_SECONDS = 0.05  # and never less, so a run with no step time yet does not merge at once
@@ -56,6 +50,14 @@ class Carry:
     total: RoundSum
     since: float  # when the first piece arrived
     work: list[LateWork] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LateRefusal:
+    """Why late work is refused, and whether its learner is sent the fragment's current version."""
+
+    reason: str
+    send_update: bool
 
 
 def late_weight(c: Contribution, staleness: int, discount: float) -> float:
@@ -92,41 +94,46 @@ def gather_until(opened_at: float, sync_every: int, step_time: float, ends: floa
 
 
 class LateRounds:
-    """Mixed into `SynchronizerCore`: where late work goes (a round, a carry, or refused)."""
+    """Where late work goes (the open round, a carry, or refused), and the carries until a round
+    takes them. The synchronizer core owns the rounds; it asks `is_late` and `admit` of each
+    contribution, `take` when a round opens, and `pop_due` for carries to open rounds of their own."""
 
-    config: AlgorithmConfig
-    versions: dict[int, int]
-    rounds: dict[int, Round]
-    merging: dict[int, MergeJob]
-    carries: dict[int, Carry]
-    grace: GraceWindow
-    sums: AccumulatorPool
-    final_flush: bool
-    flush_ends: float | None  # by when the final flush's rounds are merged (`begin_final_flush`)
-    late_floor: dict[int, int]  # per fragment, the version restored at the last restart
+    def __init__(self, config: AlgorithmConfig, step_time: Ema, new_sum: Callable[[int], RoundSum]) -> None:
+        """`step_time`: the smoothed step time (a carry waits sync periods of it); `new_sum`: an empty
+        running sum for fragment p (a new carry's)."""
+        self.config = config
+        self.step_time = step_time
+        self.new_sum = new_sum
+        self.carries: dict[int, Carry] = {}  # fragment -> late work waiting for its next round
+        self.floor: dict[int, int] = {}  # per fragment, the version restored at the last restart
 
-    if TYPE_CHECKING:  # defined by `SynchronizerCore`
+    @staticmethod
+    def is_late(c: Contribution, current: int, merging: bool) -> bool:
+        """Whether `c` missed its round: based on an older version than `current`, or on `current`
+        while that version's round is being merged."""
+        return c.base_version < current or (c.base_version == current and merging)
 
-        def _rda_names(self, p: int) -> frozenset[str]: ...
-        def _reject(self, learner: int, fragment: int | None, reason: str) -> list[SyncAction | MergeDue]: ...
-        def _update(self, p: int, learners: Sequence[int], copy: bool | None = None) -> FragmentUpdate: ...
-
-    def _late(self, c: Contribution, norms: Mapping[str, float], now: float) -> list[SyncAction | MergeDue] | None:
-        """Admit `c` as late work, or refuse it; None when it is not late (its round is open or to open)."""
-        p, current = c.fragment, self.versions[c.fragment]
-        merging = p in self.merging
-        if c.base_version > current or (c.base_version == current and not merging):
-            return None
+    def admit(
+        self,
+        c: Contribution,
+        norms: Mapping[str, float],
+        now: float,
+        current: int,
+        merging: bool,
+        open_round: Round | None,
+    ) -> LateRefusal | None:
+        """Add late work `c` to `open_round` (the fragment's, if one is open) or to the fragment's
+        carry, or refuse it (nothing is changed then). `current`: the fragment's version; `merging`:
+        whether that version's round is being merged."""
+        p = c.fragment
         if self.config.late == "refuse":
             if c.base_version == current:  # its round is closed and being merged
-                return self._reject(c.learner, p, f"stale: version {current} of fragment {p} is being merged")
-            return self._reject(c.learner, p, f"stale: based on version {c.base_version}, current is {current}") + [
-                self._update(p, (c.learner,))
-            ]
-        if c.base_version < self.late_floor.get(p, 0):  # from before a restart: it may be merged already
-            return self._reject(
-                c.learner, p, f"stale: based on version {c.base_version}, from before the synchronizer restarted"
-            ) + [self._update(p, (c.learner,))]
+                return LateRefusal(f"stale: version {current} of fragment {p} is being merged", send_update=False)
+            return LateRefusal(f"stale: based on version {c.base_version}, current is {current}", send_update=True)
+        if c.base_version < self.floor.get(p, 0):  # from before a restart: it may be merged already
+            return LateRefusal(
+                f"stale: based on version {c.base_version}, from before the synchronizer restarted", send_update=True
+            )
         staleness = current + (1 if merging else 0) - c.base_version  # versions it missed
         limit = self.config.max_staleness
         if staleness > limit:
@@ -134,69 +141,47 @@ class LateRounds:
                 f"stale: based on version {c.base_version}, current is {current}: {staleness} versions late, "
                 f"more than max_staleness S={limit}"
             )
-            return self._reject(c.learner, p, reason) + [self._update(p, (c.learner,))]
-        r = None if merging else self.rounds.get(p)
+            return LateRefusal(reason, send_update=True)
+        r = None if merging else open_round
         carry = self.carries.get(p)
         held = r.late if r is not None else carry.work if carry is not None else []
         if any(w.contribution.learner == c.learner and w.contribution.base_version == c.base_version for w in held):
-            return self._reject(c.learner, p, "duplicate contribution for this round")
+            return LateRefusal("duplicate contribution for this round", send_update=False)
         if r is not None:
             admit_late(r.total, r.late, c, norms, staleness, self.config.staleness_discount)
-            return []
+            return None
         if carry is None:
-            carry = self.carries[p] = Carry(RoundSum(self._rda_names(p), self.sums), since=now)
+            carry = self.carries[p] = Carry(self.new_sum(p), since=now)
         admit_late(carry.total, carry.work, c, norms, staleness, self.config.staleness_discount)
-        return []
+        return None
 
-    def _take_carry(self, p: int) -> Carry | None:
-        """The late work a round opening now starts from."""
+    def take(self, p: int) -> Carry | None:
+        """The late work a round of fragment p opening now starts from."""
         return self.carries.pop(p, None)
 
-    live: set[int]
-
-    def _carry_due(self, c: Carry) -> float:
+    def due(self, carry: Carry, final_flush: bool) -> float:
         """When a carry no round has taken opens a round: at once in the final flush (no round may
         come; it opens a gathering round), else after `CARRY_PERIODS` sync periods (merged alone)."""
-        return c.since if self.final_flush else carry_due(c, self.config.sync_every, self.grace.step_time.get())
+        return carry.since if final_flush else carry_due(carry, self.config.sync_every, self.step_time.get())
 
-    def _carry_deadlines(self) -> list[float]:
-        """When each carry that no round can take now is merged on its own."""
-        return [self._carry_due(c) for p, c in self.carries.items() if p not in self.rounds and p not in self.merging]
+    def deadlines(self, busy: Collection[int], final_flush: bool) -> list[float]:
+        """When each carry that no round can take now (its fragment not in `busy`: a round open or a
+        merge in progress) opens a round of its own."""
+        return [self.due(c, final_flush) for p, c in self.carries.items() if p not in busy]
 
-    def _open_due_carries(self, now: float) -> list[SyncAction]:
-        """Turn carries that waited their time into rounds of their own: due at once, or in the final
-        flush gathering rounds that ask every live learner not heard from for the fragment."""
-        requests: list[SyncAction] = []
+    def pop_due(self, now: float, busy: Collection[int], final_flush: bool) -> list[tuple[int, Carry]]:
+        """The carries, by fragment, that waited their time and now open rounds of their own."""
+        out: list[tuple[int, Carry]] = []
         for p in sorted(self.carries):
-            c = self.carries[p]
-            if p in self.rounds or p in self.merging or now < self._carry_due(c):
+            carry = self.carries[p]
+            if p in busy or now < self.due(carry, final_flush):
                 continue
             del self.carries[p]
-            if self.final_flush:
-                heard = {w.contribution.learner for w in c.work}
-                self.rounds[p] = Round(
-                    version=self.versions[p],
-                    opened_at=now,
-                    expected=set(self.live),
-                    total=c.total,
-                    quorum_at=now,
-                    deadline=self._gather_until(now),
-                    late=c.work,
-                )
-                others = tuple(sorted(self.live - heard))
-                if others:
-                    requests.append(FragmentRequest(p, self.versions[p], others))
-                continue
-            self.rounds[p] = Round(
-                version=self.versions[p],
-                opened_at=c.since,
-                expected=set(),
-                total=c.total,
-                quorum_at=now,
-                deadline=now,
-                late=c.work,
-            )
-        return requests
+            out.append((p, carry))
+        return out
 
-    def _gather_until(self, opened_at: float) -> float:
-        return gather_until(opened_at, self.config.sync_every, self.grace.step_time.get(), self.flush_ends)
+    def restart(self, versions: Mapping[int, int]) -> None:
+        """The core was restored at `versions`: held work is gone (it is not saved, like an open round's),
+        and late work based on an older version is refused (it may have been merged before)."""
+        self.carries.clear()
+        self.floor = dict(versions)

@@ -1,43 +1,56 @@
-"""What a synchronizer core saves and restores: the global parameters, their versions, the outer
-optimizer's buffers and the timing estimates, whole (`state_dict`) or one fragment at a time (for
-checkpoints that write only the fragments whose version changed).
-
-Apart from `SynchronizerCore` (which mixes this in) because persisting its state is one idea of its
-own, apart from rounds and merges; the files themselves are the drivers' business.
+"""The global state of the fragments a synchronizer owns: their tensors, versions and outer
+optimizers, what each update carries out of them, and what a checkpoint saves and restores of them,
+whole (`state_dict`) or one fragment at a time (`fragment_state`: a checkpoint writes only the
+fragments whose version changed). The files themselves are the drivers' business.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from .config import AlgorithmConfig
 from .fragments import FragmentPlan
+from .messages import FragmentUpdate
 from .outer import NesterovOuterOptimizer
-from .rounds import Round
-from .taken import TakenWork
-from .timing import GraceWindow
 
 #: Prefix of outer-optimizer buffers in `fragment_state`, so they can share a file with the parameters.
 OUTER_PREFIX = "outer/"
 
 
 class SyncState:
-    """The state methods of `SynchronizerCore`, over the attributes it sets up."""
+    """Per owned fragment: the global tensors (float32, on the CPU), the version, the outer optimizer,
+    and who made the version. Changed only by `step` (a merge) and `load_state_dict` (a restore)."""
 
-    plan: FragmentPlan
-    owned: list[int]
-    params: dict[str, torch.Tensor]
-    versions: dict[int, int]
-    merged_into: dict[int, tuple[int, ...]]
-    outer: dict[int, NesterovOuterOptimizer]
-    grace: GraceWindow
-    rounds: dict[int, Round]
-    carries: dict[int, Any]  # fragment -> `late.Carry`
-    taken: TakenWork
-    late_floor: dict[int, int]
-    rejections: dict[str, int]
+    def __init__(
+        self, config: AlgorithmConfig, plan: FragmentPlan, owned: Iterable[int], params: Mapping[str, torch.Tensor]
+    ) -> None:
+        self.plan = plan
+        self.owned = sorted(owned)
+        self.params: dict[str, torch.Tensor] = {}
+        for p in self.owned:
+            for name in plan.names[p]:
+                if name not in params:
+                    raise KeyError(f"initial parameters lack {name!r}")
+                self.params[name] = params[name].detach().to("cpu", torch.float32).clone()
+        self.versions = {p: 0 for p in self.owned}
+        self.merged_into: dict[int, tuple[int, ...]] = {p: () for p in self.owned}  # who made each version
+        self.outer = {p: NesterovOuterOptimizer(config.outer_lr, config.outer_momentum) for p in self.owned}
+
+    def step(
+        self, p: int, scaled: Mapping[str, tuple[torch.Tensor, float]], use_momentum: bool, learners: Iterable[int]
+    ) -> None:
+        """A merge: fragment p's outer step in place, its next version, made by `learners`."""
+        self.outer[p].apply(self.params, scaled, use_momentum)
+        self.versions[p] += 1
+        self.merged_into[p] = tuple(sorted(set(learners)))
+
+    def update(self, p: int, learners: Sequence[int], copy: bool) -> FragmentUpdate:
+        """Fragment p's current value addressed to `learners`: copies, or the live tensors."""
+        tensors = {name: self.params[name].clone() if copy else self.params[name] for name in self.plan.names[p]}
+        return FragmentUpdate(p, self.versions[p], tensors, tuple(learners), self.merged_into.get(p))
 
     def global_params(self) -> dict[str, torch.Tensor]:
         return {name: t.clone() for name, t in self.params.items()}
@@ -54,13 +67,11 @@ class SyncState:
         return state
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume: parameters, versions, outer optimizer buffers, estimates."""
+        """Parameters, versions and outer optimizer buffers."""
         return {
             "params": self.global_params(),
             "versions": dict(self.versions),
             "outer": {p: self.outer[p].state_dict() for p in self.owned},
-            "grace": self.grace.state_dict(),
-            "rejections": dict(self.rejections),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -75,9 +86,3 @@ class SyncState:
         self.merged_into.clear()  # who made the restored versions is not kept: updates say "not known"
         for p in self.owned:
             self.outer[p].load_state_dict(state["outer"].get(p, {}))
-        self.grace.load_state_dict(state.get("grace", {}))
-        self.rejections = dict(state.get("rejections", {}))
-        self.rounds.clear()
-        self.carries.clear()  # late work is held like an open round's: not saved
-        self.taken.clear()  # not saved: late work from before this restore is refused instead
-        self.late_floor = dict(self.versions)

@@ -6,21 +6,27 @@ is in, the adaptive grace window admits more; then it merges with token weights 
 outer Nesterov step and sends the new version to every live learner. Work that missed its round is
 merged into a later one, or refused past a bound (`late`). Time is an argument; nothing
 here sleeps, reads a clock or touches the network, so the virtual-clock cluster and the networked
-service drive exactly this code. The checks a contribution must pass are in `checks`, the state saved
-and restored in `sync_state`.
+service drive exactly this code.
+
+The core owns the rounds and composes the rest, each an object with its own state: the fragments'
+global state (`sync_state.SyncState`: tensors, versions, outer optimizers; what is saved), the checks
+a contribution must pass (`checks.ContributionChecks`), where late work goes (`late.LateRounds`:
+the carries), the work taken from each learner (`taken.TakenWork`) and the grace window
+(`timing.GraceWindow`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
-from .checks import ContributionChecks
+from .checks import ContributionChecks, measure
 from .config import AlgorithmConfig
 from .fragments import FragmentPlan
-from .late import Carry, LateRounds
+from .late import Carry, LateRounds, gather_until
 from .merge_job import MergeDue, MergeJob, MergeResult
 from .messages import (
     AdmittedWork,
@@ -42,8 +48,10 @@ from .timing import GraceWindow
 from .weights import token_weight
 
 
-class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
+class SynchronizerCore:
     """Global parameters, outer optimizer states and rounds for the fragments this shard owns."""
+
+    measure = staticmethod(measure)  # a contribution's norms, for a driver that takes them before its lock
 
     def __init__(
         self,
@@ -68,30 +76,40 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         if not self.owned or not all(0 <= p < plan.num_fragments for p in self.owned):
             raise ValueError(f"owned fragments must be a non-empty subset of 0..{plan.num_fragments - 1}")
         self.plain_names = frozenset(plain_names)
-        self.params: dict[str, torch.Tensor] = {}
-        for p in self.owned:
-            for name in plan.names[p]:
-                if name not in params:
-                    raise KeyError(f"initial parameters lack {name!r}")
-                self.params[name] = params[name].detach().to("cpu", torch.float32).clone()
-        self.versions = {p: 0 for p in self.owned}
-        self.merged_into: dict[int, tuple[int, ...]] = {p: () for p in self.owned}  # who made each version
-        self.outer = {p: NesterovOuterOptimizer(config.outer_lr, config.outer_momentum) for p in self.owned}
+        self.state = SyncState(config, plan, self.owned, params)  # what a checkpoint holds (`sync_state`)
+        self.checks = ContributionChecks(config, self.state)  # what a contribution must pass (`checks`)
         self.grace = GraceWindow(config.overlap, config.grace, config.ema, cover_pulls=config.rebases)
         self.live: set[int] = set()
         self.rounds: dict[int, Round] = {}
-        self.carries: dict[int, Carry] = {}  # late work waiting for its fragment's next round (`late`)
+        self.sums = AccumulatorPool()  # the rounds' float32 sums, reused from round to round
+        self.late = LateRounds(config, self.grace.step_time, self._new_sum)  # work that missed its round
         self.taken = TakenWork()  # no learner's work is taken twice (`taken`)
-        self.late_floor: dict[int, int] = {}  # restored versions: older late work is refused (`late`)
         self.rejections: dict[str, int] = {}
         self._holding = False  # see receive(hold=...)
         self.defer_merges = defer_merges
         self.share_updates = share_updates
         self.merging: dict[int, MergeJob] = {}  # fragments whose merge is being computed
-        self.sums = AccumulatorPool()  # the rounds' float32 sums, reused from round to round
-        self._param_norms: dict[int, tuple[int, float]] = {}  # fragment -> (version, its L2 norm)
         self.final_flush = False  # the run's budget is reached: what merges now is the final flush
         self.flush_ends: float | None = None  # by when the final flush's rounds are merged (`begin_final_flush`)
+
+    # The state the drivers, checkpoints and status pages read (owned by the components).
+    @property
+    def params(self) -> dict[str, torch.Tensor]:
+        """The owned fragments' global tensors, by name (live: merges change them in place)."""
+        return self.state.params
+
+    @property
+    def versions(self) -> dict[int, int]:
+        return self.state.versions
+
+    @property
+    def outer(self) -> dict[int, NesterovOuterOptimizer]:
+        return self.state.outer
+
+    @property
+    def carries(self) -> dict[int, Carry]:
+        """Late work waiting for its fragment's next round (`late`)."""
+        return self.late.carries
 
     # --- membership -----------------------------------------------------------------------------
     def join(self, learner: int, now: float, restarted: bool = True) -> list[SyncAction]:
@@ -154,19 +172,16 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         self, c: Contribution, now: float, norms: Mapping[str, float] | None
     ) -> list[SyncAction | MergeDue]:
         if norms is None or set(norms) != set(c.outer_gradient):
-            norms = self.measure(c)
-        reason = self._invalid(c, norms)
+            norms = measure(c)
+        reason = self.checks.refusal(c, norms, self.live)
         if reason is not None:
             return self._reject(c.learner, c.fragment, reason)
         taken = self.taken.refusal(c)
         if taken is not None:
             return self._reject(c.learner, c.fragment, taken)
-        late = self._late(c, norms, now)
-        if late is not None:
-            if not late:  # admitted as late work (a refusal comes with its actions)
-                self.taken.take(c)
-            return late
-        current_version = self.versions[c.fragment]
+        current_version = self.state.versions[c.fragment]
+        if self.late.is_late(c, current_version, c.fragment in self.merging):
+            return self._late(c, norms, now)
         if c.base_version > current_version:
             return self._reject(
                 c.learner, c.fragment, f"unknown version {c.base_version}: current is {current_version}"
@@ -174,12 +189,12 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         current = self.rounds.get(c.fragment)
         requests: list[SyncAction] = []
         if current is None:
-            carry = self._take_carry(c.fragment)
+            carry = self.late.take(c.fragment)
             current = Round(
                 version=current_version,
                 opened_at=now,
                 expected=set(self.live),
-                total=carry.total if carry is not None else RoundSum(self._rda_names(c.fragment), self.sums),
+                total=carry.total if carry is not None else self._new_sum(c.fragment),
                 late=carry.work if carry is not None else [],
             )
             self.rounds[c.fragment] = current
@@ -199,9 +214,22 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         current.declined.discard(c.learner)
         return requests + self._advance(c.fragment, now)
 
-    def _rda_names(self, p: int) -> frozenset[str]:
-        """The tensors of fragment p merged by RDA (the rest, embeddings, by the weighted mean)."""
-        return frozenset(self.plan.names[p]) - self.plain_names if self.config.merge == "rda" else frozenset()
+    def _late(self, c: Contribution, norms: Mapping[str, float], now: float) -> list[SyncAction | MergeDue]:
+        """Work that missed its round: admitted into a later one (`late`), or refused; a learner whose
+        base is out of date is sent the current version with the refusal."""
+        p = c.fragment
+        refusal = self.late.admit(c, norms, now, self.state.versions[p], p in self.merging, self.rounds.get(p))
+        if refusal is None:
+            self.taken.take(c)
+            return []
+        refused = self._reject(c.learner, p, refusal.reason)
+        return refused + [self._update(p, (c.learner,))] if refusal.send_update else refused
+
+    def _new_sum(self, p: int) -> RoundSum:
+        """An empty running sum for a round (or carry) of fragment p: RDA over its tensors but the
+        plain ones (embeddings: the weighted mean), or the weighted mean over all of them."""
+        rda = frozenset(self.plan.names[p]) - self.plain_names if self.config.merge == "rda" else frozenset()
+        return RoundSum(rda, self.sums)
 
     def _reject(self, learner: int, fragment: int | None, reason: str) -> list[SyncAction | MergeDue]:
         kind = reason.split(":")[0]
@@ -215,7 +243,7 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
 
     def next_deadline(self) -> float | None:
         deadlines = [r.deadline for r in self.rounds.values() if r.deadline is not None]
-        deadlines += self._carry_deadlines()
+        deadlines += self.late.deadlines(self._busy(), self.final_flush)
         return min(deadlines) if deadlines else None
 
     def _advance_all(self, now: float) -> list[SyncAction | MergeDue]:
@@ -223,6 +251,45 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         for p in sorted(self.rounds):
             actions += self._advance(p, now)
         return actions
+
+    def _busy(self) -> set[int]:
+        """The fragments with a round open or a merge in progress."""
+        return set(self.rounds) | set(self.merging)
+
+    def _open_due_carries(self, now: float) -> list[SyncAction]:
+        """Turn carries that waited their time into rounds of their own: due at once, or in the final
+        flush gathering rounds that ask every live learner not heard from for the fragment."""
+        requests: list[SyncAction] = []
+        for p, carry in self.late.pop_due(now, self._busy(), self.final_flush):
+            version = self.state.versions[p]
+            if self.final_flush:
+                self.rounds[p] = Round(
+                    version=version,
+                    opened_at=now,
+                    expected=set(self.live),
+                    total=carry.total,
+                    quorum_at=now,
+                    deadline=self._gather_until(now),
+                    late=carry.work,
+                )
+                others = tuple(sorted(self.live - {w.contribution.learner for w in carry.work}))
+                if others:
+                    requests.append(FragmentRequest(p, version, others))
+                continue
+            self.rounds[p] = Round(
+                version=version,
+                opened_at=carry.since,
+                expected=set(),
+                total=carry.total,
+                quorum_at=now,
+                deadline=now,
+                late=carry.work,
+            )
+        return requests
+
+    def _gather_until(self, opened_at: float) -> float:
+        """In the final flush: until when a round opened at `opened_at` waits for everyone (`late`)."""
+        return gather_until(opened_at, self.config.sync_every, self.grace.step_time.get(), self.flush_ends)
 
     def _waiting_for(self, r: Round) -> set[int]:
         heard = set(r.contributions) | r.declined
@@ -263,7 +330,7 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         out: dict[int, int] = {}
         pieces = [(p, c) for p, r in self.rounds.items() for c in r.contributions.values()]
         pieces += [(p, w.contribution) for p, r in self.rounds.items() for w in r.late]
-        pieces += [(p, w.contribution) for p, carry in self.carries.items() for w in carry.work]
+        pieces += [(p, w.contribution) for p, carry in self.late.carries.items() for w in carry.work]
         pieces += [(p, c) for p, job in self.merging.items() for c in job.contributions]
         for p, c in pieces:
             if c.learner == learner:
@@ -307,8 +374,8 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
             norms=tuple(r.norms[m] for m in learners) + tuple(w.norms for w in r.late),
             total=r.total,
             use_momentum=self.config.final_momentum or not self.final_flush,
-            params={n: self.params[n] for n in names},
-            outer=self.outer[p],
+            params={n: self.state.params[n] for n in names},
+            outer=self.state.outer[p],
             opened_at=r.opened_at,
             quorum_at=r.quorum_at,
             deadline=r.deadline,
@@ -333,17 +400,15 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
                 self.taken.give_back(c)
             reason = f"merge refused: fragment {p} would become non-finite ({result.error})"
             return [a for c in job.contributions for a in self._reject(c.learner, p, reason)]
-        self.outer[p].apply(self.params, result.scaled, job.use_momentum)
+        self.state.step(p, result.scaled, job.use_momentum, (c.learner for c in job.contributions))
         job.total.release()
-        self.versions[p] += 1
-        self.merged_into[p] = tuple(sorted({c.learner for c in job.contributions}))
         admitted = tuple(
             AdmittedWork(c.learner, c.step, c.steps, c.tokens, c.seconds, w, c.base_version)
             for c, w in zip(job.contributions, job.weights, strict=True)
         )
         record = Merged(
             fragment=p,
-            version=self.versions[p],
+            version=self.state.versions[p],
             time=now,
             opened_at=job.opened_at,
             quorum_time=(job.quorum_at if job.quorum_at is not None else now) - job.opened_at,
@@ -356,13 +421,37 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         )
         return [record, self._update(p, tuple(sorted(self.live)))]
 
-    def _update(self, p: int, learners: Sequence[int], copy: bool | None = None) -> FragmentUpdate:
-        copy = not self.share_updates if copy is None else copy
-        tensors = {name: self.params[name].clone() if copy else self.params[name] for name in self.plan.names[p]}
-        return FragmentUpdate(p, self.versions[p], tensors, tuple(learners), self.merged_into.get(p))
+    def _update(self, p: int, learners: Sequence[int]) -> FragmentUpdate:
+        return self.state.update(p, learners, copy=not self.share_updates)
 
     def current_update(self, p: int, learners: Sequence[int]) -> FragmentUpdate:
         """The current global value of fragment p, addressed to `learners` (a copy: safe to send)."""
-        if p not in self.versions:
+        if p not in self.state.versions:
             raise KeyError(f"fragment {p} is not owned by this synchronizer")
-        return self._update(p, learners, copy=True)
+        return self.state.update(p, learners, copy=True)
+
+    # --- state ----------------------------------------------------------------------------------
+    def global_params(self) -> dict[str, torch.Tensor]:
+        return self.state.global_params()
+
+    def fragment_state(self, p: int, copy: bool = True) -> dict[str, torch.Tensor]:
+        """Fragment p's global tensors and outer-optimizer buffers (`SyncState.fragment_state`)."""
+        return self.state.fragment_state(p, copy)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: parameters, versions, outer optimizer buffers, estimates."""
+        return {
+            **self.state.state_dict(),
+            "grace": self.grace.state_dict(),
+            "rejections": dict(self.rejections),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from `state_dict`: work held in rounds and carries is not saved, so it is dropped, and
+        late work from before the restore is refused (it may have been merged already)."""
+        self.state.load_state_dict(state)
+        self.grace.load_state_dict(state.get("grace", {}))
+        self.rejections = dict(state.get("rejections", {}))
+        self.rounds.clear()
+        self.late.restart(self.state.versions)
+        self.taken.clear()
