@@ -33,10 +33,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .messages import Contribution, FragmentRequest, FragmentUpdate, SyncAction
+from .messages import Contribution, FragmentRequest, FragmentUpdate, RejectCode, SyncAction
 from .round_sum import AccumulatorPool, RoundSum
 from .rounds import LateWork, Round
 from .weights import token_weight
+
+STALE = RejectCode.STALE
 
 if TYPE_CHECKING:
     from .config import AlgorithmConfig
@@ -108,7 +110,9 @@ class LateRounds:
     if TYPE_CHECKING:  # defined by `SynchronizerCore`
 
         def _rda_names(self, p: int) -> frozenset[str]: ...
-        def _reject(self, learner: int, fragment: int | None, reason: str) -> list[SyncAction | MergeDue]: ...
+        def _reject(
+            self, learner: int, fragment: int | None, code: RejectCode, reason: str
+        ) -> list[SyncAction | MergeDue]: ...
         def _update(self, p: int, learners: Sequence[int], copy: bool | None = None) -> FragmentUpdate: ...
 
     def _late(self, c: Contribution, norms: Mapping[str, float], now: float) -> list[SyncAction | MergeDue] | None:
@@ -119,13 +123,13 @@ class LateRounds:
             return None
         if self.config.late == "refuse":
             if c.base_version == current:  # its round is closed and being merged
-                return self._reject(c.learner, p, f"stale: version {current} of fragment {p} is being merged")
-            return self._reject(c.learner, p, f"stale: based on version {c.base_version}, current is {current}") + [
-                self._update(p, (c.learner,))
-            ]
+                return self._reject(c.learner, p, STALE, f"stale: version {current} of fragment {p} is being merged")
+            return self._reject(
+                c.learner, p, STALE, f"stale: based on version {c.base_version}, current is {current}"
+            ) + [self._update(p, (c.learner,))]
         if c.base_version < self.late_floor.get(p, 0):  # from before a restart: it may be merged already
             return self._reject(
-                c.learner, p, f"stale: based on version {c.base_version}, from before the synchronizer restarted"
+                c.learner, p, STALE, f"stale: based on version {c.base_version}, from before the synchronizer restarted"
             ) + [self._update(p, (c.learner,))]
         staleness = current + (1 if merging else 0) - c.base_version  # versions it missed
         limit = self.config.max_staleness
@@ -134,12 +138,12 @@ class LateRounds:
                 f"stale: based on version {c.base_version}, current is {current}: {staleness} versions late, "
                 f"more than max_staleness S={limit}"
             )
-            return self._reject(c.learner, p, reason) + [self._update(p, (c.learner,))]
+            return self._reject(c.learner, p, STALE, reason) + [self._update(p, (c.learner,))]
         r = None if merging else self.rounds.get(p)
         carry = self.carries.get(p)
         held = r.late if r is not None else carry.work if carry is not None else []
         if any(w.contribution.learner == c.learner and w.contribution.base_version == c.base_version for w in held):
-            return self._reject(c.learner, p, "duplicate contribution for this round")
+            return self._reject(c.learner, p, RejectCode.DUPLICATE, "duplicate contribution for this round")
         if r is not None:
             admit_late(r.total, r.late, c, norms, staleness, self.config.staleness_discount)
             return []

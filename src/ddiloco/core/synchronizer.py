@@ -30,6 +30,7 @@ from .messages import (
     FragmentUpdate,
     LearnerMessage,
     Merged,
+    RejectCode,
     Rejected,
     SyncAction,
 )
@@ -83,7 +84,7 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         self.carries: dict[int, Carry] = {}  # late work waiting for its fragment's next round (`late`)
         self.taken = TakenWork()  # no learner's work is taken twice (`taken`)
         self.late_floor: dict[int, int] = {}  # restored versions: older late work is refused (`late`)
-        self.rejections: dict[str, int] = {}
+        self.rejections: dict[str, int] = {}  # refusals by code (`RejectCode` value)
         self._holding = False  # see receive(hold=...)
         self.defer_merges = defer_merges
         self.share_updates = share_updates
@@ -155,12 +156,12 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
     ) -> list[SyncAction | MergeDue]:
         if norms is None or set(norms) != set(c.outer_gradient):
             norms = self.measure(c)
-        reason = self._invalid(c, norms)
-        if reason is not None:
-            return self._reject(c.learner, c.fragment, reason)
+        refusal = self._invalid(c, norms)
+        if refusal is not None:
+            return self._reject(c.learner, c.fragment, *refusal)
         taken = self.taken.refusal(c)
         if taken is not None:
-            return self._reject(c.learner, c.fragment, taken)
+            return self._reject(c.learner, c.fragment, *taken)
         late = self._late(c, norms, now)
         if late is not None:
             if not late:  # admitted as late work (a refusal comes with its actions)
@@ -169,7 +170,10 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         current_version = self.versions[c.fragment]
         if c.base_version > current_version:
             return self._reject(
-                c.learner, c.fragment, f"unknown version {c.base_version}: current is {current_version}"
+                c.learner,
+                c.fragment,
+                RejectCode.UNKNOWN_VERSION,
+                f"unknown version {c.base_version}: current is {current_version}",
             )
         current = self.rounds.get(c.fragment)
         requests: list[SyncAction] = []
@@ -187,7 +191,7 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
             if others:
                 requests.append(FragmentRequest(c.fragment, current_version, others))
         elif c.learner in current.contributions:
-            return self._reject(c.learner, c.fragment, "duplicate contribution for this round")
+            return self._reject(c.learner, c.fragment, RejectCode.DUPLICATE, "duplicate contribution for this round")
         if current.quorum_at is None:  # xi_step, tau, link: the learners that form quorums (see `timing`)
             self.grace.step_time.update(c.step_time)
             current.overlap = max(current.overlap, c.overlap)
@@ -203,10 +207,9 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
         """The tensors of fragment p merged by RDA (the rest, embeddings, by the weighted mean)."""
         return frozenset(self.plan.names[p]) - self.plain_names if self.config.merge == "rda" else frozenset()
 
-    def _reject(self, learner: int, fragment: int | None, reason: str) -> list[SyncAction | MergeDue]:
-        kind = reason.split(":")[0]
-        self.rejections[kind] = self.rejections.get(kind, 0) + 1
-        return [Rejected(learner, fragment, reason)]
+    def _reject(self, learner: int, fragment: int | None, code: RejectCode, reason: str) -> list[SyncAction | MergeDue]:
+        self.rejections[code.value] = self.rejections.get(code.value, 0) + 1
+        return [Rejected(learner, fragment, reason, code)]
 
     # --- rounds ---------------------------------------------------------------------------------
     def poll(self, now: float, hold: bool = False) -> list[SyncAction | MergeDue]:
@@ -332,7 +335,7 @@ class SynchronizerCore(ContributionChecks, SyncState, LateRounds):
             for c in job.contributions:  # not merged: their learners may send this work again
                 self.taken.give_back(c)
             reason = f"merge refused: fragment {p} would become non-finite ({result.error})"
-            return [a for c in job.contributions for a in self._reject(c.learner, p, reason)]
+            return [a for c in job.contributions for a in self._reject(c.learner, p, RejectCode.MERGE_REFUSED, reason)]
         self.outer[p].apply(self.params, result.scaled, job.use_momentum)
         job.total.release()
         self.versions[p] += 1
