@@ -7,6 +7,7 @@ import torch
 from ddiloco.core import AlgorithmConfig, balanced_fragments
 from ddiloco.core.checks import ContributionChecks, measure
 from ddiloco.core.late import LateRefusal, LateRounds
+from ddiloco.core.messages import RejectCode
 from ddiloco.core.round_sum import RoundSum
 from ddiloco.core.rounds import Round
 from ddiloco.core.sync_state import OUTER_PREFIX, SyncState
@@ -50,14 +51,18 @@ def test_the_checks_read_the_state_and_bound_the_norm_by_the_current_version():
     state = SyncState(config(), PLAN, [0], {"w": torch.tensor([3.0, 4.0])})  # norm 5
     checks = ContributionChecks(config(max_outer_norm_ratio=2.0), state)
     big = contribution(0, [9.0, 12.0])  # norm 15
-    assert checks.refusal(big, measure(big), live=()) == "unknown learner 0: register (join) first"
-    assert "too large" in checks.refusal(big, measure(big), live={0})  # 15 > 2 * 5
+    assert checks.refusal(big, measure(big), live=()) == (
+        RejectCode.UNKNOWN_LEARNER,
+        "unknown learner 0: register (join) first",
+    )
+    too_large = checks.refusal(big, measure(big), live={0})  # 15 > 2 * 5
+    assert too_large is not None and too_large.code == RejectCode.TOO_LARGE and "too large" in too_large.reason
     ok = contribution(0, [6.0, 8.0])
     assert checks.refusal(ok, measure(ok), live={0}) is None  # 10 <= 2 * 5
     state.step(0, {"w": (torch.tensor([-3.0, -4.0]), 1.0)}, use_momentum=True, learners=[0])  # w = (4.5, 6)
     assert checks.refusal(big, measure(big), live={0}) is None  # 15 <= 2 * 7.5: the new version's norm
     wrong = contribution(0, [1.0, 2.0, 3.0])
-    assert checks.refusal(wrong, measure(wrong), live={0}) == "w: shape (3,) != (2,)"
+    assert checks.refusal(wrong, measure(wrong), live={0}) == (RejectCode.BAD_TENSORS, "w: shape (3,) != (2,)")
 
 
 def test_late_work_goes_to_a_carry_is_refused_past_s_and_the_carry_comes_due_after_a_sync_period():
@@ -72,11 +77,12 @@ def test_late_work_goes_to_a_carry_is_refused_past_s_and_the_carry_comes_due_aft
     assert (work.staleness, work.weight, late.carries[0].since) == (1, 2500 / (1 + 1.0), 2.0)
     again = contribution(0, [1.0, 0.0], version=0)
     assert late.admit(again, measure(again), 2.1, 1, False, None) == LateRefusal(
-        "duplicate contribution for this round", send_update=False
+        "duplicate contribution for this round", send_update=False, code=RejectCode.DUPLICATE
     )
     old = contribution(1, [1.0, 0.0], version=0)
     refusal = late.admit(old, measure(old), 2.2, current=3, merging=False, open_round=None)
     assert refusal is not None and refusal.send_update and "more than max_staleness S=2" in refusal.reason
+    assert refusal.code == RejectCode.STALE
     # due at since + H * step time = 2 + 4 * 0.5; at once in the final flush; never while its fragment is busy
     assert late.deadlines(busy=set(), final_flush=False) == [4.0]
     assert late.deadlines(busy={0}, final_flush=False) == []

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ddiloco.core import AlgorithmConfig, SynchronizerCore, balanced_fragments
+from ddiloco.core import AlgorithmConfig, RejectCode, SynchronizerCore, balanced_fragments
 from ddiloco.core.messages import Decline
 
 from .test_synchronizer import contribution, kinds
@@ -106,6 +106,7 @@ def test_work_sent_while_its_version_is_being_merged_waits_for_the_next_round_or
         assert out == [] and core.carries[0].work[0].staleness == 1  # one version late once it is applied
     else:
         assert kinds(out) == ["Rejected"] and "being merged" in out[0].reason and core.carries == {}
+        assert out[0].code is RejectCode.STALE
     core.finish_merge(due.job, due.job.compute(), now=0.2)
     assert core.versions[0] == 1 and core.rounds == {}
 
@@ -115,7 +116,7 @@ def test_refuse_mode_drops_late_work_and_resets_the_learner():
     core.receive(contribution(0, [-1.0, 0.0]), now=0.0)
     out = core.receive(contribution(1, [0.0, -2.0], version=0), now=0.1)
     assert kinds(out) == ["Rejected", "FragmentUpdate"] and "stale" in out[0].reason
-    assert core.carries == {}
+    assert out[0].code is RejectCode.STALE and core.carries == {}
 
 
 def test_late_config_is_validated():

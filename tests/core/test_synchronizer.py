@@ -7,6 +7,7 @@ from ddiloco.core import (
     AlgorithmConfig,
     Contribution,
     Decline,
+    RejectCode,
     SynchronizerCore,
     balanced_fragments,
 )
@@ -137,7 +138,8 @@ def test_rejoining_learner_gets_current_global_and_stale_work_is_refused():
     # work computed from version 0 must not drag the model back
     out = core.receive(contribution(1, [50.0, 50.0], version=0), now=5.1)
     assert kinds(out) == ["Rejected", "FragmentUpdate"]
-    assert "stale" in out[0].reason and out[1].version == 3 and out[1].learners == (1,)
+    assert "stale" in out[0].reason and out[0].code is RejectCode.STALE
+    assert out[1].version == 3 and out[1].learners == (1,)
     assert torch.equal(core.params["w"], current) and core.versions[0] == 3
 
 
@@ -154,32 +156,32 @@ def test_every_update_says_which_learners_made_its_version_and_a_restart_says_it
 
 
 @pytest.mark.parametrize(
-    "message, reason",
+    "message, reason, code",
     [
-        (contribution(9, [1.0, 1.0]), "unknown learner"),
-        (contribution(0, [1.0, 1.0, 1.0]), "shape"),
-        (contribution(0, [float("nan"), 1.0]), "NaN or Inf"),
-        (contribution(0, [float("inf"), 1.0]), "NaN or Inf"),
-        (contribution(0, [1.0, 1.0], name="v"), "wrong tensors"),
-        (contribution(0, [1.0, 1.0], steps=0), "no steps"),
-        (contribution(0, [1.0, 1.0], version=4), "unknown version"),
-        (contribution(0, [1.0, 1.0], fragment=3), "not owned"),
+        (contribution(9, [1.0, 1.0]), "unknown learner", RejectCode.UNKNOWN_LEARNER),
+        (contribution(0, [1.0, 1.0, 1.0]), "shape", RejectCode.BAD_TENSORS),
+        (contribution(0, [float("nan"), 1.0]), "NaN or Inf", RejectCode.NON_FINITE),
+        (contribution(0, [float("inf"), 1.0]), "NaN or Inf", RejectCode.NON_FINITE),
+        (contribution(0, [1.0, 1.0], name="v"), "wrong tensors", RejectCode.BAD_TENSORS),
+        (contribution(0, [1.0, 1.0], steps=0), "no steps", RejectCode.BAD_COUNTERS),
+        (contribution(0, [1.0, 1.0], version=4), "unknown version", RejectCode.UNKNOWN_VERSION),
+        (contribution(0, [1.0, 1.0], fragment=3), "not owned", RejectCode.NOT_OWNED),
     ],
 )
-def test_bad_contributions_are_rejected_and_change_nothing(message, reason):
+def test_bad_contributions_are_rejected_and_change_nothing(message, reason, code):
     core = make(quorum=1)
     before = core.params["w"].clone()
     out = core.receive(message, now=0.0)
-    assert kinds(out) == ["Rejected"] and reason in out[0].reason
+    assert kinds(out) == ["Rejected"] and reason in out[0].reason and out[0].code is code
     assert torch.equal(core.params["w"], before) and core.versions[0] == 0 and core.rounds == {}
-    assert sum(core.rejections.values()) == 1
+    assert core.rejections == {code.value: 1}  # counted by code, whatever the reason's words
 
 
 def test_duplicate_contribution_is_rejected():
     core = make(quorum=3)
     core.receive(contribution(0, [1.0, 0.0]), now=0.0)
     out = core.receive(contribution(0, [1.0, 0.0]), now=0.1)
-    assert kinds(out) == ["Rejected"] and "duplicate" in out[0].reason
+    assert kinds(out) == ["Rejected"] and "duplicate" in out[0].reason and out[0].code is RejectCode.DUPLICATE
     assert len(core.rounds[0].contributions) == 1
 
 
@@ -251,6 +253,7 @@ def test_a_contribution_far_larger_than_its_fragment_is_refused():
     core = make(quorum=1, max_ratio=10.0)  # limit: 10 x max(|Theta| = 0, 0.1 * sqrt(2)) = 1.414
     [refused] = core.receive(contribution(0, [1.5, 0.0]), now=0.0)
     assert kinds([refused]) == ["Rejected"] and refused.reason.startswith("outer gradient too large")
+    assert refused.code is RejectCode.TOO_LARGE
     assert core.rounds == {} and core.versions[0] == 0
     accepted = core.receive(contribution(1, [1.0, 0.0]), now=0.0)
     assert "Rejected" not in kinds(accepted)
@@ -268,7 +271,7 @@ def test_finite_contributions_that_overflow_are_not_merged():
     out += core.receive(contribution(1, [huge, huge], version=1), now=1.1)
     rejected = [a for a in out if kinds([a]) == ["Rejected"]]
     assert sorted(a.learner for a in rejected) == [0, 1] and "Merged" not in kinds(out)
-    assert all("non-finite" in a.reason for a in rejected)
+    assert all("non-finite" in a.reason and a.code is RejectCode.MERGE_REFUSED for a in rejected)
     assert core.versions[0] == 1 and torch.equal(core.params["w"], after_first) and core.rounds == {}
     # the fragment keeps working: the next round merges normally
     core.receive(contribution(0, [-1.0, 0.0], version=1), now=2.0)

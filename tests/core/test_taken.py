@@ -5,6 +5,8 @@ import dataclasses
 import pytest
 import torch
 
+from ddiloco.core import RejectCode
+
 from .test_late import make
 from .test_synchronizer import contribution, kinds
 
@@ -18,6 +20,7 @@ def test_the_same_snapshot_sent_again_after_its_merge_is_refused_not_merged_twic
     assert core.versions[0] == 1
     again = core.receive(first, now=0.5)  # the same snapshot, now one version late
     assert kinds(again) == ["Rejected"] and "taken already" in again[0].reason and core.carries == {}
+    assert again[0].code is RejectCode.DUPLICATE
 
 
 def test_a_later_snapshot_on_the_same_version_repeats_the_merged_one_and_is_refused():
@@ -29,7 +32,7 @@ def test_a_later_snapshot_on_the_same_version_repeats_the_merged_one_and_is_refu
     assert torch.allclose(core.params["w"], torch.tensor([0.0, 0.7]))  # 0 - 0.7 * (0, -1)
     repeat = dataclasses.replace(contribution(1, [0.0, -1.5], steps=6), step=first.step + 2)
     out = core.receive(repeat, now=0.5)
-    assert kinds(out) == ["Rejected"] and "repeats its steps" in out[0].reason
+    assert kinds(out) == ["Rejected"] and "repeats its steps" in out[0].reason and out[0].code is RejectCode.DUPLICATE
     assert core.carries == {} and core.rounds == {}
     core.poll(10.0)
     assert torch.allclose(core.params["w"], torch.tensor([0.0, 0.7])) and core.versions[0] == 1

@@ -16,7 +16,8 @@ from ddiloco.wire import framing, sockets
 PREFIX = framing.PREFIX_BYTES
 U32 = (1 << 32) - 1
 MAX_FRAME = sockets.MAX_HELLO_BYTES
-STALL = b"\x08\x00\x00\x00DDL\x01\x00\x00\x00\x00"  # #46's 12-byte hello: a frame of exactly its prefix
+# #46's 12-byte hello: a frame of exactly its prefix (its version byte today's, so that the length is what is refused)
+STALL = b"\x08\x00\x00\x00DDL" + bytes([framing.PROTOCOL_VERSION]) + b"\x00\x00\x00\x00"
 HEADER_LENGTHS = [0, 1, 2, 3, framing.MAX_HEADER_BYTES, framing.MAX_HEADER_BYTES + 1, U32]
 FRAME_LENGTHS = [0, 1, PREFIX - 1, PREFIX, PREFIX + 1, MAX_FRAME, MAX_FRAME + 1, U32]
 FRAME_OFFSETS = [0, 0, 0, -1, 1, -2, 2]  # from the prefix plus the header length
@@ -39,7 +40,7 @@ def hostile_frames(draw: st.DrawFn, hello: dict | None = None) -> bytes:
     else:
         n = draw(st.sampled_from(FRAME_LENGTHS))
     magic = draw(st.sampled_from([framing.MAGIC] * 4 + [b"DDM", b"\x00\x00\x00"]))
-    version = draw(st.sampled_from([framing.PROTOCOL_VERSION] * 4 + [0, 2, 255]))
+    version = draw(st.sampled_from([framing.PROTOCOL_VERSION] * 4 + [0, framing.PROTOCOL_VERSION + 1, 255]))
     prefix = struct.pack("<I3sBI", n, magic, version, hlen)
     frame = prefix + body
     ending = draw(st.sampled_from(["whole", "prefix", "cut"]))  # a frame may end anywhere, even in its prefix

@@ -8,6 +8,7 @@ import torch
 
 from ddiloco.records.events import read_events
 from ddiloco.wire import framing
+from ddiloco.wire.headers import Reply
 from ddiloco.wire.protocol import signature
 
 from ..support.runtime import RawClient, params_of, rpc_error, same, synchronizer
@@ -53,22 +54,23 @@ def test_unknown_learner_id_and_model_mismatch_are_refused_at_registration(servi
 
 
 @pytest.mark.parametrize(
-    "mutate, reason",
+    "mutate, reason, code",
     [
-        (lambda t: {n: v.reshape(-1)[:-1] for n, v in t.items()}, "shape"),
-        (lambda t: {n + ".bogus": v for n, v in t.items()}, "wrong tensor names"),
-        (lambda t: {n: v.fill_(float("nan")) for n, v in t.items()}, "NaN or Inf"),
-        (lambda t: {n: v.fill_(float("inf")) for n, v in t.items()}, "NaN or Inf"),
+        (lambda t: {n: v.reshape(-1)[:-1] for n, v in t.items()}, "shape", "bad_tensors"),
+        (lambda t: {n + ".bogus": v for n, v in t.items()}, "wrong tensor names", "bad_tensors"),
+        (lambda t: {n: v.fill_(float("nan")) for n, v in t.items()}, "NaN or Inf", "non_finite"),
+        (lambda t: {n: v.fill_(float("inf")) for n, v in t.items()}, "NaN or Inf", "non_finite"),
     ],
 )
-def test_bad_tensors_are_rejected_counted_and_the_learner_reset(service, mutate, reason):
+def test_bad_tensors_are_rejected_counted_and_the_learner_reset(service, mutate, reason, code):
     svc, _, client, reply, _ = service
     frames = client.contribution(reply["session"], 0, mutate(fragment_tensors(svc, reply)), codec="bf16")
     answer = client.push_frames(frames)
-    assert answer["ok"] is False and reason in answer["reason"] and answer["action"] == "reset"
+    assert answer["ok"] is False and reason in answer["reason"] and answer["code"] == code
+    assert Reply.decode(answer).action == "reset"
     assert svc.status()["rejected_contributions"] == 1
     logged = [e for e in read_events(svc.events.path) if e["kind"] == "rejected"]
-    assert logged and reason in logged[-1]["reason"]
+    assert logged and reason in logged[-1]["reason"] and logged[-1]["code"] == code
     # the learner is sent the global value of the fragment to start over from
     session = svc.sessions[reply["session"]]
     frame = None
@@ -97,20 +99,21 @@ def test_a_dtype_the_wire_does_not_know_is_refused(service):
     name = reply["plan"]["names"][0][0]
     frames = framing.frames(dict(head, tensors=[[name, reply["plan"]["shapes"][name], "pickle"]]), [b"\x80\x04."])
     answer = client.push_frames(frames)
-    assert answer["ok"] is False and "unknown codec 'pickle'" in answer["reason"]
+    assert answer["ok"] is False and "unknown codec 'pickle'" in answer["reason"] and answer["code"] == "bad_tensors"
 
 
 def test_unknown_session_fragment_and_stale_version(service):
     svc, _, client, reply, _ = service
     tensors = fragment_tensors(svc, reply)
     answer = client.push_frames(client.contribution("no-such-session", 0, tensors))
-    assert answer["ok"] is False and answer["action"] == "reregister" and "unknown session" in answer["reason"]
+    assert answer["ok"] is False and answer["code"] == "unknown_session" and "unknown session" in answer["reason"]
+    assert Reply.decode(answer).action == "reregister"
     answer = client.push_frames(client.contribution(reply["session"], 9, tensors))
-    assert answer["ok"] is False and "not owned" in answer["reason"]
+    assert answer["ok"] is False and "not owned" in answer["reason"] and answer["code"] == "not_owned"
     answer = client.push_frames(client.contribution(reply["session"], 0, tensors, base_version=5))
-    assert answer["ok"] is False and "unknown version 5" in answer["reason"]
+    assert answer["ok"] is False and "unknown version 5" in answer["reason"] and answer["code"] == "unknown_version"
     answer = client.push_frames(client.contribution(reply["session"], 0, tensors, steps="many"))
-    assert answer["ok"] is False and "malformed" in answer["reason"]
+    assert answer["ok"] is False and "malformed" in answer["reason"] and answer["code"] == "malformed"
     answer = client.push_frames(client.contribution(reply["session"], 0, tensors, final="yes"))
     assert answer["ok"] is False and "malformed" in answer["reason"] and "'final'" in answer["reason"]
 

@@ -141,7 +141,7 @@ def test_an_unknown_session_is_answered_before_the_payload_is_read(served):
     service, server, _ = served
     grad = {"w": torch.zeros(4 * NUMEL)}  # 8 MB in 8 frames
     reply, _ = _client(server).push(framing.iter_frame_parts(_head("nobody", 0), grad, "bf16"), 30)
-    assert reply["ok"] is False and reply["action"] == "reregister"
+    assert reply["ok"] is False and reply["code"] == "unknown_session"
     assert service.traffic.bytes_received < 2 * framing.DEFAULT_CHUNK_BYTES  # the first frame only
     assert server.handlers.push_buffers.allocated == 0
 

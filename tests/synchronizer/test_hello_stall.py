@@ -17,7 +17,8 @@ from .fuzz_support import TOKEN, live_plane
 
 pytestmark = pytest.mark.timeout(120)
 
-STALL = b"\x08\x00\x00\x00DDL\x01\x00\x00\x00\x00"  # the packet, byte for byte
+# the packet, byte for byte but the version byte (1 then): with another, its version would be refused first
+STALL = b"\x08\x00\x00\x00DDL" + bytes([framing.PROTOCOL_VERSION]) + b"\x00\x00\x00\x00"
 ANSWER_SECONDS = 20.0  # a liveness bound on a loaded machine: the greeter answers within its hello deadline
 
 

@@ -63,7 +63,7 @@ def test_the_merge_runs_off_the_lock_and_work_against_the_version_being_merged_w
         service.lock.release()
         reply = push(service, sessions[2], 2)
         if late == "refuse":
-            assert reply["ok"] is False and "being merged" in reply["reason"] and reply["action"] == "none"
+            assert reply["ok"] is False and "being merged" in reply["reason"] and reply["code"] == "stale"
         else:  # kept for the fragment's next round (here none comes: it merges alone after H steps)
             assert reply == {"ok": True} and [w.staleness for w in service.core.carries[0].work] == [1]
         assert service.core.versions[0] == 0 and service.status()["merges"] == 0

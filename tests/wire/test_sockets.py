@@ -11,6 +11,8 @@ import torch
 from ddiloco.wire import framing, reassembly, sockets
 from ddiloco.wire.buffers import BufferPool
 
+V = bytes([framing.PROTOCOL_VERSION])  # the version byte of a frame prefix this side accepts
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -94,7 +96,7 @@ def test_a_frame_longer_than_allowed_is_refused_before_its_body_is_read(pair):
     [
         (b"XYZ\x01\x05\x00\x00\x00", "magic"),
         (b"DDL\x09\x05\x00\x00\x00", "version"),
-        (b"DDL\x01\xff\x00\x00\x00", "does not fit"),
+        (b"DDL" + V + b"\xff\x00\x00\x00", "does not fit"),
     ],
 )
 def test_a_bad_prefix_is_refused(pair, bad, match):
@@ -175,9 +177,9 @@ def test_a_small_message_is_read_as_it_trickles_in_and_never_past_its_end(pair):
 @pytest.mark.parametrize(
     "data,match",
     [
-        (struct.pack("<I", 1 << 20) + b"DDL\x01\x00\x00\x00\x00", "at most"),
+        (struct.pack("<I", 1 << 20) + b"DDL" + V + b"\x00\x00\x00\x00", "at most"),
         (struct.pack("<I", 100) + b"XYZ\x01\x00\x00\x00\x00", "magic"),
-        (struct.pack("<I", 100) + b"DDL\x01\x05\x00\x00\x00", "does not fit"),
+        (struct.pack("<I", 100) + b"DDL" + V + b"\x05\x00\x00\x00", "does not fit"),
     ],
 )
 def test_a_small_message_with_a_bad_length_or_prefix_is_refused_before_the_rest_arrives(pair, data, match):

@@ -16,6 +16,7 @@ from .messages import (
     FragmentRequest,
     FragmentUpdate,
     Merged,
+    RejectCode,
     Rejected,
 )
 from .outer import NesterovOuterOptimizer
@@ -37,6 +38,7 @@ __all__ = [
     "LearnerCore",
     "Merged",
     "NesterovOuterOptimizer",
+    "RejectCode",
     "Rejected",
     "Schedule",
     "SynchronizerCore",

@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping
 import torch
 
 from .config import AlgorithmConfig
-from .messages import Contribution
+from .messages import Contribution, Refusal, RejectCode
 from .round_sum import norm
 from .sync_state import SyncState
 
@@ -35,36 +35,39 @@ class ContributionChecks:
         self.state = state
         self._param_norms: dict[int, tuple[int, float]] = {}  # fragment -> (version, its L2 norm)
 
-    def refusal(self, c: Contribution, norms: Mapping[str, float], live: Collection[int]) -> str | None:
+    def refusal(self, c: Contribution, norms: Mapping[str, float], live: Collection[int]) -> Refusal | None:
         """Why a contribution must be refused, or None. `norms`: `measure(c)`; `live`: the learners
         that joined and have not left."""
         if c.learner not in live:
-            return f"unknown learner {c.learner}: register (join) first"
+            return Refusal(RejectCode.UNKNOWN_LEARNER, f"unknown learner {c.learner}: register (join) first")
         if c.fragment not in self.state.versions:
-            return f"fragment {c.fragment} is not owned by this synchronizer"
+            return Refusal(RejectCode.NOT_OWNED, f"fragment {c.fragment} is not owned by this synchronizer")
         if c.steps <= 0:
-            return "no steps since the last update: nothing to contribute"
+            return Refusal(RejectCode.BAD_COUNTERS, "no steps since the last update: nothing to contribute")
         if c.tokens < 0 or not (math.isfinite(c.seconds) and c.seconds >= 0):
-            return "negative or non-finite token or time counters"
+            return Refusal(RejectCode.BAD_COUNTERS, "negative or non-finite token or time counters")
         if not (math.isfinite(c.step_time) and c.step_time >= 0):
-            return "non-finite step time"
+            return Refusal(RejectCode.BAD_COUNTERS, "non-finite step time")
         expected = self.state.plan.names[c.fragment]
         if set(c.outer_gradient) != set(expected):
             extra = sorted(set(c.outer_gradient) - set(expected))
             lacking = sorted(set(expected) - set(c.outer_gradient))
-            return f"wrong tensors for fragment {c.fragment}: unexpected {extra[:3]}, missing {lacking[:3]}"
+            return Refusal(
+                RejectCode.BAD_TENSORS,
+                f"wrong tensors for fragment {c.fragment}: unexpected {extra[:3]}, missing {lacking[:3]}",
+            )
         params = self.state.params
         for name in expected:
             t = c.outer_gradient[name]
             if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-                return f"{name}: expected a floating-point tensor"
+                return Refusal(RejectCode.BAD_TENSORS, f"{name}: expected a floating-point tensor")
             if tuple(t.shape) != tuple(params[name].shape):
-                return f"{name}: shape {tuple(t.shape)} != {tuple(params[name].shape)}"
+                return Refusal(RejectCode.BAD_TENSORS, f"{name}: shape {tuple(t.shape)} != {tuple(params[name].shape)}")
             if not math.isfinite(norms[name]):
-                return f"{name}: NaN or Inf values"
+                return Refusal(RejectCode.NON_FINITE, f"{name}: NaN or Inf values")
         return self._too_large(c, norms)
 
-    def _too_large(self, c: Contribution, norms: Mapping[str, float]) -> str | None:
+    def _too_large(self, c: Contribution, norms: Mapping[str, float]) -> Refusal | None:
         """The norm bound of `AlgorithmConfig.max_outer_norm_ratio`, over the whole fragment."""
         ratio = self.config.max_outer_norm_ratio
         if ratio <= 0:
@@ -75,9 +78,10 @@ class ContributionChecks:
         floor_sq = 1e-2 * plan.sizes[c.fragment]  # an RMS of 0.1 per value
         limit = ratio * math.sqrt(max(param_sq, floor_sq))
         if not math.sqrt(grad_sq) <= limit:
-            return (
+            return Refusal(
+                RejectCode.TOO_LARGE,
                 f"outer gradient too large: norm {math.sqrt(grad_sq):.3g} exceeds {ratio:g} x the fragment's "
-                f"norm ({limit:.3g}; max_outer_norm_ratio)"
+                f"norm ({limit:.3g}; max_outer_norm_ratio)",
             )
         return None
 

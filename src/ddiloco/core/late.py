@@ -31,7 +31,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from .config import AlgorithmConfig
-from .messages import Contribution
+from .messages import Contribution, RejectCode
 from .round_sum import RoundSum
 from .rounds import LateWork, Round
 from .timing import Ema
@@ -58,6 +58,7 @@ class LateRefusal:
 
     reason: str
     send_update: bool
+    code: RejectCode = RejectCode.STALE
 
 
 def late_weight(c: Contribution, staleness: int, discount: float) -> float:
@@ -146,7 +147,7 @@ class LateRounds:
         carry = self.carries.get(p)
         held = r.late if r is not None else carry.work if carry is not None else []
         if any(w.contribution.learner == c.learner and w.contribution.base_version == c.base_version for w in held):
-            return LateRefusal("duplicate contribution for this round", send_update=False)
+            return LateRefusal("duplicate contribution for this round", send_update=False, code=RejectCode.DUPLICATE)
         if r is not None:
             admit_late(r.total, r.late, c, norms, staleness, self.config.staleness_discount)
             return None

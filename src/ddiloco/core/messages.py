@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import NamedTuple
 
 import torch
 
@@ -99,13 +101,41 @@ class Merged:
     contribution_norm: float = 0.0
 
 
+class RejectCode(str, Enum):
+    """Why a contribution was refused, as a code: what the wire carries and what a learner acts on
+    (`wire.protocol.rejection_action`). The refusal's text says the same for people; nothing may
+    depend on its wording. The values are the wire's: a new code is a new protocol version."""
+
+    STALE = "stale"  # late work refused (`late="refuse"`, past max_staleness, from before a restart)
+    DUPLICATE = "duplicate"  # work taken already (the same snapshot again, or one repeating its steps)
+    UNKNOWN_LEARNER = "unknown_learner"  # the core does not count this learner as live
+    UNKNOWN_SESSION = "unknown_session"  # the service does not know the session (restarted, declared gone)
+    NOT_OWNED = "not_owned"  # the fragment belongs to another shard
+    UNKNOWN_VERSION = "unknown_version"  # a base version newer than the current one
+    BAD_COUNTERS = "bad_counters"  # no steps, negative or non-finite tokens, seconds or step time
+    BAD_TENSORS = "bad_tensors"  # wrong names, shapes, dtypes or codec
+    NON_FINITE = "non_finite"  # NaN or Inf values
+    TOO_LARGE = "too_large"  # an outer gradient over max_outer_norm_ratio x the fragment's norm
+    MERGE_REFUSED = "merge_refused"  # the round's merge would have made the fragment non-finite
+    MALFORMED = "malformed"  # a header field of the wrong type or out of range
+
+
+class Refusal(NamedTuple):
+    """Why the synchronizer core refuses a contribution: the code, and the same for people."""
+
+    code: RejectCode
+    reason: str
+
+
 @dataclass(frozen=True)
 class Rejected:
-    """A message the synchronizer refused; nothing changed. The driver tells the learner and logs it."""
+    """A message the synchronizer refused; nothing changed. The driver tells the learner (the code)
+    and logs it (the reason, for people)."""
 
     learner: int
     fragment: int | None
     reason: str
+    code: RejectCode
 
 
 LearnerMessage = Contribution | Decline

@@ -36,6 +36,7 @@ from .messages import (
     FragmentUpdate,
     LearnerMessage,
     Merged,
+    RejectCode,
     Rejected,
     SyncAction,
 )
@@ -84,7 +85,7 @@ class SynchronizerCore:
         self.sums = AccumulatorPool()  # the rounds' float32 sums, reused from round to round
         self.late = LateRounds(config, self.grace.step_time, self._new_sum)  # work that missed its round
         self.taken = TakenWork()  # no learner's work is taken twice (`taken`)
-        self.rejections: dict[str, int] = {}
+        self.rejections: dict[str, int] = {}  # refusals by code (`RejectCode` value)
         self._holding = False  # see receive(hold=...)
         self.defer_merges = defer_merges
         self.share_updates = share_updates
@@ -173,18 +174,21 @@ class SynchronizerCore:
     ) -> list[SyncAction | MergeDue]:
         if norms is None or set(norms) != set(c.outer_gradient):
             norms = measure(c)
-        reason = self.checks.refusal(c, norms, self.live)
-        if reason is not None:
-            return self._reject(c.learner, c.fragment, reason)
+        refusal = self.checks.refusal(c, norms, self.live)
+        if refusal is not None:
+            return self._reject(c.learner, c.fragment, *refusal)
         taken = self.taken.refusal(c)
         if taken is not None:
-            return self._reject(c.learner, c.fragment, taken)
+            return self._reject(c.learner, c.fragment, *taken)
         current_version = self.state.versions[c.fragment]
         if self.late.is_late(c, current_version, c.fragment in self.merging):
             return self._late(c, norms, now)
         if c.base_version > current_version:
             return self._reject(
-                c.learner, c.fragment, f"unknown version {c.base_version}: current is {current_version}"
+                c.learner,
+                c.fragment,
+                RejectCode.UNKNOWN_VERSION,
+                f"unknown version {c.base_version}: current is {current_version}",
             )
         current = self.rounds.get(c.fragment)
         requests: list[SyncAction] = []
@@ -202,7 +206,7 @@ class SynchronizerCore:
             if others:
                 requests.append(FragmentRequest(c.fragment, current_version, others))
         elif c.learner in current.contributions:
-            return self._reject(c.learner, c.fragment, "duplicate contribution for this round")
+            return self._reject(c.learner, c.fragment, RejectCode.DUPLICATE, "duplicate contribution for this round")
         if current.quorum_at is None:  # xi_step, tau, link: the learners that form quorums (see `timing`)
             self.grace.step_time.update(c.step_time)
             current.overlap = max(current.overlap, c.overlap)
@@ -222,7 +226,7 @@ class SynchronizerCore:
         if refusal is None:
             self.taken.take(c)
             return []
-        refused = self._reject(c.learner, p, refusal.reason)
+        refused = self._reject(c.learner, p, refusal.code, refusal.reason)
         return refused + [self._update(p, (c.learner,))] if refusal.send_update else refused
 
     def _new_sum(self, p: int) -> RoundSum:
@@ -231,10 +235,9 @@ class SynchronizerCore:
         rda = frozenset(self.plan.names[p]) - self.plain_names if self.config.merge == "rda" else frozenset()
         return RoundSum(rda, self.sums)
 
-    def _reject(self, learner: int, fragment: int | None, reason: str) -> list[SyncAction | MergeDue]:
-        kind = reason.split(":")[0]
-        self.rejections[kind] = self.rejections.get(kind, 0) + 1
-        return [Rejected(learner, fragment, reason)]
+    def _reject(self, learner: int, fragment: int | None, code: RejectCode, reason: str) -> list[SyncAction | MergeDue]:
+        self.rejections[code.value] = self.rejections.get(code.value, 0) + 1
+        return [Rejected(learner, fragment, reason, code)]
 
     # --- rounds ---------------------------------------------------------------------------------
     def poll(self, now: float, hold: bool = False) -> list[SyncAction | MergeDue]:
@@ -399,7 +402,7 @@ class SynchronizerCore:
             for c in job.contributions:  # not merged: their learners may send this work again
                 self.taken.give_back(c)
             reason = f"merge refused: fragment {p} would become non-finite ({result.error})"
-            return [a for c in job.contributions for a in self._reject(c.learner, p, reason)]
+            return [a for c in job.contributions for a in self._reject(c.learner, p, RejectCode.MERGE_REFUSED, reason)]
         self.state.step(p, result.scaled, job.use_momentum, (c.learner for c in job.contributions))
         job.total.release()
         admitted = tuple(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .messages import Contribution
+from .messages import Contribution, Refusal, RejectCode
 
 
 @dataclass(frozen=True)
@@ -34,17 +34,21 @@ class TakenWork:
     def __init__(self) -> None:
         self.newest: dict[tuple[int, int], TakenSnapshot] = {}
 
-    def refusal(self, c: Contribution) -> str | None:
+    def refusal(self, c: Contribution) -> Refusal | None:
         """Why `c` must not be taken (its work, or part of it, is taken already), or None."""
         taken = self.newest.get((c.learner, c.fragment))
         if taken is None:
             return None
         if c.step <= taken.step:
-            return f"duplicate: the snapshot at step {c.step} was taken already (newest taken: step {taken.step})"
+            return Refusal(
+                RejectCode.DUPLICATE,
+                f"duplicate: the snapshot at step {c.step} was taken already (newest taken: step {taken.step})",
+            )
         if c.base_version == taken.base_version:
-            return (
+            return Refusal(
+                RejectCode.DUPLICATE,
                 f"duplicate: the snapshot at step {taken.step} on the same version {taken.base_version} was "
-                f"taken already; this one (step {c.step}) repeats its steps"
+                f"taken already; this one (step {c.step}) repeats its steps",
             )
         return None
 

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, cast
 
 from ..core import Contribution, Decline
+from ..wire.headers import WorkStamp
 from . import peerstate
 from .ending import Ending, EndWatch
 from .joining import resync
@@ -207,13 +208,13 @@ class LeaderSide:
             if isinstance(m, Contribution):
                 link.push(
                     m,
-                    {
-                        "position": self.position,
-                        "tokens_total": self.tokens,
-                        "final": cast("LearnerCore", self.core).stopped,
-                        "span_start": self._span_start[m.fragment],
-                        "snapshot_wall": time.time(),
-                    },
+                    WorkStamp(
+                        position=self.position,
+                        tokens_total=self.tokens,
+                        final=cast("LearnerCore", self.core).stopped,
+                        span_start=self._span_start[m.fragment],
+                        snapshot_wall=time.time(),
+                    ),
                 )
             elif isinstance(m, Decline):
                 link.decline(m)

@@ -22,6 +22,7 @@ import grpc
 
 from ..core import Contribution, Decline
 from ..wire import framing
+from ..wire.headers import ContributionHeader, Reply, WorkStamp
 from . import staging
 from .overlap import LinkTime
 
@@ -99,8 +100,8 @@ class Outbound:
         def invalidate(self, sid: str | None) -> None: ...
         def _wait_session(self, timeout: float) -> str | None: ...
 
-    def push(self, contribution: Contribution, extra: dict) -> None:
-        self._pushq.put((contribution, extra))
+    def push(self, contribution: Contribution, stamp: WorkStamp) -> None:
+        self._pushq.put((contribution, stamp))
 
     def decline(self, decline: Decline) -> None:
         self._ctrlq.put(decline)
@@ -138,10 +139,10 @@ class Outbound:
             # `_pushing`, which only its own end gives back); it runs, or sees the link closing
             pool.shutdown(wait=False)
 
-    def _push_in_flight(self, c: Contribution, extra: dict) -> None:
+    def _push_in_flight(self, c: Contribution, stamp: WorkStamp) -> None:
         error: Exception | None = None
         try:
-            self._push_one(c, extra)
+            self._push_one(c, stamp)
         except Exception as exc:  # handed to the pusher thread: the pool would keep it where nobody reads
             error = exc
         finally:
@@ -169,26 +170,13 @@ class Outbound:
                 self._at_server -= 1
                 self._push_room.notify_all()
 
-    def _push_one(self, c: Contribution, extra: dict) -> None:
+    def _push_one(self, c: Contribution, stamp: WorkStamp) -> None:
         sid = self._wait_session(self.timeouts.failure)
         if sid is None:
             self._count("lost_in_transit")  # the resync after registering retries it
             staging.release(c.outer_gradient)
             return
-        head = {
-            "kind": "contribution",
-            "session": sid,
-            "fragment": c.fragment,
-            "base_version": c.base_version,
-            "steps": c.steps,
-            "tokens": c.tokens,
-            "seconds": c.seconds,
-            "step_time": c.step_time,
-            "step": c.step,
-            "overlap": c.overlap,
-            "link_seconds": round(c.link_seconds, 6),
-            **extra,
-        }
+        head = ContributionHeader.of(c, stamp).encode(sid)
         nbytes = framing.payload_nbytes(c.outer_gradient, self.ctx.codec)
         started = time.monotonic()
         self.ctx.delay()
@@ -225,20 +213,26 @@ class Outbound:
         self.contact = time.monotonic()
         self.link_time.observe_push(time.monotonic() - started)
         self._count("pushed", sent=sent)
-        if reply.get("ok"):
+        self._answered(c, Reply.decode(reply), sid)
+
+    def _answered(self, c: Contribution, reply: Reply, sid: str) -> None:
+        """Act on the synchronizer's reply to contribution `c`: by its code (`Reply.action`), never by
+        the reason, which is only logged and kept for the learner's stats."""
+        if reply.ok:
             self._count("accepted")
             return
-        self._count("rejected", reply.get("reason", ""))
-        action = reply.get("action", "reset")
+        self._count("rejected", reply.reason)
+        action = reply.action
         log.log(
             logging.INFO if action == "none" else logging.WARNING,
-            "synchronizer %s rejected fragment %d: %s (%s)",
+            "synchronizer %s rejected fragment %d: %s (%s, %s)",
             self.address,
             c.fragment,
-            reply.get("reason"),
+            reply.reason,
+            reply.code.value if reply.code is not None else "no known code",
             action,
         )
-        self.ctx.inbound.put(("rejected", self.index, c.fragment, c.base_version, reply.get("reason"), action))
+        self.ctx.inbound.put(("rejected", self.index, c.fragment, c.base_version, reply.reason, action))
         if action == "reregister":
             self.invalidate(sid)
 
@@ -293,7 +287,7 @@ class Outbound:
         self.ctx.wan.delay()  # the reply's way back
         self.contact = time.monotonic()
         self.link_time.observe_round_trip(time.monotonic() - started)
-        if not reply.get("ok") and reply.get("action") == "reregister":
+        if Reply.decode(reply).action == "reregister":
             self.invalidate(sid)
         return reply
 

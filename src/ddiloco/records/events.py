@@ -25,7 +25,7 @@ KINDS: dict[str, str] = {
     "merge": "an outer step: fragment, version (new), learners (admitted), expected, quorum_seconds, "
     "grace_seconds; the runtime adds admitted (the work of each, with tokens and data positions)",
     "join": "a learner (re)joined: learner, versions it starts from",
-    "rejected": "a contribution refused by the synchronizer: learner, fragment, reason",
+    "rejected": "a contribution refused by the synchronizer: learner, fragment, code (`RejectCode`), reason",
     "down": "a learner stopped (failure or kill): learner",
     "up": "a learner started again and begins to join: learner",
     "generation": "data-parallel: the workers that all-reduce together changed: members (learner ids; empty "

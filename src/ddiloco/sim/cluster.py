@@ -342,7 +342,14 @@ class DecoupledCluster:
                     self._to_learner(m, now + link.latency, action)
             elif isinstance(action, Rejected):
                 self.observe(
-                    "rejected", now, {"learner": action.learner, "fragment": action.fragment, "reason": action.reason}
+                    "rejected",
+                    now,
+                    {
+                        "learner": action.learner,
+                        "fragment": action.fragment,
+                        "code": action.code.value,
+                        "reason": action.reason,
+                    },
                 )
                 self.rejected += 1
                 if len(self.rejections) < 50:

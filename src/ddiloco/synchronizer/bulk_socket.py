@@ -237,7 +237,7 @@ class BulkSocketServer:
                 else:
                     self._fetch(conn, context)
             except framing.WireError as exc:
-                code = "RESOURCE_EXHAUSTED" if "exceeds the limit" in str(exc) else "INVALID_ARGUMENT"
+                code = "RESOURCE_EXHAUSTED" if isinstance(exc, framing.MessageTooLarge) else "INVALID_ARGUMENT"
                 self.service.refuse_rpc(method, f"bad {method}: {exc}")
                 raise Abort(getattr(grpc.StatusCode, code), f"bad {method}: {exc}") from None
             except CLIENT_ERRORS as exc:

@@ -15,8 +15,10 @@ from typing import Protocol, cast
 
 import grpc
 
+from ..core import RejectCode
 from ..records.ratelimit import RateLimit
 from ..wire import framing, reassembly
+from ..wire.headers import Reply
 from ..wire.protocol import state_checksum
 from .service import SynchronizerService
 from .streams import StreamGuard
@@ -56,7 +58,9 @@ class DonationRpc:
         head = self.h._head(request, context, "Donor")
         session = self.service.session(head.get("session"))
         if session is None:
-            return framing.message({"ok": False, "reason": "unknown session: register again", "action": "reregister"})
+            return framing.message(
+                Reply.refused(RejectCode.UNKNOWN_SESSION, "unknown session: register again").encode()
+            )
         op = head.get("op")
         if op == "ask":
             reply = self.desk.ask(session.learner, session.id, self.service.donor_candidates())
@@ -116,7 +120,7 @@ class DonationRpc:
             return framing.message({"ok": True})
         except (framing.WireError, ValueError) as exc:
             self.desk.fail(ticket, f"donation refused: {exc}")
-            code = "RESOURCE_EXHAUSTED" if "exceeds the limit" in str(exc) else "INVALID_ARGUMENT"
+            code = "RESOURCE_EXHAUSTED" if isinstance(exc, framing.MessageTooLarge) else "INVALID_ARGUMENT"
             self.h._abort(context, "Donate", code, f"bad donation: {exc}")
         except grpc.RpcError:  # the donor went away mid-transfer, or the stream guard cut it off
             self.desk.fail(ticket, "the donor's upload broke off")

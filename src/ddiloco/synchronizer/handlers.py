@@ -3,8 +3,9 @@
 Malformed input is answered with a gRPC error carrying the reason (INVALID_ARGUMENT,
 RESOURCE_EXHAUSTED for sizes, FAILED_PRECONDITION for a model mismatch, UNAUTHENTICATED from the
 interceptor); well-formed but unacceptable contributions (NaN, wrong shape, stale) get an ordinary
-reply {"ok": false, "reason", "action"} so the learner can act on it. Either way nothing changes and
-the rejection is logged with its reason. No exception from a handler can take the service down.
+reply {"ok": false, "code", "reason"} (`wire.headers.Reply`) so the learner can act on its code.
+Either way nothing changes and the rejection is logged with its reason. No exception from a handler
+can take the service down.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from typing import NoReturn, Protocol, cast
 import grpc
 import torch
 
-from ..core import Contribution
+from ..core import RejectCode
 from ..wire import framing, reassembly
 from ..wire.buffers import BufferPool
+from ..wire.headers import CONTRIBUTION, ContributionHeader, session_of
 from . import intake
 from .donation_rpc import DonationRpc
 from .ledger import PendingWork
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 
 # What malformed client input can raise while it is taken apart; anything else is our bug.
 CLIENT_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError)
+UNKNOWN_SESSION = "unknown session: the synchronizer restarted or declared this learner gone; register again"
 
 
 class HandlerContext(Cancellable, Protocol):
@@ -193,7 +196,7 @@ class Handlers:
             if msg is None:
                 raise framing.WireError("the push ended before its contribution was complete")
         except framing.WireError as exc:
-            code = "RESOURCE_EXHAUSTED" if "exceeds the limit" in str(exc) else "INVALID_ARGUMENT"
+            code = "RESOURCE_EXHAUSTED" if isinstance(exc, framing.MessageTooLarge) else "INVALID_ARGUMENT"
             self._abort(context, "Push", code, f"bad contribution: {exc}")
         except grpc.RpcError:  # cancelled by the stream guard (idle or too long) or by the client
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, stream.cancelled or "push cancelled")
@@ -203,38 +206,23 @@ class Handlers:
         """A complete pushed message taken in (any plane): the reply to send."""
         service = self.service
         head = msg.head
-        if head.get("kind") != "contribution":
+        if head.get("kind") != CONTRIBUTION:
             self._abort(context, "Push", "INVALID_ARGUMENT", f"expected a contribution, got {head.get('kind')!r}")
-        session = service.session(head.get("session"))
+        session = service.session(session_of(head))
         try:
-            fragment = intake.count(head, "fragment")
-            base_version = intake.count(head, "base_version")
-            steps, tokens, step = intake.count(head, "steps"), intake.count(head, "tokens"), intake.count(head, "step")
-            position = intake.count(head, "position")
-            seconds = intake.number(head, "seconds")
-            step_time = intake.number(head, "step_time", high=intake.MAX_STEP_SECONDS)
-            tokens_total = intake.optional_count(head, "tokens_total")
-            now = time.time()
-            span_start = intake.wall_time(head, "span_start", now)
-            snapshot_wall = intake.wall_time(head, "snapshot_wall", now)
-            final = intake.flag(head, "final")
-            overlap = intake.count(head, "overlap", high=service.core.config.sync_every - 1, default=-1)
-            link_seconds = intake.number(head, "link_seconds", high=intake.MAX_LINK_SECONDS, default=0.0)
+            h = ContributionHeader.decode(head, now=time.time(), max_overlap=service.core.config.sync_every - 1)
         except intake.BadField as exc:
-            return framing.message(service.reject(session, None, f"malformed contribution header: {exc}"))
+            reason = f"malformed contribution header: {exc}"
+            return framing.message(service.reject(session, None, RejectCode.MALFORMED, reason))
+        fragment = h.fragment
         if session is None:
-            return framing.message(
-                service.reject(
-                    None,
-                    fragment,
-                    "unknown session: the synchronizer restarted or declared this learner gone; register again",
-                )
-            )
+            return framing.message(service.reject(None, fragment, RejectCode.UNKNOWN_SESSION, UNKNOWN_SESSION))
         if fragment not in service.core.versions:
             return framing.message(
                 service.reject(
                     None,
                     fragment,
+                    RejectCode.NOT_OWNED,
                     f"fragment {fragment} is not owned by shard {service.settings.shard} (owns {service.core.owned})",
                     session.learner,
                 )
@@ -243,44 +231,30 @@ class Handlers:
         try:
             grads = msg.tensors(expected, wire_dtype=True)  # bf16 stays in its received bytes until summed
         except (framing.WireError, ValueError) as exc:
-            return framing.message(service.reject(session, fragment, f"fragment {fragment}: {exc}"))
-        contribution = Contribution(
-            learner=session.learner,
-            fragment=fragment,
-            base_version=base_version,
-            outer_gradient=grads,
-            steps=steps,
-            tokens=tokens,
-            seconds=seconds,
-            step_time=step_time,
-            step=step,
-            overlap=overlap,
-            link_seconds=link_seconds,
-        )
+            return framing.message(
+                service.reject(session, fragment, RejectCode.BAD_TENSORS, f"fragment {fragment}: {exc}")
+            )
+        stamp = h.stamp
         work = PendingWork(
-            position=position,
+            position=stamp.position,
             incarnation=session.incarnation,
-            span_start=span_start,
-            snapshot_wall=snapshot_wall,
-            final=final,
+            span_start=stamp.span_start,
+            snapshot_wall=stamp.snapshot_wall,
+            final=stamp.final,
         )
-        return framing.message(service.contribute(session, contribution, work, tokens_total))
+        return framing.message(
+            service.contribute(session, h.contribution(session.learner, grads), work, stamp.tokens_total)
+        )
 
     def first_frame(self, frame: dict, key: int, stream: Stream, context: HandlerContext) -> bytes | None:
         """Look at a push's first frame header: a reply to send at once (unknown session), or None to go
         on. An unknown session is answered before the payload is read, and a known one may only have
         `MAX_PUSHES_PER_SESSION` pushes in flight."""
         head = cast(dict, frame.get("head")) if isinstance(frame.get("head"), dict) else {}
-        session = self.service.session(head.get("session"))
+        session = self.service.session(session_of(head))
         if session is None:
             fragment = head.get("fragment") if isinstance(head.get("fragment"), int) else None
-            return framing.message(
-                self.service.reject(
-                    None,
-                    fragment,
-                    "unknown session: the synchronizer restarted or declared this learner gone; register again",
-                )
-            )
+            return framing.message(self.service.reject(None, fragment, RejectCode.UNKNOWN_SESSION, UNKNOWN_SESSION))
         refused = self.streams.claim(key, session.id)
         if refused is not None:
             self._abort(context, "Push", "RESOURCE_EXHAUSTED", f"{refused}; retry later")

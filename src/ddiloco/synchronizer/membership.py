@@ -14,9 +14,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..core import SynchronizerCore
+from ..core import RejectCode, SynchronizerCore
 from ..records.events import EventLog
 from ..wire import framing
+from ..wire.headers import Reply
 from .arrivals import Arrivals
 from .dispatch import ActionDispatcher
 from .donations import DonationDesk
@@ -148,11 +149,10 @@ class Membership:
         count is booked now if the lock is free, else by the next tick (`book_tokens`)."""
         s = self.sessions.get(session_id)  # one dict read
         if s is None:
-            return {
-                "ok": False,
-                "reason": "unknown session: the synchronizer restarted or declared this learner gone; register again",
-                "action": "reregister",
-            }
+            return Reply.refused(
+                RejectCode.UNKNOWN_SESSION,
+                "unknown session: the synchronizer restarted or declared this learner gone; register again",
+            ).encode()
         s.last_seen = time.monotonic()
         s.progress = {
             k: progress[k]
@@ -191,7 +191,7 @@ class Membership:
         with self.cond:
             s = self.sessions.get(session_id)
             if s is None:
-                return {"ok": False, "reason": "unknown session"}
+                return Reply.refused(RejectCode.UNKNOWN_SESSION, "unknown session").encode()
             if tokens is not None:
                 self.ledger.report_tokens(s.learner, s.incarnation, tokens)
             self.sessions.close(s)

@@ -19,11 +19,12 @@ import time
 from collections import deque
 from typing import cast
 
-from ..core import Contribution, Decline, Rejected, SynchronizerCore
+from ..core import Contribution, Decline, RejectCode, Rejected, SynchronizerCore
 from ..core.merge_job import MergeJob, MergeResult
 from ..records.events import EventLog
 from ..records.ratelimit import RateLimit
 from ..wire import framing
+from ..wire.headers import Reply
 from ..wire.protocol import rejection_action
 from . import status, ticks
 from .arrivals import Arrivals
@@ -207,12 +208,12 @@ class SynchronizerService(Membership):
         with self.cond:
             s = self.sessions.get(session_id)
             if s is None:
-                return {"ok": False, "reason": "unknown session: register again", "action": "reregister"}
+                return Reply.refused(RejectCode.UNKNOWN_SESSION, "unknown session: register again").encode()
             s.last_seen = time.monotonic()
             now = self.now()
             decline = Decline(s.learner, fragment, version, reason)
             self.dispatch(self.core.receive(decline, now, self.arrivals.waiting()), now)
-            return {"ok": True}
+            return Reply().encode()
 
     def contribute(self, s: Session, c: Contribution, work: PendingWork, tokens_total: int | None) -> dict:
         norms = self.core.measure(c)  # the one pass over its values that validation needs, off the lock
@@ -237,7 +238,9 @@ class SynchronizerService(Membership):
     ) -> dict:
         with self.cond:
             if self.sessions.get(s.id) is not s:
-                return self.reject(None, c.fragment, "unknown session: register again", c.learner)
+                return self.reject(
+                    None, c.fragment, RejectCode.UNKNOWN_SESSION, "unknown session: register again", c.learner
+                )
             s.last_seen = time.monotonic()
             s.finishing = s.finishing or work.final
             if tokens_total is not None:
@@ -249,7 +252,7 @@ class SynchronizerService(Membership):
             actions = self.core.receive(c, now, hold, norms)
             mine = [a for a in actions if isinstance(a, Rejected) and a.learner == c.learner]
             if mine:
-                if not self._sent_again(mine[0].reason):
+                if not self._sent_again(mine[0].code):
                     self.ledger.tokens_refused += c.tokens * self.core.plan.share(c.fragment)
                 if previous is None:
                     self.ledger.forget(*key)
@@ -257,25 +260,30 @@ class SynchronizerService(Membership):
                     self.ledger.pending[key] = previous
             self.dispatch(actions, now)
             if mine:
-                return self.reject(s, c.fragment, mine[0].reason, c.learner)
-            return {"ok": True}
+                return self.reject(s, c.fragment, mine[0].code, mine[0].reason, c.learner)
+            return Reply().encode()
 
-    def _sent_again(self, reason: str) -> bool:
+    def _sent_again(self, code: RejectCode) -> bool:
         """Whether refused work is not lost: a duplicate's is booked once already, and with late work
         refused and arrivals re-based, a learner re-bases a stale snapshot's work onto the version it
         missed and sends it again (`LearnerCore._rebase`), so it is booked when that merges."""
         algorithm = self.core.config
-        stale_resent = algorithm.late == "refuse" and algorithm.rebases and reason.startswith("stale")
-        return reason.startswith("duplicate") or stale_resent
+        stale_resent = algorithm.late == "refuse" and algorithm.rebases and code is RejectCode.STALE
+        return code is RejectCode.DUPLICATE or stale_resent
 
-    def reject(self, s: Session | None, fragment: int | None, reason: str, learner: int | None = None) -> dict:
-        """Count, log and answer a refused contribution; "reset" sends the learner the global value."""
-        action = rejection_action(reason)
+    def reject(
+        self, s: Session | None, fragment: int | None, code: RejectCode, reason: str, learner: int | None = None
+    ) -> dict:
+        """Count, log and answer a refused contribution; what its code asks (`protocol.rejection_action`)
+        is decided by the code alone, and "reset" sends the learner the global value. `reason` is for
+        people: the log, the event, the reply's text."""
+        action = rejection_action(code)
+        reply = Reply.refused(code, reason).encode()
         with self.cond:
             who = learner if learner is not None else (s.learner if s else -1)
             self.ledger.on_rejected(who)
             if who == -1 and self._refusal_log.allow() is None:  # no session: anyone can send these
-                return {"ok": False, "reason": reason, "action": action}
+                return reply
             text = f"learner {who} fragment {fragment}: {reason}"
             self.recent_rejections.append(text)
             # Stale work is an expected, normal outcome of the algorithm; everything else is a warning.
@@ -285,15 +293,16 @@ class SynchronizerService(Membership):
             if dropped is not None:
                 log.log(
                     logging.INFO if action == "none" else logging.WARNING,
-                    "rejected contribution from %s (action: %s)%s",
+                    "rejected contribution from %s (%s, action: %s)%s",
                     text,
+                    code.value,
                     action,
                     f"; {dropped} more not logged (rate limit)" if dropped else "",
                 )
-            self.events.write("rejected", learner=who, fragment=fragment, reason=reason, action=action)
+            self.events.write("rejected", learner=who, fragment=fragment, code=code.value, reason=reason, action=action)
             if action == "reset" and s is not None and fragment in self.core.versions:
                 self.dispatcher.send_current(s, fragment)
-        return {"ok": False, "reason": reason, "action": action}
+        return reply
 
     def refuse_rpc(self, method: str, reason: str) -> None:
         """Book a request refused at the wire level (bad frame, size, auth). Counted always; logged

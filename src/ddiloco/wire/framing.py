@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 MAGIC = b"DDL"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: refusals carry a code the learner acts on (`headers.Reply`), no "action"
 _PREFIX = struct.Struct("<3sBI")
 PREFIX_BYTES = _PREFIX.size
 MAX_HEADER_BYTES = 1 << 20
@@ -41,6 +41,11 @@ _ids = itertools.count(1)
 
 class WireError(ValueError):
     """A frame or message that does not follow the wire format; the reason says what is wrong."""
+
+
+class MessageTooLarge(WireError):
+    """A message that declares more bytes than the reader's limit (`reassembly.Reassembler`): a
+    synchronizer answers it RESOURCE_EXHAUSTED, any other WireError INVALID_ARGUMENT."""
 
 
 def frame_start(header: Mapping[str, object]) -> bytes:

@@ -1,5 +1,6 @@
 """What the messages mean: model signatures, the plan on the wire, and what a learner does when its
-contribution is rejected.
+contribution is rejected (by the refusal's code; `headers` holds the contribution's and the reply's
+fields).
 
 Message kinds (all JSON heads, see `wire`): register / heartbeat / decline / leave / status / stop on
 the control plane; contribution (learner -> synchronizer, Push), update, request and stop
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..core import FragmentPlan
+from ..core import FragmentPlan, RejectCode
 
 #: What a learner does after a rejected contribution.
 #:   none        an update is on its way anyway (stale work, or a duplicate of work already in a round)
@@ -27,13 +28,28 @@ from ..core import FragmentPlan
 #:               value the synchronizer sends along; the work is counted as lost
 ACTIONS = ("none", "retry", "reregister", "reset")
 
+#: The action for each refusal's code: both sides read it (the synchronizer to log and to send the
+#: global value along, the learner to act), and only ever by the code, never by the refusal's text.
+#: "retry" is for calls refused before any reply (`learner.outbound`: a permanent gRPC error).
+REJECTION_ACTIONS: dict[RejectCode, str] = {
+    RejectCode.STALE: "none",
+    RejectCode.DUPLICATE: "none",
+    RejectCode.UNKNOWN_LEARNER: "reregister",
+    RejectCode.UNKNOWN_SESSION: "reregister",
+    RejectCode.NOT_OWNED: "reset",
+    RejectCode.UNKNOWN_VERSION: "reset",
+    RejectCode.BAD_COUNTERS: "reset",
+    RejectCode.BAD_TENSORS: "reset",
+    RejectCode.NON_FINITE: "reset",
+    RejectCode.TOO_LARGE: "reset",
+    RejectCode.MERGE_REFUSED: "reset",
+    RejectCode.MALFORMED: "reset",
+}
 
-def rejection_action(reason: str) -> str:
-    if reason.startswith("stale") or reason.startswith("duplicate"):
-        return "none"
-    if reason.startswith("unknown learner") or reason.startswith("unknown session"):
-        return "reregister"
-    return "reset"
+
+def rejection_action(code: RejectCode | None) -> str:
+    """What a refusal with `code` asks of the learner; a refusal without a code it knows resets."""
+    return "reset" if code is None else REJECTION_ACTIONS[code]
 
 
 def signature(shapes: Mapping[str, torch.Tensor | Iterable[int]]) -> str:

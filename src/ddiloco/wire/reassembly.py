@@ -13,7 +13,7 @@ from typing import Any, cast
 import torch
 
 from .buffers import BufferPool, new_buffer
-from .framing import TensorSpec, WireError, decode_tensors, unpack_frame
+from .framing import MessageTooLarge, TensorSpec, WireError, decode_tensors, unpack_frame
 
 
 @dataclass
@@ -72,7 +72,7 @@ class Reassembler:
             if not isinstance(head, dict) or not isinstance(head.get("nbytes"), int) or head["nbytes"] < 0:
                 raise WireError("first frame lacks a head with nbytes")
             if head["nbytes"] > self.limit:
-                raise WireError(f"message of {head['nbytes']} bytes exceeds the limit of {self.limit} bytes")
+                raise MessageTooLarge(f"message of {head['nbytes']} bytes exceeds the limit of {self.limit} bytes")
             if parts > 1 and len(self._open) >= self.max_open:
                 raise WireError(f"more than {self.max_open} messages in flight at once")
             state = [head, self._reserve(head["nbytes"]), 0, 0, parts]
