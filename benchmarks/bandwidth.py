@@ -112,6 +112,9 @@ def main() -> None:
                 "inner_steps": result["inner_steps"],
                 "bytes_up_per_step": up,
                 "bytes_down_per_step": down,
+                # per contribution: what a codec does to one push, whatever the timing (pulls answered
+                # early add pushes per step on a loaded machine)
+                "bytes_up_per_contribution": up * result["inner_steps"] / max(1, result.get("contributions", 0)),
                 "allreduce_bf16_bytes_per_step": ring["bf16"],
                 "allreduce_fp32_bytes_per_step": ring["fp32"],
                 **ratios(ring["bf16"], up, down),

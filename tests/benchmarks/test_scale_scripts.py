@@ -58,7 +58,7 @@ def test_bandwidth_rows_count_bytes_both_ways_for_every_upload_and_download_code
     # one row's difference of two short runs is noisy (it can be negative); their sum over rows is not
     assert sum(r["bytes_up_per_step_steady"] for r in rows.values()) > 0
     assert sum(r["bytes_down_per_step_steady"] for r in rows.values()) > 0
-    up = {c: rows[(c, "bf16")]["bytes_up_per_step"] for c in ("bf16", "int8", "int4")}
+    up = {c: rows[(c, "bf16")]["bytes_up_per_contribution"] for c in ("bf16", "int8", "int4")}
     assert up["int4"] < up["int8"] < up["bf16"]
     assert rows[("bf16", "int8")]["bytes_down_per_step"] < 0.75 * rows[("bf16", "bf16")]["bytes_down_per_step"]
     assert rows[("int4", "int4")]["ratio_both_ways"] > rows[("int4", "bf16")]["ratio_both_ways"]
