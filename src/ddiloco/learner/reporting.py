@@ -5,51 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import Any
 
-from .leader import Leader, Tally
-
-if TYPE_CHECKING:
-    from ..core import LearnerCore
-    from .ending import Ending
-    from .journal import Journal
-    from .link import ShardLink
-    from .overlap import OverlapChooser
+LearnerClient = Any  # a `client.LearnerClient`; not imported here, which imports this module
 
 log = logging.getLogger("ddiloco.learner.client")
 
 
-class Reported(Protocol):
-    """What these functions read of a `client.LearnerClient` (which imports this module: no import back)."""
-
-    learner: int
-    incarnation: str
-    state: str
-    steps: int
-    tokens: int
-    compute_seconds: float
-    loss: float | None
-    position: int
-    start_position: int
-    started_wall: float
-    recovered: dict | None
-    core: LearnerCore | None
-    links: list[ShardLink]
-    overlap: OverlapChooser | None
-    leader: Leader | None
-
-    @property
-    def progress(self) -> float: ...
-    @property
-    def ending(self) -> Ending | None: ...
-
-
-def tally(c: Reported) -> Tally:
-    """What rank 0's leader counted at the step boundaries; nothing on the other ranks, or before `start`."""
-    return c.leader.tally if c.leader is not None else Tally()
-
-
-def progress(c: Reported) -> dict:
+def progress(c: LearnerClient) -> dict:
     """Sent with every heartbeat (the synchronizer's status and dashboard show it)."""
     return {
         "step": c.steps,
@@ -63,9 +26,8 @@ def progress(c: Reported) -> dict:
     }
 
 
-def write_journal(c: Reported, journal: Journal) -> None:
-    t = tally(c)
-    journal.write(
+def write_journal(c: LearnerClient) -> None:
+    c.journal.write(
         {
             "learner": c.learner,
             "incarnation": c.incarnation,
@@ -85,14 +47,13 @@ def write_journal(c: Reported, journal: Journal) -> None:
             "tokens_overwritten": round(c.core.tokens_overwritten, 1) if c.core is not None else 0.0,
             "overlap": c.overlap.tau if c.overlap is not None else None,
             "overlap_why": c.overlap.reason()[:120] if c.overlap is not None else None,
-            "waits": t.waits,  # step boundaries held back for a merged fragment (blocking, streaming)
-            "wait_seconds": round(t.wait_seconds, 3),
+            "waits": c.waits,  # step boundaries held back for a merged fragment (blocking, streaming)
+            "wait_seconds": round(c.wait_seconds, 3),
         }
     )
 
 
-def stats(c: Reported) -> dict:
-    t = tally(c)
+def stats(c: LearnerClient) -> dict:
     links = [link.stats for link in c.links]
     totals = {
         k: sum(getattr(s, k) for s in links)
@@ -114,20 +75,20 @@ def stats(c: Reported) -> dict:
         "compute_seconds": c.compute_seconds,
         "start_position": c.start_position,
         "position": c.position,
-        "counted_position": max(c.start_position, t.counted_position),  # or further, where a synchronizer says so
+        "counted_position": c.counted_position,
         "versions": list(c.core.versions) if c.core else [],
         **totals,
-        "rejections": list(t.rejected[-5:]),
+        "rejections": list(c.rejected[-5:]),
         "recovered": c.recovered,
-        "donations": len(t.donations),
+        "donations": len(c.donations),
         "overlap": c.overlap.summary() if c.overlap is not None else None,
         **(c.ending.as_dict() if c.ending is not None else {"ended": None, "exit_code": 0}),
-        "waits": t.waits,
-        "wait_seconds": t.wait_seconds,
+        "waits": c.waits,
+        "wait_seconds": c.wait_seconds,
     }
 
 
-def log_line(c: Reported) -> None:
+def log_line(c: LearnerClient) -> None:
     s = stats(c)
     loss = f"loss {c.loss:.4f}, " if c.loss is not None else ""
     log.info(
