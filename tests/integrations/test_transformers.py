@@ -145,6 +145,14 @@ def test_without_other_learners_the_callback_leaves_the_plain_trainers_loss_curv
     assert with_callback["losses"] == pytest.approx(without["losses"], rel=1e-5, abs=1e-6)
 
 
+def saved_through(out: Path, step: int) -> bool:
+    """The Trainer finished writing a checkpoint at `step` or later (its trainer_state.json parses)."""
+    from ddiloco.integrations.transformers import last_checkpoint
+
+    newest = last_checkpoint(out)
+    return newest is not None and int(Path(newest).name.split("-")[1]) >= step
+
+
 @pytest.mark.slow  # 10-15 s of processes; the default suite checks last_checkpoint by hand (below)
 @pytest.mark.timeout(240)
 def test_a_learner_killed_with_kill_9_resumes_from_its_checkpoint_and_rejoins(procs, tmp_path, corpus_file):
@@ -153,7 +161,9 @@ def test_a_learner_killed_with_kill_9_resumes_from_its_checkpoint_and_rejoins(pr
     address = sync.start()
     try:
         first, out = learner(procs, tmp_path, "learner", address, 0, corpus_file, "--save-steps", "5")
-        wait_for(lambda: (out / "checkpoint-10").is_dir() or not first.alive(), 120, message="a checkpoint")
+        # checkpoint-10 whole: a kill while it is written resumes from checkpoint-5, rightly, and would
+        # not show a resume past the first save
+        wait_for(lambda: saved_through(out, 10) or not first.alive(), 120, message="a whole checkpoint-10")
         assert first.alive(), (out / "stderr.log").read_text()[-3000:]
         procs.kill_tree(first)
         merged_before = sync.status()["merges"]
