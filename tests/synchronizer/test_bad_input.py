@@ -153,3 +153,16 @@ def test_a_step_time_past_an_hour_is_refused_where_it_enters(service):
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "step_time" in err.details()
     assert client.call("Heartbeat", {"session": reply["session"], "step_time": 3600.0})["ok"] is True
     assert svc.core.grace.step_time.value == before
+
+
+def test_a_leave_says_with_true_or_false_whether_the_learners_loop_is_over(service):
+    """#47: `finished` (the learner leaves because its loop is over, not on an error) is checked where
+    it enters; the last live learner's finished leave begins the final flush, as a budget would."""
+    svc, _, client, reply, _ = service
+    err = rpc_error(lambda: client.call("Leave", {"session": reply["session"], "finished": "yes"}))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "'finished'" in err.details()
+    assert svc.session(reply["session"]) is not None and not svc.core.final_flush  # nothing changed
+    assert client.call("Leave", {"session": reply["session"], "finished": True})["ok"] is True
+    assert svc.core.final_flush and svc.core.learners_end.finished == {0} and not svc.stopping
+    [event] = [e for e in read_events(svc.events.path) if e["kind"] == "final_flush"]
+    assert event["began"] is True

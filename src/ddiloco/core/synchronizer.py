@@ -25,6 +25,7 @@ import torch
 
 from .checks import ContributionChecks, measure
 from .config import AlgorithmConfig
+from .finishing import LearnersEnd
 from .fragments import FragmentPlan
 from .late import Carry, LateRounds, gather_until
 from .merge_job import MergeDue, MergeJob, MergeResult
@@ -90,8 +91,9 @@ class SynchronizerCore:
         self.defer_merges = defer_merges
         self.share_updates = share_updates
         self.merging: dict[int, MergeJob] = {}  # fragments whose merge is being computed
-        self.final_flush = False  # the run's budget is reached: what merges now is the final flush
+        self.final_flush = False  # the run has ended (budget, Stop, its learners): what merges now is the final flush
         self.flush_ends: float | None = None  # by when the final flush's rounds are merged (`begin_final_flush`)
+        self.learners_end = LearnersEnd()  # the learners' own end of the run (`finishing`)
 
     # The state the drivers, checkpoints and status pages read (owned by the components).
     @property
@@ -119,13 +121,28 @@ class SynchronizerCore:
         self.live.add(learner)
         if restarted:
             self.taken.new_life(learner)
+        if self.learners_end.joined(learner, restarted):  # the run goes on: the learners' flush ends
+            self.final_flush, self.flush_ends = False, None
         return [self._update(p, (learner,)) for p in self.owned]
 
     def leave(self, learner: int, now: float, hold: bool = False) -> list[SyncAction | MergeDue]:
         """A learner failed or left: it is no longer waited for; rounds may now complete (unless
         `hold`: see `receive`)."""
         self.live.discard(learner)
+        self._end_if_finished(now)
         return [] if hold else self._advance_all(now)
+
+    def finishing(self, learner: int, now: float) -> None:
+        """`learner` has finished its training loop (its final work, or its leaving for good, says so).
+        Once no live learner trains, the final flush begins as at a budget's end (`finishing`)."""
+        self.learners_end.finish(learner)
+        self._end_if_finished(now)
+
+    def _end_if_finished(self, now: float) -> None:
+        if not self.final_flush and self.learners_end.over(self.live):
+            window = self.learners_end.window
+            self.begin_final_flush(None if window is None else now + window)
+            self.learners_end.began = True
 
     def begin_final_flush(self, ends: float | None = None) -> None:
         """The run's budget is reached; with `final_momentum` off, later merges take no momentum.
@@ -134,6 +151,7 @@ class SynchronizerCore:
         open when the driver stops waiting would be abandoned, its accepted work never merged)."""
         self.final_flush = True
         self.flush_ends = ends
+        self.learners_end.began = False  # a budget's or a Stop's flush never ends (`finishing`)
 
     def observe_step_time(self, seconds: float) -> None:
         self.grace.step_time.update(seconds)
@@ -376,7 +394,9 @@ class SynchronizerCore:
             weights=tuple(weights),
             norms=tuple(r.norms[m] for m in learners) + tuple(w.norms for w in r.late),
             total=r.total,
-            use_momentum=self.config.final_momentum or not self.final_flush,
+            # the final flush, and a finished learner's last work (a tail of a few steps), take no momentum
+            use_momentum=self.config.final_momentum
+            or not (self.final_flush or self.learners_end.tail(c.learner for c in contributions)),
             params={n: self.state.params[n] for n in names},
             outer=self.state.outer[p],
             opened_at=r.opened_at,

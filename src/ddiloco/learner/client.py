@@ -358,8 +358,9 @@ class LearnerClient(LeaderSide):
         if self.state == "closed":
             return
         self.ctx.closing.set()
+        finished = self.state == "finishing"  # from finish(): its loop is over (else an error, or no flush)
         for link in self.links:
-            link.leave(self.tokens)
+            link.leave(self.tokens, finished)
         for link in self.links:
             link.close()
         if self.journal is not None:

@@ -374,12 +374,14 @@ class ShardLink(Outbound):
             self.ctx.stop_requested.set()
         self.ctx.inbound.put(event)
 
-    def leave(self, tokens: int) -> None:
+    def leave(self, tokens: int, finished: bool = False) -> None:
+        """`finished`: the training loop is over (`finish`), not an error: the last learners leaving end the run."""
         sid = self._session
         if sid is None:
             return
+        head = {"session": sid, "tokens": tokens, "finished": finished}
         with contextlib.suppress(grpc.RpcError):
-            self.control.call("Leave", framing.message({"session": sid, "tokens": tokens}), self.timeouts.rpc)
+            self.control.call("Leave", framing.message(head), self.timeouts.rpc)
         self._set_session(None)
 
     def close(self) -> None:

@@ -42,6 +42,8 @@ KINDS: dict[str, str] = {
     "no_quorum": "a round waited a failure timeout without a quorum: fragment, version, reason",
     "refused": "a request refused at the wire (bad frame, size, auth): method, reason",
     "stop": "the run is stopping: reason",
+    "final_flush": "the learners ended the run themselves (no budget, no Stop): began (true: every live learner "
+    "finished its loop, the final flush begins; false: a learner joined, the run goes on), reason",
     "closed": "a shard closed: versions",
     # the launcher
     "run_started": "ddiloco run began: config, chaos",

@@ -145,7 +145,8 @@ class Handlers:
 
     def leave(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         head = self._head(request, context, "Leave")
-        return framing.message(self.service.leave(head.get("session"), intake.optional_count(head, "tokens")))
+        tokens, finished = intake.optional_count(head, "tokens"), intake.flag(head, "finished")
+        return framing.message(self.service.leave(head.get("session"), tokens, finished))
 
     def status(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self._head(request, context, "Status")

@@ -187,7 +187,9 @@ class Membership:
                 if s.progress.get("state") == "training"
             ]
 
-    def leave(self, session_id: object, tokens: int | None) -> dict:
+    def leave(self, session_id: object, tokens: int | None, finished: bool = False) -> dict:
+        """`finished`: it leaves because its training loop is over (`LearnerClient.finish`), not on an
+        error: the last learners leaving so end the run (`core.finishing`)."""
         with self.cond:
             s = self.sessions.get(session_id)
             if s is None:
@@ -196,7 +198,11 @@ class Membership:
                 self.ledger.report_tokens(s.learner, s.incarnation, tokens)
             self.sessions.close(s)
             now = self.now()
-            self.events.write("leave", learner=s.learner, incarnation=s.incarnation, reason="left")
-            log.info("learner %d left", s.learner)
+            if finished:
+                self.core.finishing(s.learner, now)
+            self.events.write(
+                "leave", learner=s.learner, incarnation=s.incarnation, reason="finished" if finished else "left"
+            )
+            log.info("learner %d left%s", s.learner, " (finished)" if finished else "")
             self.dispatch(self.core.leave(s.learner, now, self.arrivals.waiting()), now)
             return {"ok": True}

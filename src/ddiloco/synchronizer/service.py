@@ -116,6 +116,9 @@ class SynchronizerService(Membership):
             if store is not None and settings.checkpoint_every > 0
             else None
         )
+        # learners that end the run themselves (no budget, no Stop) begin the same final flush (`core.finishing`)
+        core.learners_end.window = FLUSH_SHARE * settings.timeouts.drain
+        self.learners_ended = False  # the flush under way is the learners' (logged once: `dispatch`)
         self.merger = MergeWorkers(self._finish_merge, min(len(core.owned), os.cpu_count() or 1))
         self.dispatcher = ActionDispatcher(
             core, settings, self.ledger, self.sessions, self.events, self.commit, self.cond, self.merger.submit
@@ -243,6 +246,8 @@ class SynchronizerService(Membership):
                 )
             s.last_seen = time.monotonic()
             s.finishing = s.finishing or work.final
+            if work.final:  # its loop is over: its last work is a tail, perhaps the run's end (`core.finishing`)
+                self.core.finishing(s.learner, self.now())
             if tokens_total is not None:
                 self.ledger.report_tokens(s.learner, s.incarnation, tokens_total)
             key = (c.learner, c.fragment, c.base_version)
@@ -323,6 +328,14 @@ class SynchronizerService(Membership):
 
     def dispatch(self, actions: list, now: float) -> None:
         self.dispatcher.dispatch(actions, now)
+        if self.core.learners_end.began != self.learners_ended:  # after every core call: logged once
+            self.learners_ended = self.core.learners_end.began
+            if self.learners_ended:
+                log.info("every live learner finished its loop: the final flush begins")
+                self.events.write("final_flush", began=True, reason="every live learner finished its loop")
+            elif not self.stopping:  # else a budget or a Stop took it over (its own `stop` event)
+                log.info("a learner joined: the final flush ends, the run goes on")
+                self.events.write("final_flush", began=False, reason="a learner joined")
 
     def _finish_merge(self, job: MergeJob, result: MergeResult, seconds: float) -> None:
         """A merge computed by `merger`: apply and send it (in the merge thread)."""
