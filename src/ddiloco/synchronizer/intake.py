@@ -15,6 +15,7 @@ from ..wire.digest import is_digest
 from ..wire.fields import MAX_LINK_SECONDS, MAX_STEP_SECONDS
 from ..wire.fields import BadField as BadField
 from ..wire.fields import count as count
+from ..wire.fields import flag as flag
 from ..wire.fields import number as number
 from ..wire.fields import optional_count as optional_count
 from ..wire.fields import show as show
