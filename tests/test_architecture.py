@@ -35,8 +35,24 @@ ALLOWED: dict[str, set[str]] = {
     "dataparallel": {"launch", "learner", "records", "train", "chaos"},  # launch's processes, a learner's journal
     "hosts": set(),  # network namespaces, links and processes on them: plain Linux, nothing of ours
     "integrations": {"learner"},  # the frameworks' hooks on a learner's client: HF, Lightning, torchtitan
+    # `ddiloco run`'s backends, behind one door: they drive the local supervisor (launch), the cluster
+    # schedulers (cluster), the data-parallel baselines and a network of hosts; a room of their own
+    # because cluster and dataparallel already sit on launch (launch importing them would point up)
+    "backends": {
+        "launch",
+        "cluster",
+        "dataparallel",
+        "hosts",
+        "api",  # the shards' Status and Stop while a Slurm run is followed
+        "learner",  # a Slurm run's availability, from the learners' journals
+        "records",
+        "train",
+        "chaos",
+        "wire",
+    },
     "cli": {
         "api",
+        "backends",
         "cluster",
         "dataparallel",
         "launch",
