@@ -71,6 +71,10 @@ ALLOWED: dict[str, set[str]] = {
 }
 TOP_LEVEL_MODULES = {"ddiloco", "ddiloco.__main__"}
 MAX_LINES = 400
+# A command parses its flags into a config and hands that to the part that acts on it (`ddiloco run`:
+# to a backend, `backends/`): no function of `cli` runs longer than this, `ddiloco run` itself shorter.
+MAX_CLI_FUNCTION_LINES = 80
+MAX_RUN_COMMAND_LINES = 60
 
 
 def module_name(path: Path) -> str:
@@ -163,6 +167,27 @@ def test_no_import_cycles():
         if m not in state:
             cycle = visit(m)
             assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def function_lengths(part: str) -> dict[str, int]:
+    """Every function of `part` (nested ones too): its lines from its `def` to its last line, both
+    counted (its signature and docstring in, its decorators out)."""
+    out = {}
+    for module, path in MODULES.items():
+        if part_of(module) == part:
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    assert node.end_lineno is not None
+                    out[f"{module}.{node.name}:{node.lineno}"] = node.end_lineno - node.lineno + 1
+    return out
+
+
+def test_cli_functions_are_short():
+    lengths = function_lengths("cli")
+    long = {name: n for name, n in lengths.items() if n > MAX_CLI_FUNCTION_LINES}
+    assert not long, f"functions in cli/ over {MAX_CLI_FUNCTION_LINES} lines (build a config, hand it over): {long}"
+    (run,) = [n for name, n in lengths.items() if name.startswith("ddiloco.cli.run.run:")]
+    assert run <= MAX_RUN_COMMAND_LINES, f"ddiloco run's command is {run} lines (at most {MAX_RUN_COMMAND_LINES})"
 
 
 def test_modules_are_small():

@@ -30,10 +30,12 @@ F = TypeVar("F")
 
 def takes(flags: type[F]) -> Callable[[Callable[[F], None]], Callable[..., None]]:
     """Make `command(flags: F)` a function of `F`'s fields, as typer reads them (see the module docstring)."""
+    if not dataclasses.is_dataclass(flags):
+        raise TypeError(f"{flags.__name__}: the flags of a command are a dataclass")
     hints = typing.get_type_hints(flags)
     parameters = [
         inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
-        for f in dataclasses.fields(flags)  # type: ignore[arg-type]  # a dataclass, checked below
+        for f in dataclasses.fields(flags)
     ]
 
     def decorate(command: Callable[[F], None]) -> Callable[..., None]:
@@ -42,10 +44,9 @@ def takes(flags: type[F]) -> Callable[[Callable[[F], None]], Callable[..., None]
             command(flags(**values))
 
         del from_values.__wrapped__  # typer reads the signature below, not the command's own
-        from_values.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]  # read by inspect.signature
+        signature = inspect.Signature(parameters, return_annotation=None)
+        from_values.__signature__ = signature  # type: ignore[attr-defined]  # what inspect.signature returns
         from_values.__annotations__ = {p.name: p.annotation for p in parameters}
         return from_values
 
-    if not dataclasses.is_dataclass(flags):
-        raise TypeError(f"{flags.__name__}: the flags of a command are a dataclass")
     return decorate

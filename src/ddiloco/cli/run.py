@@ -34,7 +34,6 @@ DATA_PARALLEL = ("ddp", "elastic-ddp")
 def run(flags: RunFlags) -> None:
     """Train with real processes and real sockets, inject faults, report goodput, stalls and loss."""
     from ..backends.base import Refused, launch_and_follow
-    from ..backends.dataparallel import DataParallelBackend
     from ..records import logsetup
     from ..train.tasks import make_task
     from .output import TerminalOutput, finish, refused
@@ -47,23 +46,16 @@ def run(flags: RunFlags) -> None:
         hosts = hosts_plan(options.plain(flags.network)[0], flags.link, flags.learners, flags.sync_shards, emulated)
     except ValueError as exc:
         raise user_error(exc) from None
-    output = TerminalOutput(live=not flags.quiet)
-    backend: Backend[Any]
     config: RunConfig | DataParallelConfig
     try:
         chaos = _chaos(flags)
         model, model_size = options.plain(flags.model, flags.model_size)
         task = make_task(model, flags.data, seq_len=flags.seq_len, model_size=model_size)
-        if method in DATA_PARALLEL:  # the data-parallel baselines have their own launcher
-            config = _dataparallel_config(flags, chaos)
-            slurm = _slurm_flags(flags) if backend_name == "slurm" else None
-            backend = DataParallelBackend(output, slurm, _sinks(flags))
-        else:
-            config = _run_config(flags, task, chaos)
+        # the data-parallel baselines have a config (and a launcher) of their own
+        config = _dataparallel_config(flags, chaos) if method in DATA_PARALLEL else _run_config(flags, task, chaos)
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
         raise user_error(exc) from None
-    if method not in DATA_PARALLEL:
-        backend = _backend(flags, given, config.chaos, task, hosts, output)
+    backend = _backend(flags, given, config.chaos, task, hosts, TerminalOutput(live=not flags.quiet))
     try:
         report = launch_and_follow(backend, config)
     except Refused as exc:
@@ -257,11 +249,16 @@ def _dataparallel_config(flags: RunFlags, chaos: ChaosSettings) -> DataParallelC
 
 def _backend(
     flags: RunFlags, given: list[str], chaos: ChaosSettings, task: Task, hosts: HostsPlan | None, output: Output
-) -> Backend[RunConfig]:
-    """The backend `--backend` names, with its own options from the flags (refused as the user's mistakes)."""
+) -> Backend[Any]:
+    """The backend `--backend` (and `--method`) name, with its own options from the flags; what the user
+    asked wrong is refused here, before anything runs."""
     from ..backends.base import check_local_only
 
-    backend = options.plain(flags.backend)[0]
+    method, backend = options.plain(flags.method, flags.backend)
+    if method in DATA_PARALLEL:
+        from ..backends.dataparallel import DataParallelBackend
+
+        return DataParallelBackend(output, _slurm_flags(flags) if backend == "slurm" else None, _sinks(flags))
     if backend == "local":
         from ..backends.local import LocalBackend, LocalOptions
 
