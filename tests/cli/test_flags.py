@@ -34,7 +34,7 @@ def options_of(app: typer.Typer) -> list[str]:
 
 def test_a_dataclass_of_flags_makes_the_options_of_the_same_signature_and_one_object_of_the_values():
     got: list[Flags] = []
-    by_flags, by_signature = typer.Typer(), typer.Typer()
+    by_flags, by_signature = typer.Typer(add_completion=False), typer.Typer(add_completion=False)
 
     @by_flags.command()
     @takes(Flags)

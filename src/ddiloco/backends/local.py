@@ -71,8 +71,12 @@ class LocalBackend:
         closing = contextlib.ExitStack()
         try:
             network = None
-            if self.options.hosts is not None:
+            if self.options.hosts is not None:  # the hosts part loads only for --network hosts
+                from ..hosts.run import describe
+
                 network = closing.enter_context(self._hosts(self.options.hosts, config.run_dir))
+                lines = "\n  ".join(describe(network.hosts(False)))
+                self.output.show(f"hosts (links measured before the run):\n  {lines}")
                 config = network.configure(config)
             run = self._prepare(config, task, network, closing)
         except BaseException:
@@ -82,15 +86,12 @@ class LocalBackend:
 
     def _hosts(self, plan: HostsPlan, run_dir: Path) -> HostsRun:
         from ..hosts import HostsUnavailable
-        from ..hosts.run import HostsRun, describe
+        from ..hosts.run import HostsRun
 
         try:
-            network = HostsRun(plan, run_dir)
+            return HostsRun(plan, run_dir)
         except HostsUnavailable as exc:
             raise Refused(str(exc), flag="--network hosts") from None
-        lines = "\n  ".join(describe(network.hosts(False)))
-        self.output.show(f"hosts (links measured before the run):\n  {lines}")
-        return network
 
     def _prepare(self, config: RunConfig, task: Task, network: HostsRun | None, closing: contextlib.ExitStack) -> _Run:
         import torch
