@@ -35,8 +35,24 @@ ALLOWED: dict[str, set[str]] = {
     "dataparallel": {"launch", "learner", "records", "train", "chaos"},  # launch's processes, a learner's journal
     "hosts": set(),  # network namespaces, links and processes on them: plain Linux, nothing of ours
     "integrations": {"learner"},  # the frameworks' hooks on a learner's client: HF, Lightning, torchtitan
+    # `ddiloco run`'s backends, behind one door: they drive the local supervisor (launch), the cluster
+    # schedulers (cluster), the data-parallel baselines and a network of hosts; a room of their own
+    # because cluster and dataparallel already sit on launch (launch importing them would point up)
+    "backends": {
+        "launch",
+        "cluster",
+        "dataparallel",
+        "hosts",
+        "api",  # the shards' Status and Stop while a Slurm run is followed
+        "learner",  # a Slurm run's availability, from the learners' journals
+        "records",
+        "train",
+        "chaos",
+        "wire",
+    },
     "cli": {
         "api",
+        "backends",
         "cluster",
         "dataparallel",
         "launch",
@@ -55,6 +71,10 @@ ALLOWED: dict[str, set[str]] = {
 }
 TOP_LEVEL_MODULES = {"ddiloco", "ddiloco.__main__"}
 MAX_LINES = 600  # catches a file that holds several concepts (docs/architecture.md)
+# A command parses its flags into a config and hands that to the part that acts on it (`ddiloco run`:
+# to a backend, `backends/`): no function of `cli` runs longer than this, `ddiloco run` itself shorter.
+MAX_CLI_FUNCTION_LINES = 80
+MAX_RUN_COMMAND_LINES = 60
 
 
 def module_name(path: Path) -> str:
@@ -147,6 +167,27 @@ def test_no_import_cycles():
         if m not in state:
             cycle = visit(m)
             assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def function_lengths(part: str) -> dict[str, int]:
+    """Every function of `part` (nested ones too): its lines from its `def` to its last line, both
+    counted (its signature and docstring in, its decorators out)."""
+    out = {}
+    for module, path in MODULES.items():
+        if part_of(module) == part:
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    assert node.end_lineno is not None
+                    out[f"{module}.{node.name}:{node.lineno}"] = node.end_lineno - node.lineno + 1
+    return out
+
+
+def test_cli_functions_are_short():
+    lengths = function_lengths("cli")
+    long = {name: n for name, n in lengths.items() if n > MAX_CLI_FUNCTION_LINES}
+    assert not long, f"functions in cli/ over {MAX_CLI_FUNCTION_LINES} lines (build a config, hand it over): {long}"
+    (run,) = [n for name, n in lengths.items() if name.startswith("ddiloco.cli.run.run:")]
+    assert run <= MAX_RUN_COMMAND_LINES, f"ddiloco run's command is {run} lines (at most {MAX_RUN_COMMAND_LINES})"
 
 
 def test_modules_are_small():

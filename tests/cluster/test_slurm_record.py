@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ddiloco.cli._slurm_record import SlurmRecord, availability, live_addresses, live_statuses
+from ddiloco.backends.slurm_record import SlurmRecord, availability, live_addresses, live_statuses
 from ddiloco.launch.config import RunConfig
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from ddiloco.backends.dataparallel import slurm_launcher
 from ddiloco.chaos.injector import ChaosSettings
-from ddiloco.cli._dataparallel import slurm_launcher
 from ddiloco.cluster import dataparallel_jobs as dj
 from ddiloco.cluster import slurm
 from ddiloco.cluster.sbatch import SlurmOptions

@@ -111,7 +111,7 @@ def test_on_a_private_infra_the_launcher_follows_the_addresses_published_on_a_lo
     """--sync-host not given on Slurm: the address is the node's, known only once the synchronizer
     task publishes it on the store; the launcher reads it there (again each time), and a shard that
     finished and exited between two polls is seen finished through the summary it left."""
-    from ddiloco.cli import _skypilot
+    from ddiloco.backends import skypilot as _skypilot
 
     store = tmp_path / "store"
     run = {"cluster": "c-sync", "jobs": {}, "shards": 1, "store": str(store), "launched": 0.0}
@@ -135,12 +135,12 @@ def test_on_a_private_infra_the_launcher_follows_the_addresses_published_on_a_lo
 
 
 def test_the_python_and_setup_on_the_nodes_can_be_given_for_a_prebuilt_environment(tmp_path, monkeypatch):
-    from ddiloco.cli._skypilot import options_from_cli
+    from ddiloco.backends.skypilot import sky_options
 
     monkeypatch.delenv("DDILOCO_SKY_PYTHON", raising=False)
     monkeypatch.delenv("DDILOCO_SKY_SETUP", raising=False)
-    assert options_from_cli(2, None, None, None).python == "python3"
+    assert sky_options(2, None, None, None).python == "python3"
     monkeypatch.setenv("DDILOCO_SKY_PYTHON", "/opt/venv/bin/python")
     monkeypatch.setenv("DDILOCO_SKY_SETUP", "true")
-    opts = options_from_cli(2, "/shared/run", ["slurm/local"], None)
+    opts = sky_options(2, "/shared/run", ["slurm/local"], None)
     assert (opts.python, opts.setup, opts.infra) == ("/opt/venv/bin/python", "true", {"": "slurm/local"})

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,10 +24,13 @@ import typer
 
 from ..report.story import METHOD_NAMES as NAMES
 from . import app, options
+from ._flags import takes
 
 if TYPE_CHECKING:
-    from ..sim.config import Method
+    from ..records.rundir import RunDir
+    from ..sim.config import Method, SimConfig
     from ..sim.hardware import LinkModel
+    from ..train.tasks import Task
 
 METHODS: tuple[Method, ...] = ("decoupled", "diloco", "ddp", "elastic-ddp")
 
@@ -73,54 +77,79 @@ def interpretation(results: Mapping[str, dict]) -> str:
     )
 
 
-@app.command("demo")
-def demo(
+def _train_each(base: SimConfig, task: Task, dirs: Mapping[Method, RunDir], quiet: bool) -> dict[str, dict]:
+    """Each method on the virtual clock from the same config, into its own run directory; their summaries."""
+    from ..records.events import EventLog
+    from ..sim.recorder import SimRecorder
+    from ..sim.run import run_sim
+    from .output import progress_bar
+
+    results: dict[str, dict] = {}
+    for method in METHODS:
+        config = dataclasses.replace(base, method=method)
+        record = dirs[method]
+        record.write_config("sim", config, clock_origin=0.0)
+        metrics = record.metrics()
+        with EventLog(record.events_path, append=False) as log, progress_bar(method, disabled=quiet) as update:
+            recorder = SimRecorder(metrics, task, base.tokens, eval_batches=config.eval_batches, forward=update)
+            results[method] = run_sim(config, task=task, progress=recorder, observer=log.observe)
+        metrics.close()
+        record.write_summary(results[method])
+    return results
+
+
+@dataclass(frozen=True)
+class DemoFlags:
+    """The flags of `ddiloco demo`: one field per flag (`_flags.takes`)."""
+
     data: str | None = typer.Option(
         None, help="Text file or folder; default: Python's own standard library source (nothing is downloaded)."
-    ),
+    )
     out: Path | None = typer.Option(
         None, help="Folder for the four run directories and the report (default runs/demo-<time>)."
-    ),
-    tokens: int = typer.Option(400_000, min=10_000, max=10**9, help="Token budget of each run."),
-    learners: int = typer.Option(4, "--learners", "-M", min=2, max=64, help="Learners M, one per site."),
-    fail_mtbf: float = typer.Option(30.0, min=1.0, help="Mean simulated seconds between a learner's failures."),
-    fail_downtime: float = typer.Option(8.0, min=0.1, help="Mean simulated seconds a failed learner stays down."),
+    )
+    tokens: int = typer.Option(400_000, min=10_000, max=10**9, help="Token budget of each run.")
+    learners: int = typer.Option(4, "--learners", "-M", min=2, max=64, help="Learners M, one per site.")
+    fail_mtbf: float = typer.Option(30.0, min=1.0, help="Mean simulated seconds between a learner's failures.")
+    fail_downtime: float = typer.Option(8.0, min=0.1, help="Mean simulated seconds a failed learner stays down.")
     link_latency: float = typer.Option(
         0.05, min=0.0, max=10.0, help="One-way latency between sites, simulated seconds (a step takes 1)."
-    ),
+    )
     model_size: options.ModelSize = typer.Option(
         "default", help="default (~1M parameters) or tiny (seconds, for a check)."
-    ),
-    seed: int = typer.Option(0, help="Seed of the model, the data order and the failures."),
-    as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding every summary."),
-    quiet: bool = typer.Option(False, help="No progress bars."),
-) -> None:
+    )
+    seed: int = typer.Option(0, help="Seed of the model, the data order and the failures.")
+    as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding every summary.")
+    quiet: bool = typer.Option(False, help="No progress bars.")
+
+
+@app.command("demo")
+@takes(DemoFlags)
+def demo(flags: DemoFlags) -> None:
     """Four methods across distant sites on the same failures and link; print them and write the report."""
     from ..chaos.trace import random_trace
     from ..core.config import AlgorithmConfig
-    from ..records.events import EventLog
     from ..records.rundir import RunDir, RunRecord, load_run
     from ..report.page import write_page
     from ..report.plots import write_figures
     from ..report.story import Story
     from ..sim.config import SimConfig
-    from ..sim.recorder import SimRecorder
-    from ..sim.run import build_task, run_sim
+    from ..sim.run import build_task
     from ..train.inner import InnerConfig
-    from .output import print_table, progress_bar, user_error
+    from .output import print_table, user_error
 
-    (model_size,) = options.plain(model_size)
-    out = out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    (model_size,) = options.plain(flags.model_size)
+    out = flags.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     batch, seq_len = 8, 64
-    horizon = 16.0 * tokens / (learners * batch * seq_len)  # far beyond any run's end at one step a second
-    trace = random_trace(learners, horizon, fail_mtbf, fail_downtime, seed=seed + 1)
+    horizon = 16.0 * flags.tokens / (flags.learners * batch * seq_len)  # far beyond any run's end at one step a second
+    trace = random_trace(flags.learners, horizon, flags.fail_mtbf, flags.fail_downtime, seed=flags.seed + 1)
     base = SimConfig(
         model_size=model_size,
-        data=data,
+        data=flags.data,
         seq_len=seq_len,
-        learners=learners,
-        tokens=tokens,
-        seed=seed,
+        learners=flags.learners,
+        tokens=flags.tokens,
+        seed=flags.seed,
         # A few dozen outer steps from scratch: plain averaging steps (lr 1, no momentum) suit
         # them better than the defaults tuned for long runs (docs/report.md).
         algorithm=AlgorithmConfig(fragments=4, sync_every=12, overlap=2, outer_lr=1.0, outer_momentum=0.0),
@@ -129,29 +158,19 @@ def demo(
     )
     try:
         task = build_task(base)
-        params = sum(p.numel() for p in task.build_model(seed).parameters())
-        base = dataclasses.replace(base, link=scaled_link(params, link_latency))
+        params = sum(p.numel() for p in task.build_model(flags.seed).parameters())
+        base = dataclasses.replace(base, link=scaled_link(params, flags.link_latency))
         dirs = {m: RunDir(out / m) for m in METHODS}
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
         raise user_error(exc) from None
-    results: dict[str, dict] = {}
-    for method in METHODS:
-        config = dataclasses.replace(base, method=method)
-        record = dirs[method]
-        record.write_config("sim", config, clock_origin=0.0)
-        metrics = record.metrics()
-        with EventLog(record.events_path, append=False) as log, progress_bar(method, disabled=quiet) as update:
-            recorder = SimRecorder(metrics, task, tokens, eval_batches=config.eval_batches, forward=update)
-            results[method] = run_sim(config, task=task, progress=recorder, observer=log.observe)
-        metrics.close()
-        record.write_summary(results[method])
+    results = _train_each(base, task, dirs, flags.quiet)
     runs: dict[str, RunRecord] = {m: load_run(out / m) for m in METHODS}
     first_finish = min(r["sim_seconds"] for r in results.values())
     for m, r in results.items():
         r["eval_loss_at_first_finish"] = loss_at(runs[m].metrics, first_finish)
     title = (
-        f"{learners} learners at distant sites ({link_latency * 1000:g} ms one way; one all-reduce takes a "
-        f"step), each failing every {fail_mtbf:g} s for {fail_downtime:g} s on average"
+        f"{flags.learners} learners at distant sites ({flags.link_latency * 1000:g} ms one way; one all-reduce takes a "
+        f"step), each failing every {flags.fail_mtbf:g} s for {flags.fail_downtime:g} s on average"
     )
     first_name = NAMES[min(results, key=lambda m: results[m]["sim_seconds"])]
     story = Story(
@@ -177,5 +196,5 @@ def demo(
     )
     typer.echo(story.headline)
     typer.echo(f"report: {page}")
-    if as_json:
+    if flags.as_json:
         print(json.dumps({**results, "report": str(page)}, sort_keys=True))

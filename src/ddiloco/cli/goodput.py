@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from rich.table import Table
 from typer.core import TyperCommand
 
 from ddiloco.cli import app
+from ddiloco.cli._flags import takes
 from ddiloco.cli.output import user_error
 from ddiloco.goodput.config import REPAIR_DISTRIBUTIONS, GoodputConfig
 from ddiloco.goodput.failures import sample_outages, slice_sizes
@@ -127,91 +129,100 @@ def _json_line(
     return json.dumps(payload, separators=(",", ":"))
 
 
-@app.command("goodput", cls=SpaceSeparatedLists)
-def goodput(
+@dataclass(frozen=True)
+class GoodputFlags:
+    """The flags of `ddiloco goodput`: one field per flag (`_flags.takes`)."""
+
     chips: list[int] = typer.Option(
         [1_200_000], "--chips", metavar="N [N ...]", help="Chip counts to simulate (space-separated)."
-    ),
+    )
     learners: list[int] = typer.Option(
         [2, 4, 8, 16], "--learners", metavar="M [M ...]", help="Learner counts for diloco and decoupled."
-    ),
-    mtbi_years: float = typer.Option(_D.mtbi_years, help="Mean time between interruptions of one chip, years."),
-    seeds: int = typer.Option(5, help="Independent failure draws per chip count (confidence interval)."),
-    seed: int = typer.Option(0, help="First seed; seeds are seed, seed+1, ..."),
-    days: float = typer.Option(_D.days, help="Simulated wall-clock days."),
+    )
+    mtbi_years: float = typer.Option(_D.mtbi_years, help="Mean time between interruptions of one chip, years.")
+    seeds: int = typer.Option(5, help="Independent failure draws per chip count (confidence interval).")
+    seed: int = typer.Option(0, help="First seed; seeds are seed, seed+1, ...")
+    days: float = typer.Option(_D.days, help="Simulated wall-clock days.")
     methods: list[str] = typer.Option(
         list(METHODS), "--methods", metavar="NAME [NAME ...]", help="Methods: ddp elastic-ddp diloco decoupled."
-    ),
-    slice_chips: int = typer.Option(_D.slice_chips, help="Chips per slice (fail and return together)."),
-    repair_dist: str = typer.Option(_D.repair_dist, help=f"Repair time: {', '.join(REPAIR_DISTRIBUTIONS)}."),
-    repair_mean_hours: float = typer.Option(_D.repair_mean_hours, help="Mean repair time of a slice, hours."),
-    repair_sigma: float = typer.Option(_D.repair_sigma, help="Lognormal shape (sigma of the log)."),
-    detect_seconds: float = typer.Option(_D.detect_s, help="Failure detection time (all methods)."),
+    )
+    slice_chips: int = typer.Option(_D.slice_chips, help="Chips per slice (fail and return together).")
+    repair_dist: str = typer.Option(_D.repair_dist, help=f"Repair time: {', '.join(REPAIR_DISTRIBUTIONS)}.")
+    repair_mean_hours: float = typer.Option(_D.repair_mean_hours, help="Mean repair time of a slice, hours.")
+    repair_sigma: float = typer.Option(_D.repair_sigma, help="Lognormal shape (sigma of the log).")
+    detect_seconds: float = typer.Option(_D.detect_s, help="Failure detection time (all methods).")
     reconfig_seconds: float = typer.Option(
         _D.reconfig_s, "--reconfigure-seconds", help="Elastic pause to drop a failed slice."
-    ),
-    scaleup_seconds: float = typer.Option(_D.scaleup_s, help="Elastic pause to take a repaired slice back."),
-    restart_seconds: float = typer.Option(_D.restart_s, help="ddp: restart on a spare after detection."),
-    checkpoint_seconds: float = typer.Option(_D.checkpoint_s, help="ddp: checkpoint interval."),
+    )
+    scaleup_seconds: float = typer.Option(_D.scaleup_s, help="Elastic pause to take a repaired slice back.")
+    restart_seconds: float = typer.Option(_D.restart_s, help="ddp: restart on a spare after detection.")
+    checkpoint_seconds: float = typer.Option(_D.checkpoint_s, help="ddp: checkpoint interval.")
     step_seconds: float = typer.Option(
         _D.step_s, "--step-time", help="Training step time; a failure loses the step in flight."
-    ),
-    step_cv: float = typer.Option(_D.step_cv, help="Coefficient of variation of a learner's step time."),
-    inner_steps: int = typer.Option(_D.inner_steps, "--sync-every", "-H", help="H: inner steps per (fragment) sync."),
-    tau: int = typer.Option(_D.overlap_steps, "--overlap", help="tau: steps a sync overlaps with compute."),
-    quorum: int = typer.Option(_D.quorum, "--quorum", "-K", help="K: learners a decoupled merge needs."),
-    rejoin_seconds: float = typer.Option(_D.rejoin_s, help="DiLoCo learner: extra pause to rejoin after a failure."),
-    outer_sync_seconds: float = typer.Option(_D.outer_sync_s, help="diloco: blocking outer all-reduce time."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
-    plot: Path | None = typer.Option(None, "--plot", metavar="FILE.png", help="Draw goodput against chips."),
+    )
+    step_cv: float = typer.Option(_D.step_cv, help="Coefficient of variation of a learner's step time.")
+    inner_steps: int = typer.Option(_D.inner_steps, "--sync-every", "-H", help="H: inner steps per (fragment) sync.")
+    tau: int = typer.Option(_D.overlap_steps, "--overlap", help="tau: steps a sync overlaps with compute.")
+    quorum: int = typer.Option(_D.quorum, "--quorum", "-K", help="K: learners a decoupled merge needs.")
+    rejoin_seconds: float = typer.Option(_D.rejoin_s, help="DiLoCo learner: extra pause to rejoin after a failure.")
+    outer_sync_seconds: float = typer.Option(_D.outer_sync_s, help="diloco: blocking outer all-reduce time.")
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line.")
+    plot: Path | None = typer.Option(None, "--plot", metavar="FILE.png", help="Draw goodput against chips.")
     trace_out: Path | None = typer.Option(
         None, "--trace-out", metavar="FILE.csv", help="Write the learners' down/up trace (first chips, first seed)."
-    ),
-    trace_learners: int | None = typer.Option(
-        None, help="Learners in the trace (default: the first --learners value)."
-    ),
-    trace_scale: float = typer.Option(1.0, help="Simulated seconds per trace second (trace times = sim / scale)."),
-) -> None:
-    """Simulate failures on a large cluster; report goodput and uptime of ddp, elastic-ddp,
-    synchronous DiLoCo and Decoupled DiLoCo. Defaults reproduce the paper (MTBI 1 year, 1.2M chips)."""
+    )
+    trace_learners: int | None = typer.Option(None, help="Learners in the trace (default: the first --learners value).")
+    trace_scale: float = typer.Option(1.0, help="Simulated seconds per trace second (trace times = sim / scale).")
+
+
+def _config(flags: GoodputFlags) -> GoodputConfig:
+    """The simulation's settings from the flags; a bad value ends as the command line's error."""
     try:
-        config = GoodputConfig(
-            mtbi_years=mtbi_years,
-            slice_chips=slice_chips,
-            repair_dist=repair_dist,
-            repair_mean_hours=repair_mean_hours,
-            repair_sigma=repair_sigma,
-            detect_s=detect_seconds,
-            reconfig_s=reconfig_seconds,
-            scaleup_s=scaleup_seconds,
-            restart_s=restart_seconds,
-            checkpoint_s=checkpoint_seconds,
-            step_s=step_seconds,
-            step_cv=step_cv,
-            inner_steps=inner_steps,
-            overlap_steps=tau,
-            quorum=quorum,
-            rejoin_s=rejoin_seconds,
-            outer_sync_s=outer_sync_seconds,
-            days=days,
+        return GoodputConfig(
+            mtbi_years=flags.mtbi_years,
+            slice_chips=flags.slice_chips,
+            repair_dist=flags.repair_dist,
+            repair_mean_hours=flags.repair_mean_hours,
+            repair_sigma=flags.repair_sigma,
+            detect_s=flags.detect_seconds,
+            reconfig_s=flags.reconfig_seconds,
+            scaleup_s=flags.scaleup_seconds,
+            restart_s=flags.restart_seconds,
+            checkpoint_s=flags.checkpoint_seconds,
+            step_s=flags.step_seconds,
+            step_cv=flags.step_cv,
+            inner_steps=flags.inner_steps,
+            overlap_steps=flags.tau,
+            quorum=flags.quorum,
+            rejoin_s=flags.rejoin_seconds,
+            outer_sync_s=flags.outer_sync_seconds,
+            days=flags.days,
         )
     except ValueError as exc:
         raise user_error(exc) from None
-    _check(seeds >= 1, f"--seeds must be >= 1, got {seeds}", "--seeds")
-    _check(trace_scale > 0, f"--trace-scale must be > 0, got {trace_scale}", "--trace-scale")
-    methods = list(dict.fromkeys(methods))
-    _validate(chips, learners, methods, config)
-    if trace_out is not None:
-        m_trace = learners[0] if trace_learners is None else trace_learners
+
+
+@app.command("goodput", cls=SpaceSeparatedLists)
+@takes(GoodputFlags)
+def goodput(flags: GoodputFlags) -> None:
+    """Simulate failures on a large cluster; report goodput and uptime of ddp, elastic-ddp,
+    synchronous DiLoCo and Decoupled DiLoCo. Defaults reproduce the paper (MTBI 1 year, 1.2M chips)."""
+    config = _config(flags)
+    _check(flags.seeds >= 1, f"--seeds must be >= 1, got {flags.seeds}", "--seeds")
+    _check(flags.trace_scale > 0, f"--trace-scale must be > 0, got {flags.trace_scale}", "--trace-scale")
+    methods = list(dict.fromkeys(flags.methods))
+    _validate(flags.chips, flags.learners, methods, config)
+    if flags.trace_out is not None:
+        m_trace = flags.learners[0] if flags.trace_learners is None else flags.trace_learners
         _check(m_trace >= 1, f"--trace-learners must be >= 1, got {m_trace}", "--trace-learners")
         _check(
-            slice_sizes(chips[0], config.slice_chips).size >= m_trace,
-            f"{chips[0]} chips have too few slices for {m_trace} learners",
+            slice_sizes(flags.chips[0], config.slice_chips).size >= m_trace,
+            f"{flags.chips[0]} chips have too few slices for {m_trace} learners",
             "--trace-learners",
         )
 
     console = Console()
-    total = len(chips) * seeds
+    total = len(flags.chips) * flags.seeds
     with Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -225,27 +236,29 @@ def goodput(
         def done(n: int, s: int) -> None:
             progress.update(task, advance=1, description=f"{n:,} chips, seed {s}")
 
-        report = run(chips, learners, config, seeds, first_seed=seed, methods=methods, on_done=done)
+        report = run(
+            flags.chips, flags.learners, config, flags.seeds, first_seed=flags.seed, methods=methods, on_done=done
+        )
 
     console.print(_table(report.rows, config, report.wall_seconds))
     console.print(
         f"sim_wall_seconds: {report.wall_seconds:.2f} "
-        f"({len(chips)} chip count(s) x {seeds} seed(s), {config.days:g} simulated days)"
+        f"({len(flags.chips)} chip count(s) x {flags.seeds} seed(s), {config.days:g} simulated days)"
     )
-    if plot is not None:
+    if flags.plot is not None:
         from ddiloco.goodput.plot import plot_goodput
 
-        plot_goodput(report.rows, plot, title=f"Goodput, MTBI {config.mtbi_years:g} y/chip")
-        console.print(f"plot written to {plot}")
-    if trace_out is not None:
+        plot_goodput(report.rows, flags.plot, title=f"Goodput, MTBI {config.mtbi_years:g} y/chip")
+        console.print(f"plot written to {flags.plot}")
+    if flags.trace_out is not None:
         from ddiloco.goodput.trace_export import learner_trace
 
-        fail_rng = seed_rngs(chips[0], seed)[0]
-        trace = learner_trace(sample_outages(chips[0], config, fail_rng), m_trace, config, trace_scale)
-        trace.save(trace_out)
+        fail_rng = seed_rngs(flags.chips[0], flags.seed)[0]
+        trace = learner_trace(sample_outages(flags.chips[0], config, fail_rng), m_trace, config, flags.trace_scale)
+        trace.save(flags.trace_out)
         console.print(
-            f"trace of {m_trace} learners ({len(trace.outages)} outages, {chips[0]:,} chips, "
-            f"seed {seed}, 1 trace s = {trace_scale:g} simulated s) written to {trace_out}"
+            f"trace of {m_trace} learners ({len(trace.outages)} outages, {flags.chips[0]:,} chips, "
+            f"seed {flags.seed}, 1 trace s = {flags.trace_scale:g} simulated s) written to {flags.trace_out}"
         )
-    if json_out:
-        print(_json_line(report, config, chips, learners, seeds, seed), flush=True)
+    if flags.json_out:
+        print(_json_line(report, config, flags.chips, flags.learners, flags.seeds, flags.seed), flush=True)

@@ -5,67 +5,71 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 
 from . import app, options
+from ._flags import takes
 from .output import user_error
 
 
-@app.command("learner")
-def learner(
+@dataclass(frozen=True)
+class LearnerFlags:
+    """The flags of `ddiloco learner`: one field per flag (`_flags.takes`)."""
+
     connect: str = typer.Option(
         "127.0.0.1:7070",
         help="Synchronizer address(es), comma-separated, one per shard; "
         "@FILE reads a shard's --address-file, again whenever the shard stops answering.",
-    ),
-    learner_id: int = typer.Option(..., "--id", min=0, help="This learner's id (0..M-1)."),
-    learners: int = typer.Option(4, "--learners", "-M", min=1, help="Learners M: the data is split into M shards."),
-    model: options.Model = typer.Option("gpt", help="Must match the synchronizer's."),
-    model_size: options.ModelSize = typer.Option("default", help="Must match the synchronizer's."),
-    data: str | None = options.DATA,
-    seq_len: int = options.SEQ_LEN,
-    seed: int = typer.Option(0, help="Seed of the data order (the model comes from the synchronizer)."),
-    batch_size: int = typer.Option(16, min=1, help="Sequences (or images) per step and rank."),
-    inner_lr: float = typer.Option(3e-3, min=0.0, help="Peak inner AdamW learning rate."),
-    codec: options.Codec = options.CODEC,
-    token: str | None = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN)."),
-    tls_ca: Path | None = typer.Option(None, help="CA certificate to verify a TLS synchronizer."),
+    )
+    learner_id: int = typer.Option(..., "--id", min=0, help="This learner's id (0..M-1).")
+    learners: int = typer.Option(4, "--learners", "-M", min=1, help="Learners M: the data is split into M shards.")
+    model: options.Model = typer.Option("gpt", help="Must match the synchronizer's.")
+    model_size: options.ModelSize = typer.Option("default", help="Must match the synchronizer's.")
+    data: str | None = options.DATA
+    seq_len: int = options.SEQ_LEN
+    seed: int = typer.Option(0, help="Seed of the data order (the model comes from the synchronizer).")
+    batch_size: int = typer.Option(16, min=1, help="Sequences (or images) per step and rank.")
+    inner_lr: float = typer.Option(3e-3, min=0.0, help="Peak inner AdamW learning rate.")
+    codec: options.Codec = options.CODEC
+    token: str | None = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN).")
+    tls_ca: Path | None = typer.Option(None, help="CA certificate to verify a TLS synchronizer.")
     state_dir: Path | None = typer.Option(
         None, help="Folder for this learner's own state (inner optimizer, journal of trained tokens)."
-    ),
-    net_delay: float = typer.Option(0.0, min=0.0, help="Added latency per message, milliseconds (chaos testing)."),
-    net_latency: float = options.NET_LATENCY,
-    net_bandwidth: float = options.NET_BANDWIDTH,
-    net_jitter: float = options.NET_JITTER,
-    max_steps: int | None = typer.Option(None, min=1, help="Stop after this many steps even if the run goes on."),
+    )
+    net_delay: float = typer.Option(0.0, min=0.0, help="Added latency per message, milliseconds (chaos testing).")
+    net_latency: float = options.NET_LATENCY
+    net_bandwidth: float = options.NET_BANDWIDTH
+    net_jitter: float = options.NET_JITTER
+    max_steps: int | None = typer.Option(None, min=1, help="Stop after this many steps even if the run goes on.")
     save_state_every: int = typer.Option(
         24, min=1, help="Steps between saves of the inner optimizer state to --state-dir."
-    ),
+    )
     min_step_seconds: float = typer.Option(
         0.0,
         min=0.0,
         help="Pad every step to at least this long (emulates a learner "
         "with its own accelerator of that speed on a shared CPU).",
-    ),
+    )
     connect_timeout: float = typer.Option(
         120.0,
         min=0.1,
         max=1e6,
         help="Give up (exit code 2) when no synchronizer answers within this many seconds at start.",
-    ),
-    orphan_timeout: float = options.ORPHAN_TIMEOUT,
+    )
+    orphan_timeout: float = options.ORPHAN_TIMEOUT
     device: str = typer.Option(
         "auto",
         "--device",
         help="Where to train: auto (cuda:LOCAL_RANK when CUDA is present, else cpu), cpu, cuda or cuda:N.",
-    ),
+    )
     precision: options.Precision = typer.Option(
         "fp32",
         "--precision",
         help="fp32, or bf16 through autocast (weights, optimizer state and what is sent stay fp32).",
-    ),
+    )
     term_grace: float = typer.Option(
         20.0,
         min=0.1,
@@ -73,21 +77,25 @@ def learner(
         help="After SIGTERM (a preemption notice): send the "
         "work held and exit within this many seconds (keep it below the scheduler's "
         "kill wait, 30 s in Slurm by default).",
-    ),
+    )
     peer_recovery: bool = typer.Option(
         True,
         help="Start with a live learner's inner optimizer state when this "
         "one has none of its own (a new machine); donate ours to learners that join empty.",
-    ),
+    )
     inner_state_dir: Path | None = typer.Option(
         None,
         help="Where the inner optimizer state is saved and loaded "
         "(default STATE_DIR/inner; node-local scratch works too).",
-    ),
-    threads: int = options.THREADS,
-    as_json: bool = typer.Option(False, "--json", help="End with one JSON line of this learner's stats."),
-    log_level: options.LogLevel = options.LOG_LEVEL,
-) -> None:
+    )
+    threads: int = options.THREADS
+    as_json: bool = typer.Option(False, "--json", help="End with one JSON line of this learner's stats.")
+    log_level: options.LogLevel = options.LOG_LEVEL
+
+
+@app.command("learner")
+@takes(LearnerFlags)
+def learner(flags: LearnerFlags) -> None:
     """Train until the synchronizer says the run is over; communication never blocks the training loop.
 
     Exit codes: 0 the run ended (or this learner's work is all counted), 2 no synchronizer at start or
@@ -103,43 +111,43 @@ def learner(
     from ..train.inner import InnerConfig
     from ..wire import auth
 
-    codec_name = options.Codec(codec).value
-    model, model_size = options.plain(model, model_size)
-    logsetup.configure(f"learner{learner_id}", options.plain(log_level)[0])
-    options.set_threads(threads)
+    codec_name = options.Codec(flags.codec).value
+    model, model_size = options.plain(flags.model, flags.model_size)
+    logsetup.configure(f"learner{flags.learner_id}", options.plain(flags.log_level)[0])
+    options.set_threads(flags.threads)
     try:
         settings = LearnerSettings(
-            learner=learner_id,
-            addresses=connect,
-            learners=learners,
+            learner=flags.learner_id,
+            addresses=flags.connect,
+            learners=flags.learners,
             model=model,
             model_size=model_size,
-            data=data,
-            seq_len=seq_len,
-            seed=seed,
-            inner=InnerConfig(lr=inner_lr, batch_size=batch_size),
+            data=flags.data,
+            seq_len=flags.seq_len,
+            seed=flags.seed,
+            inner=InnerConfig(lr=flags.inner_lr, batch_size=flags.batch_size),
             codec=codec_name,
-            token=auth.resolve_token(token),
-            credentials=auth.channel_credentials(tls_ca),
-            state_dir=str(state_dir) if state_dir else None,
-            net_delay=net_delay / 1000.0,
-            max_steps=max_steps,
-            wan=WanSettings(net_latency / 1000.0, net_bandwidth * 1e6, net_jitter / 1000.0),
-            checkpoint_every=save_state_every,
-            min_step_seconds=min_step_seconds * step_slowdown(learner_id),  # mixed hardware, emulated
-            start_timeout=connect_timeout,
-            orphan_timeout=orphan_timeout,
-            device=device,
-            precision=options.plain(precision)[0],
-            term_grace=term_grace,
-            peer_recovery=peer_recovery,
-            inner_state_dir=str(inner_state_dir) if inner_state_dir else None,
+            token=auth.resolve_token(flags.token),
+            credentials=auth.channel_credentials(flags.tls_ca),
+            state_dir=str(flags.state_dir) if flags.state_dir else None,
+            net_delay=flags.net_delay / 1000.0,
+            max_steps=flags.max_steps,
+            wan=WanSettings(flags.net_latency / 1000.0, flags.net_bandwidth * 1e6, flags.net_jitter / 1000.0),
+            checkpoint_every=flags.save_state_every,
+            min_step_seconds=flags.min_step_seconds * step_slowdown(flags.learner_id),  # mixed hardware, emulated
+            start_timeout=flags.connect_timeout,
+            orphan_timeout=flags.orphan_timeout,
+            device=flags.device,
+            precision=options.plain(flags.precision)[0],
+            term_grace=flags.term_grace,
+            peer_recovery=flags.peer_recovery,
+            inner_state_dir=str(flags.inner_state_dir) if flags.inner_state_dir else None,
         )
-        resolve_device(device)
-        for address in connect.split(","):
+        resolve_device(flags.device)
+        for address in flags.connect.split(","):
             check_spec(address.strip())
-        if not 0 <= learner_id < learners:
-            raise ValueError(f"--id must be in 0..{learners - 1} (the data has {learners} shards)")
+        if not 0 <= flags.learner_id < flags.learners:
+            raise ValueError(f"--id must be in 0..{flags.learners - 1} (the data has {flags.learners} shards)")
     except (ValueError, OSError) as exc:
         raise user_error(exc) from None
     try:
@@ -149,7 +157,7 @@ def learner(
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
-    if as_json:  # one write per line: the ranks of a torchrun group share this file
+    if flags.as_json:  # one write per line: the ranks of a torchrun group share this file
         sys.stdout.flush()
         os.write(sys.stdout.fileno(), (json.dumps(stats) + "\n").encode())
     code = int(stats.get("exit_code") or 0)

@@ -1,13 +1,15 @@
-"""Terminal output shared by the commands: a progress bar on stderr and a summary table."""
+"""Terminal output shared by the commands: a progress bar on stderr, a summary table, and what the
+backends of `ddiloco run` say and leave (`TerminalOutput`, `finish`)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import click
 import typer
@@ -20,6 +22,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from ..backends.base import Refused, Report
 
 # Progress goes to stderr so that stdout stays clean for --json.
 stderr = Console(stderr=True)
@@ -150,3 +155,60 @@ def metric_sinks(
             sink.close()
         raise typer.BadParameter(str(exc), param_hint="--wandb" if "wandb" in str(exc) else "--tensorboard") from None
     return sinks
+
+
+class _LiveView:
+    """A local run's live view, redrawn in place on stderr."""
+
+    def __init__(self) -> None:
+        from rich.live import Live
+
+        self._live = Live(console=stderr, refresh_per_second=2, transient=False)
+
+    def start(self) -> None:
+        self._live.start()
+
+    def update(self, view: object) -> None:
+        self._live.update(view)  # type: ignore[arg-type]  # launch.live.render's rich renderables
+
+    def stop(self) -> None:
+        self._live.stop()
+        stderr.print()
+
+
+class TerminalOutput:
+    """What the backends of `ddiloco run` say (`backends.base.Output`), on stderr: stdout stays clean for
+    --json. `live`: a live view of a local run (off with --quiet)."""
+
+    def __init__(self, live: bool = True) -> None:
+        self._live = live
+
+    def say(self, text: str) -> None:
+        stderr.print(text)
+
+    def show(self, text: str) -> None:
+        stderr.print(text, soft_wrap=True)
+
+    def warn(self, text: str) -> None:
+        stderr.print(f"[yellow]{text}[/]")
+
+    def live(self) -> _LiveView | None:
+        return _LiveView() if self._live else None
+
+
+def refused(exc: Refused) -> typer.BadParameter:
+    """A backend's `Refused`, in the command line's words (naming its flag where it names one)."""
+    return typer.BadParameter(str(exc), param_hint=exc.flag) if exc.flag else user_error(exc)
+
+
+def finish(report: Report, title: str, as_json: bool) -> None:
+    """What a run left (`backends.base.Report`): its table on stderr, its error, its --json line on
+    stdout; exit code 1 when it failed."""
+    if report.table is not None:
+        print_summary(report.table, title=title)
+    if report.error:
+        stderr.print(f"[red]error:[/red] {report.error}")
+    if as_json:
+        print(json.dumps(report.result, sort_keys=True), flush=True)
+    if report.error:
+        sys.exit(1)

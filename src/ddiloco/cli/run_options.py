@@ -18,6 +18,9 @@ SLURM_ONLY = {
     "learner_state": ("--learner-state", "shared"),
 }
 
+#: the Slurm-only flags a SkyPilot run takes too (the others are refused with it)
+SLURM_ONLY_ALLOWED = {"--dry-run", "--detach", "--sync-host", "--max-restarts"}
+
 
 def check_backend_flags(
     backend: str, slurm_flags: dict, dry_run: bool, detach: bool, sky_given: bool, sinks: bool

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import typer
 
@@ -18,7 +19,11 @@ from ..sim.hardware import LinkModel, StepTimeModel, half_slow
 from ..sim.recorder import SimRecorder
 from ..train.inner import InnerConfig
 from . import app, options
+from ._flags import takes
 from .output import metric_sinks, print_summary, progress_bar, user_error
+
+if TYPE_CHECKING:
+    from ..train.tasks import Task
 
 
 def parse_speeds(text: str | None, learners: int, hetero: float | None) -> tuple[float, ...]:
@@ -57,167 +62,212 @@ def failure_trace(
     return FailureTrace()
 
 
-@app.command("sim")
-def sim(
-    method: options.SimMethod = typer.Option("decoupled", help="Decoupled DiLoCo or one of its baselines."),
+@dataclass(frozen=True)
+class SimFlags:
+    """The flags of `ddiloco sim`: one field per flag (`_flags.takes`)."""
+
+    method: options.SimMethod = typer.Option("decoupled", help="Decoupled DiLoCo or one of its baselines.")
     model: options.Model = typer.Option(
         "gpt", help="gpt (dense transformer LM), gpt-moe (mixture of experts) or vision."
-    ),
-    model_size: options.ModelSize = typer.Option("default", help="default (~1M parameters) or tiny (quick checks)."),
-    data: str | None = options.DATA,
-    seq_len: int = options.SEQ_LEN,
+    )
+    model_size: options.ModelSize = typer.Option("default", help="default (~1M parameters) or tiny (quick checks).")
+    data: str | None = options.DATA
+    seq_len: int = options.SEQ_LEN
     tokenizer: options.Tokenizer = typer.Option(
         "byte", help="byte (256 symbols) or bpe (trained here on the training text)."
-    ),
-    bpe_vocab: int = typer.Option(1024, help="Vocabulary size of the BPE tokenizer."),
-    learners: int = options.LEARNERS,
-    fragments: int | None = options.FRAGMENTS,
-    sync_every: int = options.SYNC_EVERY,
-    overlap: str = options.OVERLAP,
-    quorum: int = options.QUORUM,
-    grace: float = options.GRACE,
-    merge: options.Merge | None = options.MERGE,
-    outer_lr: float = options.OUTER_LR,
-    outer_momentum: float = options.OUTER_MOMENTUM,
-    arrival: options.Arrival = options.ARRIVAL,
-    final_momentum: bool = options.FINAL_MOMENTUM,
-    late: options.Late = options.LATE,
-    max_staleness: int = options.MAX_STALENESS,
-    staleness_discount: float = options.STALENESS_DISCOUNT,
-    inner_lr: float = typer.Option(3e-3, help="Inner AdamW learning rate (peak; cosine decay over the run)."),
-    batch_size: int = typer.Option(16, help="Sequences (or images) per learner step."),
+    )
+    bpe_vocab: int = typer.Option(1024, help="Vocabulary size of the BPE tokenizer.")
+    learners: int = options.LEARNERS
+    fragments: int | None = options.FRAGMENTS
+    sync_every: int = options.SYNC_EVERY
+    overlap: str = options.OVERLAP
+    quorum: int = options.QUORUM
+    grace: float = options.GRACE
+    merge: options.Merge | None = options.MERGE
+    outer_lr: float = options.OUTER_LR
+    outer_momentum: float = options.OUTER_MOMENTUM
+    arrival: options.Arrival = options.ARRIVAL
+    final_momentum: bool = options.FINAL_MOMENTUM
+    late: options.Late = options.LATE
+    max_staleness: int = options.MAX_STALENESS
+    staleness_discount: float = options.STALENESS_DISCOUNT
+    inner_lr: float = typer.Option(3e-3, help="Inner AdamW learning rate (peak; cosine decay over the run).")
+    batch_size: int = typer.Option(16, help="Sequences (or images) per learner step.")
     tokens: int = typer.Option(
         400_000, help="Token budget: training stops when the learners have trained on this many."
-    ),
-    seed: int = typer.Option(0, help="Seed: the run is deterministic from it."),
-    step_time: float = typer.Option(1.0, help="Simulated seconds per step of a learner of speed 1."),
-    speeds: str | None = typer.Option(None, help="Per-learner slowdown factors, e.g. 1,1,1.2,1.2."),
-    hetero: float | None = typer.Option(None, help="Make the second half of the learners this much slower."),
-    jitter: float = typer.Option(0.0, help="Uniform step-time jitter, e.g. 0.1 for +-10 %."),
-    straggle_prob: float = typer.Option(0.0, help="Chance that a step straggles."),
-    straggle_factor: float = typer.Option(3.0, help="How much slower a straggling step is."),
+    )
+    seed: int = typer.Option(0, help="Seed: the run is deterministic from it.")
+    step_time: float = typer.Option(1.0, help="Simulated seconds per step of a learner of speed 1.")
+    speeds: str | None = typer.Option(None, help="Per-learner slowdown factors, e.g. 1,1,1.2,1.2.")
+    hetero: float | None = typer.Option(None, help="Make the second half of the learners this much slower.")
+    jitter: float = typer.Option(0.0, help="Uniform step-time jitter, e.g. 0.1 for +-10 %.")
+    straggle_prob: float = typer.Option(0.0, help="Chance that a step straggles.")
+    straggle_factor: float = typer.Option(3.0, help="How much slower a straggling step is.")
     failures: Path | None = typer.Option(
         None, "--chaos-trace", help="Failure trace CSV (learner,down_at,up_at) to replay."
-    ),
+    )
     failures_scale: float = typer.Option(
         1.0, "--chaos-trace-scale", help="Multiply the trace's times by this (trace seconds to sim seconds)."
-    ),
+    )
     fail_mtbf: float | None = typer.Option(
         None, "--learner-mtbf", help="Random failures: mean simulated seconds between a learner's failures."
-    ),
+    )
     fail_downtime: float = typer.Option(
         15.0, "--learner-down", help="Random failures: mean simulated seconds a failed learner stays down."
-    ),
-    latency: float = typer.Option(0.01, help="One-way message latency, simulated seconds."),
-    bandwidth: float = typer.Option(1e9, help="Link bandwidth, bytes per simulated second."),
+    )
+    latency: float = typer.Option(0.01, help="One-way message latency, simulated seconds.")
+    bandwidth: float = typer.Option(1e9, help="Link bandwidth, bytes per simulated second.")
     codec: options.Codec | None = typer.Option(
         None,
         "--codec",
         help="Send outer gradients through this wire "
         "codec (values and bytes, as the runtime does). Default: exact, "
         "as the quality benchmarks run.",
-    ),
-    reconfigure_seconds: float = typer.Option(5.0, help="elastic-ddp: pause on every membership change."),
-    eval_batches: int = typer.Option(20, help="Validation batches for the final evaluation."),
-    threads: int = options.THREADS,
+    )
+    reconfigure_seconds: float = typer.Option(5.0, help="elastic-ddp: pause on every membership change.")
+    eval_batches: int = typer.Option(20, help="Validation batches for the final evaluation.")
+    threads: int = options.THREADS
     events: Path | None = typer.Option(
         None,
         "--event-log",
         help="Write the run's events (failures, joins, merges with who was admitted, rejections) as JSON lines.",
-    ),
-    tensorboard: Path | None = options.TENSORBOARD,
-    wandb: bool = options.WANDB,
-    wandb_mode: options.WandbMode = options.WANDB_MODE,
-    wandb_project: str = options.WANDB_PROJECT,
+    )
+    tensorboard: Path | None = options.TENSORBOARD
+    wandb: bool = options.WANDB
+    wandb_mode: options.WandbMode = options.WANDB_MODE
+    wandb_project: str = options.WANDB_PROJECT
     run_dir: Path | None = typer.Option(
         None,
         help="Keep the whole run here: config.json, summary.json, metrics.jsonl (eval loss, training loss, "
         "goodput over tokens and time), events.jsonl. `ddiloco report DIR` plots it.",
-    ),
-    as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding the summary."),
-    quiet: bool = typer.Option(False, help="No progress bar."),
-) -> None:
-    """Train one configuration on the virtual clock: real models and data, simulated time and faults."""
-    method, model, model_size, tokenizer, merge = options.plain(method, model, model_size, tokenizer, merge)
+    )
+    as_json: bool = typer.Option(False, "--json", help="End with one line of JSON holding the summary.")
+    quiet: bool = typer.Option(False, help="No progress bar.")
 
-    from ..sim.run import build_task, run_sim
 
-    options.set_threads(threads)
-    tau, _ = options.parse_overlap(overlap)  # auto: tau_0 (the virtual clock has no measured link)
+def _algorithm(flags: SimFlags, method: str, fragments: int, tau: int) -> AlgorithmConfig:
+    """The algorithm's knobs as the flags give them, then what the method sets, whatever was asked."""
+    merge = options.plain(flags.merge)[0]
+    fixed = methods.fixed_knobs(method, flags.learners)
+    knobs = dict(
+        fragments=fragments,
+        sync_every=flags.sync_every,
+        overlap=tau,
+        late=options.plain(flags.late)[0],
+        max_staleness=flags.max_staleness,
+        staleness_discount=flags.staleness_discount,
+        quorum=flags.quorum,
+        grace=flags.grace,
+        outer_lr=flags.outer_lr,
+        outer_momentum=flags.outer_momentum,
+        merge=cast(MergeMode, merge or methods.default_merge(method)),  # an options.Merge value
+        arrival=options.plain(flags.arrival)[0],
+        final_momentum=flags.final_momentum,
+    )
+    return AlgorithmConfig(**{**knobs, **fixed})
+
+
+def _sim_config(flags: SimFlags) -> tuple[SimConfig, Task]:
+    """The configuration the flags ask for, and its task (built first when it tells the default number
+    of fragments); a bad value ends as the command line's error."""
+    from ..sim.run import build_task
+
+    method, model, model_size, tokenizer = options.plain(flags.method, flags.model, flags.model_size, flags.tokenizer)
+    tau, _ = options.parse_overlap(flags.overlap)  # auto: tau_0 (the virtual clock has no measured link)
     probe = None  # the task, when building it first tells the default number of fragments
+    fragments = flags.fragments
     try:
-        fixed = methods.fixed_knobs(method, learners)  # what the method sets, whatever was asked (core.methods)
+        fixed = methods.fixed_knobs(method, flags.learners)  # what the method sets, whatever was asked (core.methods)
         if fragments is None and "fragments" not in fixed:
             from ..api.model import fit_fragments
             from ..train.tasks import make_task
 
             probe = make_task(
-                model, data, seq_len=seq_len, model_size=model_size, tokenizer=tokenizer, bpe_vocab_size=bpe_vocab
+                model,
+                flags.data,
+                seq_len=flags.seq_len,
+                model_size=model_size,
+                tokenizer=tokenizer,
+                bpe_vocab_size=flags.bpe_vocab,
             )
-            fragments = fit_fragments(len(list(probe.build_model(seed).parameters())), None, sync_every)
-        knobs = dict(
-            fragments=fragments or 1,
-            sync_every=sync_every,
-            overlap=tau,
-            late=options.plain(late)[0],
-            max_staleness=max_staleness,
-            staleness_discount=staleness_discount,
-            quorum=quorum,
-            grace=grace,
-            outer_lr=outer_lr,
-            outer_momentum=outer_momentum,
-            merge=cast(MergeMode, merge or methods.default_merge(method)),  # an options.Merge value
-            arrival=options.plain(arrival)[0],
-            final_momentum=final_momentum,
-        )
-        algorithm = AlgorithmConfig(**{**knobs, **fixed})
-        steps = StepTimeModel(step_time, parse_speeds(speeds, learners, hetero), jitter, straggle_prob, straggle_factor)
+            fragments = fit_fragments(len(list(probe.build_model(flags.seed).parameters())), None, flags.sync_every)
+        algorithm = _algorithm(flags, method, fragments or 1, tau)
+        speeds = parse_speeds(flags.speeds, flags.learners, flags.hetero)
+        steps = StepTimeModel(flags.step_time, speeds, flags.jitter, flags.straggle_prob, flags.straggle_factor)
         # A generous horizon for random failures: the run cannot take longer than this at speed 1.
-        horizon = 4.0 * step_time * max(steps.speeds or (1.0,)) * tokens / max(1, batch_size * seq_len)
+        horizon = (
+            4.0
+            * flags.step_time
+            * max(steps.speeds or (1.0,))
+            * flags.tokens
+            / max(1, flags.batch_size * flags.seq_len)
+        )
         config = SimConfig(
-            method=method,  # type: ignore[arg-type]
+            method=method,
             model=model,
             model_size=model_size,
-            data=data,
-            seq_len=seq_len,
-            tokenizer=tokenizer,  # type: ignore[arg-type]
-            bpe_vocab_size=bpe_vocab,
-            learners=learners,
-            tokens=tokens,
-            seed=seed,
+            data=flags.data,
+            seq_len=flags.seq_len,
+            tokenizer=tokenizer,
+            bpe_vocab_size=flags.bpe_vocab,
+            learners=flags.learners,
+            tokens=flags.tokens,
+            seed=flags.seed,
             algorithm=algorithm
             if method in methods.DILOCO_METHODS
-            else AlgorithmConfig(fragments=1, sync_every=max(2, sync_every)),
-            inner=InnerConfig(lr=inner_lr, batch_size=batch_size),
+            else AlgorithmConfig(fragments=1, sync_every=max(2, flags.sync_every)),
+            inner=InnerConfig(lr=flags.inner_lr, batch_size=flags.batch_size),
             steps=steps,
-            link=LinkModel(latency, bandwidth),
-            failures=failure_trace(failures, fail_mtbf, fail_downtime, failures_scale, learners, horizon, seed),
-            reconfigure_seconds=reconfigure_seconds,
-            eval_batches=eval_batches,
-            codec=options.plain(codec)[0],
+            link=LinkModel(flags.latency, flags.bandwidth),
+            failures=failure_trace(
+                flags.failures,
+                flags.fail_mtbf,
+                flags.fail_downtime,
+                flags.failures_scale,
+                flags.learners,
+                horizon,
+                flags.seed,
+            ),
+            reconfigure_seconds=flags.reconfigure_seconds,
+            eval_batches=flags.eval_batches,
+            codec=options.plain(flags.codec)[0],
         )
-        task = probe if probe is not None else build_task(config)
+        return config, probe if probe is not None else build_task(config)
     except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
         raise user_error(exc) from None
-    record = None
+
+
+@app.command("sim")
+@takes(SimFlags)
+def sim(flags: SimFlags) -> None:
+    """Train one configuration on the virtual clock: real models and data, simulated time and faults."""
+    from ..sim.run import run_sim
+
+    options.set_threads(flags.threads)
+    config, task = _sim_config(flags)
+    record, events = None, flags.events
     try:
-        if run_dir is not None:
-            record = RunDir(run_dir)
+        if flags.run_dir is not None:
+            record = RunDir(flags.run_dir)
             record.write_config("sim", config, clock_origin=0.0)
             events = events or record.events_path
     except ValueError as exc:
         raise user_error(exc) from None
     sinks = metric_sinks(
-        tensorboard,
-        wandb,
-        wandb_mode,
-        wandb_project,
-        run_dir or Path.cwd(),
-        run_dir.name if run_dir else None,
+        flags.tensorboard,
+        flags.wandb,
+        flags.wandb_mode,
+        flags.wandb_project,
+        flags.run_dir or Path.cwd(),
+        flags.run_dir.name if flags.run_dir else None,
         jsonable(config),
     )
     metrics = record.metrics(sinks) if record is not None else (MetricsLog(None, sinks) if sinks else None)
-    with EventLog(events, append=False) as log, progress_bar(f"{method} x{learners}", disabled=quiet) as update:
+    method = config.method
+    with (
+        EventLog(events, append=False) as log,
+        progress_bar(f"{method} x{flags.learners}", disabled=flags.quiet) as update,
+    ):
         progress = (
             update
             if metrics is None
@@ -229,5 +279,5 @@ def sim(
     if record is not None:
         record.write_summary(result)
     print_summary(result, title=f"ddiloco sim --method {method}")
-    if as_json:
+    if flags.as_json:
         print(json.dumps(result, sort_keys=True))

@@ -15,12 +15,12 @@ def skypilot_stop(
 ) -> None:
     """Stop the run the clean way (learners send their work, shards checkpoint), then cancel the
     learners' managed jobs and take the synchronizer's cluster down."""
-    from ..cluster.skypilot import SkyError
-    from ._skypilot import stop_from_run_dir
-    from .output import stderr, user_error
+    from ..backends.base import Refused
+    from ..backends.skypilot import SkyPilotBackend
+    from .output import TerminalOutput, refused, stderr
 
     try:
-        run = stop_from_run_dir(run_dir)
-    except (FileNotFoundError, ValueError, SkyError) as exc:
-        raise user_error(exc) from None
+        run = SkyPilotBackend(TerminalOutput()).stop(run_dir)
+    except Refused as exc:
+        raise refused(exc) from None
     stderr.print(f"stopped {run['cluster']} and {len(run['jobs'])} learner jobs")

@@ -14,12 +14,12 @@ def slurm_stop(
     run_dir: Path = typer.Argument(..., help="The run directory given to ddiloco run --backend slurm."),
 ) -> None:
     """Stop the run the clean way (learners send their work, shards checkpoint), then scancel its jobs."""
-    from ..cluster.slurm import SlurmError
-    from ._slurm import stop_from_run_dir
-    from .output import stderr, user_error
+    from ..backends.base import Refused
+    from ..backends.slurm import SlurmBackend
+    from .output import TerminalOutput, refused, stderr
 
     try:
-        jobs = stop_from_run_dir(run_dir)
-    except (FileNotFoundError, ValueError, SlurmError) as exc:
-        raise user_error(exc) from None
+        jobs = SlurmBackend(TerminalOutput()).stop(run_dir)
+    except Refused as exc:
+        raise refused(exc) from None
     stderr.print(f"stopped {len(jobs)} jobs: {', '.join(jobs.values())}")

@@ -1,5 +1,5 @@
 """The summary of a data-parallel run, in the fields `ddiloco run` writes (`launch.summary` and
-`cli._local`), so that reports and benchmarks read both alike.
+`backends.local`), so that reports and benchmarks read both alike.
 
 The window is [the first generation formed, the step that reached the budget] (for ddiloco:
 [first learner joined, stop decided]); every worker is allocated for all of it, down or not:

@@ -3,8 +3,8 @@ simulator's): the global model's eval loss (fetched read-only from the shards), 
 loss, and tokens, merged tokens and goodput so far from the shards' status.
 
 `RunMetrics` reads the run through a `RunView`, a few callables, not through the local supervisor:
-the same recorder follows a run on this machine (`cli/_local.py`) and one whose shards are Slurm jobs
-(`cli/_slurm.py`), so both write the same records on the same time origin."""
+the same recorder follows a run on this machine (`backends/local.py`) and one whose shards are Slurm jobs
+(`backends/slurm.py`), so both write the same records on the same time origin."""
 
 from __future__ import annotations
 

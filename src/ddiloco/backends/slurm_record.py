@@ -1,4 +1,4 @@
-"""What `ddiloco run --backend slurm` records in its run directory, as a local run does (`_local`), so
+"""What `ddiloco run --backend slurm` records in its run directory, as a local run does (`local`), so
 that `ddiloco report`, the benchmarks and `--json` read a Slurm run as they read a local one.
 
     config.json     at submission; its clock_origin is the submission's wall time
