@@ -6,14 +6,29 @@ Defaults come from `AlgorithmConfig` itself, so `ddiloco sim`, `ddiloco run` and
 
 from __future__ import annotations
 
+import copy
 import enum
+from typing import Any
 
 import typer
+from typer.models import OptionInfo
 
 from ..core.config import AlgorithmConfig
 from ..learner.ending import DEFAULT_ORPHAN_TIMEOUT
 
 _D = AlgorithmConfig()
+
+# The panels a command's --help groups its options in (typer's rich_help_panel); the options below name
+# theirs where it is the same in every command that takes them (`in_panel` places one for one command).
+RUN, ALGORITHM, NETWORK, CHAOS, BACKENDS, OUTPUT = "Run", "Algorithm", "Network", "Chaos", "Backends", "Output"
+
+
+def in_panel(option: OptionInfo, panel: str) -> Any:  # Any: as typer.Option's
+    """A shared option as one command shows it: in its help panel `panel` (the option itself is unchanged)."""
+    placed = copy.copy(option)
+    placed.rich_help_panel = panel
+    return placed
+
 
 LEARNERS = typer.Option(4, "--learners", "-M", min=1, max=4096, help="Number of learners M (the paper uses 8).")
 FRAGMENTS = typer.Option(
@@ -23,19 +38,24 @@ FRAGMENTS = typer.Option(
     min=1,
     help=f"Fragments P (default {_D.fragments}, or the number of "
     "parameter tensors or H if fewer; ignored by --method diloco).",
+    rich_help_panel=ALGORITHM,
 )
-SYNC_EVERY = typer.Option(_D.sync_every, "--sync-every", "-H", help="Steps H between two syncs of a fragment.")
+SYNC_EVERY = typer.Option(
+    _D.sync_every, "--sync-every", "-H", help="Steps H between two syncs of a fragment.", rich_help_panel=ALGORITHM
+)
 OVERLAP = typer.Option(
     "auto",
     "--overlap",
     help=f"Steps tau a sync overlaps with compute: auto (tau_0 = {_D.overlap} plus the steps each learner's "
     "measured link takes, at most H - 1), or a number that fixes it (0 = blocking).",
+    rich_help_panel=ALGORITHM,
 )
 LATE = typer.Option(
     _D.late,
     "--late",
     help="Work that missed its round: merge (into the fragment's next round, counted once) or refuse "
     "(the paper's: dropped, the learner overwritten).",
+    rich_help_panel=ALGORITHM,
 )
 MAX_STALENESS = typer.Option(
     _D.max_staleness,
@@ -43,6 +63,7 @@ MAX_STALENESS = typer.Option(
     min=1,
     max=1000,
     help="S: late work more than this many versions behind is refused.",
+    rich_help_panel=ALGORITHM,
 )
 STALENESS_DISCOUNT = typer.Option(
     _D.staleness_discount,
@@ -50,26 +71,38 @@ STALENESS_DISCOUNT = typer.Option(
     min=0.0,
     max=1e6,
     help="lambda: late work's token weight is divided by 1 + lambda * (versions it missed).",
+    rich_help_panel=ALGORITHM,
 )
-QUORUM = typer.Option(_D.quorum, "--quorum", "-K", help="Minimum quorum K (capped at the live learners).")
+QUORUM = typer.Option(
+    _D.quorum, "--quorum", "-K", help="Minimum quorum K (capped at the live learners).", rich_help_panel=ALGORITHM
+)
 GRACE = typer.Option(
-    _D.grace, "--grace", help="Grace factor gamma in [0, 1); 0 disables the grace window (docs/algorithm.md: why 0.9)."
+    _D.grace,
+    "--grace",
+    help="Grace factor gamma in [0, 1); 0 disables the grace window (docs/algorithm.md: why 0.9).",
+    rich_help_panel=ALGORITHM,
 )
-MERGE = typer.Option(None, "--merge", help="Default: rda; mean for --method diloco and streaming.")
-OUTER_LR = typer.Option(_D.outer_lr, "--outer-lr", help="Outer Nesterov learning rate.")
-OUTER_MOMENTUM = typer.Option(_D.outer_momentum, "--outer-momentum", help="Outer Nesterov momentum.")
+MERGE = typer.Option(
+    None, "--merge", help="Default: rda; mean for --method diloco and streaming.", rich_help_panel=ALGORITHM
+)
+OUTER_LR = typer.Option(_D.outer_lr, "--outer-lr", help="Outer Nesterov learning rate.", rich_help_panel=ALGORITHM)
+OUTER_MOMENTUM = typer.Option(
+    _D.outer_momentum, "--outer-momentum", help="Outer Nesterov momentum.", rich_help_panel=ALGORITHM
+)
 ARRIVAL = typer.Option(
     _D.arrival,
     "--arrival",
     help="When a global fragment arrives: overwrite (the paper's; the "
     "steps since the snapshot are lost), rebase (keep them: Theta + theta - theta_snapshot), or auto "
     "(rebase where rounds average several learners: a grace window or K > 1; overwrite otherwise).",
+    rich_help_panel=ALGORITHM,
 )
 FINAL_MOMENTUM = typer.Option(
     _D.final_momentum,
     "--final-momentum/--no-final-momentum",
     help="Whether the merges of the final flush take the outer momentum (off: a plain "
     "lr * delta step, no end-of-run kick).",
+    rich_help_panel=ALGORITHM,
 )
 MAX_OUTER_NORM_RATIO = typer.Option(
     _D.max_outer_norm_ratio,
@@ -77,6 +110,7 @@ MAX_OUTER_NORM_RATIO = typer.Option(
     min=0.0,
     max=1e12,
     help="Refuse a contribution whose outer gradient's norm exceeds this multiple of its fragment's (0: off).",
+    rich_help_panel=ALGORITHM,
 )
 
 
@@ -99,18 +133,27 @@ class CodecDown(str, enum.Enum):
     int4 = "int4"
 
 
-CODEC = typer.Option(Codec.bf16, help="Outer-gradient codec.")
+CODEC = typer.Option(Codec.bf16, help="Outer-gradient codec.", rich_help_panel=NETWORK)
 NET_LATENCY = typer.Option(
-    0.0, min=0.0, max=1e6, help="Emulated wide-area link: one-way latency per message, milliseconds."
+    0.0,
+    min=0.0,
+    max=1e6,
+    help="Emulated wide-area link: one-way latency per message, milliseconds.",
+    rich_help_panel=NETWORK,
 )
 NET_BANDWIDTH = typer.Option(
     0.0,
     min=0.0,
     max=1e6,
     help="Emulated wide-area link: megabytes per second each way for tensors (control messages are exempt); 0: no cap.",
+    rich_help_panel=NETWORK,
 )
 NET_JITTER = typer.Option(
-    0.0, min=0.0, max=1e6, help="Emulated wide-area link: a uniform 0..J milliseconds added to each message's latency."
+    0.0,
+    min=0.0,
+    max=1e6,
+    help="Emulated wide-area link: a uniform 0..J milliseconds added to each message's latency.",
+    rich_help_panel=NETWORK,
 )
 
 
@@ -222,6 +265,7 @@ HEARTBEAT = typer.Option(
     min=0.01,
     max=3600.0,
     help="Heartbeat interval h in seconds; the other timeouts derive from it (docs/runtime.md).",
+    rich_help_panel=NETWORK,
 )
 MIN_BANDWIDTH = typer.Option(
     None,
@@ -229,6 +273,7 @@ MIN_BANDWIDTH = typer.Option(
     max=1e6,
     help="The slowest link a push or fetch may travel, MB/s: a bulk stream's deadline is rpc + bytes / this "
     "+ the failure timeout (default 10; ddiloco run --net-bandwidth B takes B / 2).",
+    rich_help_panel=NETWORK,
 )
 ORPHAN_TIMEOUT = typer.Option(
     DEFAULT_ORPHAN_TIMEOUT,
@@ -236,6 +281,7 @@ ORPHAN_TIMEOUT = typer.Option(
     max=1e6,
     help="Seconds a learner goes on without an answer from its synchronizer before it ends (exit code 3, its "
     "journal and inner state kept); after S x H steps alone (--max-staleness rounds) it only waits, untrained.",
+    rich_help_panel=NETWORK,
 )
 # The bounds of a run's budget, in tokens and in seconds.
 TOKENS_MIN, TOKENS_MAX = 1, 2**53
@@ -252,22 +298,30 @@ TENSORBOARD = typer.Option(
     "--tensorboard",
     help="Also write the metrics (eval and training loss, goodput) as "
     "TensorBoard events in this folder (pip install tensorboard).",
+    rich_help_panel=OUTPUT,
 )
 WANDB = typer.Option(
     False,
     "--wandb",
     help="Also log the metrics to Weights & Biases (pip install wandb), in the run directory's wandb/ folder.",
+    rich_help_panel=OUTPUT,
 )
 WANDB_MODE = typer.Option(
-    WandbMode.offline, "--wandb-mode", help="offline needs no network or account (upload later with `wandb sync`)."
+    WandbMode.offline,
+    "--wandb-mode",
+    help="offline needs no network or account (upload later with `wandb sync`).",
+    rich_help_panel=OUTPUT,
 )
-WANDB_PROJECT = typer.Option("ddiloco", "--wandb-project", help="wandb project name.")
+WANDB_PROJECT = typer.Option("ddiloco", "--wandb-project", help="wandb project name.", rich_help_panel=OUTPUT)
 DASHBOARD_HOST = typer.Option(
     "127.0.0.1",
     "--dashboard-host",
     help="Dashboard address; beyond loopback it needs --token (the page is read with a view credential from it).",
+    rich_help_panel=OUTPUT,
 )
-DASHBOARD_PORT = typer.Option(0, "--dashboard-port", min=0, max=65535, help="Dashboard port (0: a free one).")
+DASHBOARD_PORT = typer.Option(
+    0, "--dashboard-port", min=0, max=65535, help="Dashboard port (0: a free one).", rich_help_panel=OUTPUT
+)
 
 THREADS = typer.Option(
     0,
@@ -286,7 +340,9 @@ class LogLevel(str, enum.Enum):
     error = "error"
 
 
-LOG_LEVEL = typer.Option("info", "--log-level", help="Log records at this level and above go to stderr.")
+LOG_LEVEL = typer.Option(
+    "info", "--log-level", help="Log records at this level and above go to stderr.", rich_help_panel=OUTPUT
+)
 
 
 def set_threads(threads: int) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import app, options
 from ._flags import takes
-from ._run_flags import RunFlags
+from ._run_flags import RunCommand, RunFlags
 from .output import user_error
 from .run_options import SLURM_ONLY_ALLOWED, check_backend_flags, hosts_plan, kill_shard_list
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 DATA_PARALLEL = ("ddp", "elastic-ddp")
 
 
-@app.command("run")
+@app.command("run", cls=RunCommand)
 @takes(RunFlags)
 def run(flags: RunFlags) -> None:
     """Train with real processes and real sockets, inject faults, report goodput, stalls and loss."""
