@@ -5,7 +5,7 @@
     stream.seek(position)                 # resume where this learner's counted work left off
     for batch in stream:
         loss = ...; loss.backward(); optimizer.step(); optimizer.zero_grad()
-        client.step(tokens=batch.tokens)  # never waits on the network (unless --overlap 0)
+        client.step(tokens=batch.tokens)  # never waits on the network (unless --overlap 0, or at the budget)
         if client.stopping: break
     client.finish()                       # sends the work it still holds, leaves
 
@@ -143,6 +143,7 @@ class LearnerClient(LeaderSide):
         self._force: dict[int, int] = {}
         self._blocking = False
         self.waits, self.wait_seconds = 0, 0.0  # boundaries where we waited for a merged fragment, and how long
+        self.grant_waits, self.grant_wait_seconds = 0, 0.0  # boundaries held at the token grant (`token_limit`)
         self._span_start: list[float] = []
         self._stop, self._progress = False, 0.0
         self._fatal: str | None = None
@@ -243,7 +244,9 @@ class LearnerClient(LeaderSide):
         compute time (default: time since the previous boundary); `position`: the data stream position
         after this batch (default: one more than before); `loss`: the step's training loss, if you want
         it in the synchronizer's status, the run's metrics and the dashboard. Returns the fragments
-        whose global value was just written into the model (`fragment_names(p)` lists their tensors)."""
+        whose global value was just written into the model (`fragment_names(p)` lists their tensors).
+        With a token budget it holds at this learner's token grant near the run's end (`token_limit`),
+        so that the run stops within a step per learner of its budget."""
         now = time.perf_counter()
         if loss is not None and math.isfinite(loss):
             self.loss = loss if self.loss is None else 0.9 * self.loss + 0.1 * float(loss)

@@ -52,6 +52,8 @@ class LeaderSide:
     _blocking: bool
     waits: int
     wait_seconds: float
+    grant_waits: int
+    grant_wait_seconds: float
     _span_start: list[float]
     _stop: bool
     _progress: float
@@ -96,12 +98,44 @@ class LeaderSide:
         if waiting:
             self.waits += 1
             self.wait_seconds += time.perf_counter() - started
+        self._await_grant()
         if self.fanout is None or self._blocking:  # else every rank must keep the value shared at the begin
             self._stop = self.ctx.stop_requested.is_set()
             self._progress = max(self._progress, self.ctx.global_progress)
         applied = [p for p in range(len(before)) if core.versions[p] != before[p]]
         self._mark_spans(applied)
         return applied
+
+    def token_limit(self) -> int | None:
+        """The fewest tokens any answering shard lets this learner train up to (`synchronizer.grants`);
+        None: no limit (no token budget, or no shard has answered within the failure timeout)."""
+        recent = time.monotonic() - self.timeouts.failure
+        limits = [link.allowed for link in self.links if link.allowed is not None and link.contact >= recent]
+        return min(limits) if limits else None
+
+    def _await_grant(self) -> None:
+        """Take no step past the token grant: a run with a token budget stops within a step per learner
+        of it. Heartbeats are asked for at once; the wait ends with a larger grant or the run's stop."""
+        limit = self.token_limit()
+        if limit is None or self.tokens < limit:
+            return
+        started = time.perf_counter()
+        for link in self.links:
+            link.beat_now()
+        core = cast("LearnerCore", self.core)  # made by `start`
+        while not self.ctx.stop_requested.is_set() and self.ending is None:
+            self._drain(wait=self.timeouts.heartbeat / 10)
+            self._check_end()
+            if self.fanout is None or self._blocking:  # else the ranks apply updates together, at the begin
+                core.apply_arrivals()  # as a blocking sync's wait does: updates land, requests are answered
+            self._send(core.collect(), [])
+            if self._fatal:
+                raise SynchronizerError(self._fatal)
+            limit = self.token_limit()
+            if limit is None or self.tokens < limit:
+                break
+        self.grant_waits += 1
+        self.grant_wait_seconds += time.perf_counter() - started
 
     def _check_end(self) -> None:
         """End on our own once the run is found finished or the orphan bound is passed (`ending`):

@@ -135,6 +135,7 @@ class ShardLink(Outbound):
         self.chunk_bytes = framing.DEFAULT_CHUNK_BYTES
         self._last_register_log = 0.0
         self.contact = time.monotonic()  # the last answer from the shard (`ending`: how long it has been silent)
+        self.allowed: int | None = None  # the shard's token grant (`synchronizer.grants`); None: no limit
 
     def _open(self, address: str) -> tuple[rpc.Stubs, rpc.Stubs]:
         backoff = (self.timeouts.backoff_min, self.timeouts.backoff_max)
@@ -239,6 +240,7 @@ class ShardLink(Outbound):
         self.push_width = min(MAX_IN_FLIGHT, max(1, int(reply.get("pushes_per_session", 1))))
         self.uplink.configure(self.address, reply)
         self.stats.registrations += 1
+        self.take_grant(reply)
         if reply.get("stopping"):
             self.ctx.stop_requested.set()
         if reply.get("finished") is True:  # the run is over and drained: nothing we send is merged now

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ddiloco.learner.link")  # the link's own logger, as before this module split off
 MAX_IN_FLIGHT = 8  # pushes one link sends side by side behind an emulated long link (and the most it ever does)
 WAKE = ("wake",)  # put on the push queue so that the pusher sees a failed push at once
+BEAT = ("beat",)  # put on the control queue: heartbeat now (a learner waits at its token grant)
 PERMANENT = (
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.FAILED_PRECONDITION,
@@ -94,6 +95,7 @@ class Outbound:
     _stats_lock: threading.Lock
     link_time: LinkTime  # this link's measured round trips and pushes (`overlap`)
     contact: float  # monotonic time of the shard's last answer (`ending`)
+    allowed: int | None  # tokens the shard lets this learner train up to (`synchronizer.grants`); None: no limit
 
     if TYPE_CHECKING:  # the session methods of `ShardLink`
 
@@ -105,6 +107,10 @@ class Outbound:
 
     def decline(self, decline: Decline) -> None:
         self._ctrlq.put(decline)
+
+    def beat_now(self) -> None:
+        """Heartbeat at once (its reply may carry a larger token grant)."""
+        self._ctrlq.put(BEAT)
 
     def _pusher(self) -> None:
         """Pushes side by side, as many as the synchronizer takes from one session at once
@@ -252,7 +258,7 @@ class Outbound:
             except queue.Empty:
                 decline = None
             sid = self._session
-            if decline is not None:
+            if decline is not None and decline is not BEAT:
                 if sid is not None:
                     head = {
                         "session": sid,
@@ -270,10 +276,16 @@ class Outbound:
                 continue
             if reply.get("stopping"):
                 self.ctx.stop_requested.set()
+            self.take_grant(reply)
             if isinstance(reply.get("progress"), (int, float)):
                 self.ctx.global_progress = max(self.ctx.global_progress, float(reply["progress"]))
             if isinstance(reply.get("donate"), str):  # peer recovery: a joiner wants our inner state
                 self.ctx.inbound.put(("donate", self.index, reply["donate"]))
+
+    def take_grant(self, reply: dict) -> None:
+        """The token grant of a registration's or a heartbeat's reply (absent: no token budget)."""
+        allowed = reply.get("allowed")
+        self.allowed = allowed if isinstance(allowed, int) and not isinstance(allowed, bool) and allowed >= 0 else None
 
     def _call(self, method: str, head: dict, sid: str) -> dict | None:
         started = time.monotonic()

@@ -49,6 +49,8 @@ def write_journal(c: LearnerClient) -> None:
             "overlap_why": c.overlap.reason()[:120] if c.overlap is not None else None,
             "waits": c.waits,  # step boundaries held back for a merged fragment (blocking, streaming)
             "wait_seconds": round(c.wait_seconds, 3),
+            "grant_waits": c.grant_waits,  # step boundaries held at the token grant (the budget's end)
+            "grant_wait_seconds": round(c.grant_wait_seconds, 3),
         }
     )
 
@@ -85,6 +87,8 @@ def stats(c: LearnerClient) -> dict:
         **(c.ending.as_dict() if c.ending is not None else {"ended": None, "exit_code": 0}),
         "waits": c.waits,
         "wait_seconds": c.wait_seconds,
+        "grant_waits": c.grant_waits,
+        "grant_wait_seconds": c.grant_wait_seconds,
     }
 
 

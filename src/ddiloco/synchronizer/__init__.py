@@ -11,5 +11,6 @@ outbox      one learner's outbound queue: control first, newest update per fragm
 commit      group commit: an update leaves only once its version is durable
 checkpoint  write-ahead safetensors + JSON manifest, and loading them
 ledger      who trained which tokens, what was merged, where each learner's data resumes
+grants      how far each learner may train, so that the run stops at its token budget
 status      what the service says about itself (Status RPC, stuck rounds)
 """

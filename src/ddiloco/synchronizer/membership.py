@@ -21,6 +21,7 @@ from ..wire.headers import Reply
 from .arrivals import Arrivals
 from .dispatch import ActionDispatcher
 from .donations import DonationDesk
+from .grants import TokenGrants
 from .ledger import MergeLedger
 from .outbox import Outbox
 from .sessions import Session, SessionTable
@@ -45,6 +46,7 @@ class Membership:
     stop_reason: str
     sessions: SessionTable
     ledger: MergeLedger
+    grants: TokenGrants
     arrivals: Arrivals
     donations: DonationDesk
     dispatcher: ActionDispatcher
@@ -128,6 +130,7 @@ class Membership:
                 "stopping": self.stopping,
                 "finished": self.finished.is_set(),
                 "progress": self.progress(),
+                **self._allowed(self.grants.allowed(incarnation)),
             }
 
     def _open_positions(self, learner: int) -> list[int]:
@@ -159,18 +162,40 @@ class Membership:
             for k in ("step", "tokens", "position", "step_time", "state", "loss", "overlap", "link_seconds")
             if k in progress
         }
+        allowed = self.grants.allowed(s.incarnation)
         if isinstance(progress.get("tokens"), int):
             s.unbooked_tokens = progress["tokens"]
             if self.lock.acquire(blocking=False):
                 try:
                     self.book_tokens(s)
+                    allowed = self._grant(s)
                 finally:
                     self.lock.release()
         reply: dict[str, object] = {"ok": True, "stopping": self.stopping, "progress": self.progress()}
+        reply.update(self._allowed(allowed))
         ticket = self.donations.due_for(s.id)
         if ticket is not None:
             reply["donate"] = ticket
         return reply
+
+    def _grant(self, s: Session) -> int | None:
+        """Top up the learner's token grant after its report (caller holds the lock; `grants`)."""
+        if self.sessions.get(s.id) is not s:
+            return self.grants.allowed(s.incarnation)
+        return self.grants.grant(
+            s.incarnation,
+            int(s.progress.get("tokens", 0)),
+            self.ledger.tokens_reported,
+            int(s.progress.get("step", 0)),
+            float(s.progress.get("step_time", 0.0)),
+            self.settings.timeouts.heartbeat,
+            {x.incarnation for x in self.sessions},
+        )
+
+    @staticmethod
+    def _allowed(allowed: int | None) -> dict[str, int]:
+        """The reply's `allowed` field: the tokens the learner may train up to (absent: no limit)."""
+        return {} if allowed is None else {"allowed": allowed}
 
     def book_tokens(self, s: Session) -> None:
         """Book a heartbeat's token count (caller holds the lock)."""

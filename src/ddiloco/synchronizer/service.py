@@ -33,6 +33,7 @@ from .checkpoint import CheckpointStore, Snapshot
 from .commit import CommitLog
 from .dispatch import ActionDispatcher
 from .donations import DonationDesk
+from .grants import TokenGrants
 from .ledger import MergeLedger, PendingWork
 from .membership import Membership
 from .merger import MergeWorkers
@@ -73,6 +74,8 @@ class SynchronizerService(Membership):
         self.t0 = time.monotonic()
         self.ledger = MergeLedger(core.plan, time.time())
         self.sessions = SessionTable()
+        # how far each learner may train: a token budget stops the run within a step per learner (`grants`)
+        self.grants = TokenGrants(settings.tokens if settings.budget_counts == "trained" else None)
         t = settings.timeouts
         self.donations = DonationDesk(
             self.shapes,
