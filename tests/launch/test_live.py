@@ -57,3 +57,13 @@ def test_a_learner_that_left_at_the_end_is_not_shown_starting(tmp_path):
     sup.stopping = True
     rows = {r["id"]: r for r in sup.learner_rows()}
     assert (rows[0]["state"], rows[1]["state"]) == ("left", "starting")
+
+
+def test_goodput_so_far_ends_its_window_at_the_stop():
+    """The last frame agreed with nothing (0.30 against the summary's 0.87): its window ran on through
+    the drain. Both end where the stop was decided."""
+    from ddiloco.launch.livestate import goodput_so_far
+
+    shard = {"first_join_wall": 100.0, "useful_seconds": 16.0}
+    assert goodput_so_far([shard], 2, 120.0) == 16.0 / (2 * 20.0)
+    assert goodput_so_far([{**shard, "stop_wall": 110.0}], 2, 140.0) == 16.0 / (2 * 10.0)
