@@ -115,7 +115,12 @@ class LeaderSide:
 
     def _await_grant(self) -> None:
         """Take no step past the token grant: a run with a token budget stops within a step per learner
-        of it. Heartbeats are asked for at once; the wait ends with a larger grant or the run's stop."""
+        of it. Heartbeats are asked for at once; the wait ends with a larger grant or the run's stop.
+        A blocking learner (`--overlap 0`, the synchronous methods) is not held: its rounds wait for
+        every learner, and one held at its grant while another keeps a lead it cannot train (it
+        waits for the held one's work) would stop both for good; it overshoots as before."""
+        if self._blocking:
+            return
         limit = self.token_limit()
         if limit is None or self.tokens < limit:
             return
@@ -126,7 +131,7 @@ class LeaderSide:
         while not self.ctx.stop_requested.is_set() and self.ending is None:
             self._drain(wait=self.timeouts.heartbeat / 10)
             self._check_end()
-            if self.fanout is None or self._blocking:  # else the ranks apply updates together, at the begin
+            if self.fanout is None:  # else the ranks apply updates together, at the begin
                 core.apply_arrivals()  # as a blocking sync's wait does: updates land, requests are answered
             self._send(core.collect(), [])
             if self._fatal:
