@@ -43,3 +43,27 @@ def test_live_view_rows_and_head(tmp_path):
     goodput = float(re.search(r"goodput (\d\.\d\d)", text).group(1))
     assert 0.4 <= goodput <= 0.5 and "stall max 2.5s" in text and "/ 60s" in text
     assert "3.250" in text and "4100" in text and "starting" in text and "joining" in text
+
+
+def test_a_learner_that_left_at_the_end_is_not_shown_starting(tmp_path):
+    """The last frame of a run: the learners' sessions are closed while their processes exit; one
+    with booked work has left (it said "starting", with 88k tokens trained: issue #45)."""
+    sup = Supervisor(RunConfig(run_dir=tmp_path / "run", learners=2, tokens=1000))
+    for slot in sup.learners:
+        slot.state = "running"
+    sup.shards[0].status = {"learners": {}, "books": {"0": {"tokens_trained": 88_000, "tokens_merged": 80_000.0}}}
+    rows = {r["id"]: r for r in sup.learner_rows()}
+    assert (rows[0]["state"], rows[1]["state"]) == ("reconnecting", "starting")  # mid-run: cut off
+    sup.stopping = True
+    rows = {r["id"]: r for r in sup.learner_rows()}
+    assert (rows[0]["state"], rows[1]["state"]) == ("left", "starting")
+
+
+def test_goodput_so_far_ends_its_window_at_the_stop():
+    """The last frame agreed with nothing (0.30 against the summary's 0.87): its window ran on through
+    the drain. Both end where the stop was decided."""
+    from ddiloco.launch.livestate import goodput_so_far
+
+    shard = {"first_join_wall": 100.0, "useful_seconds": 16.0}
+    assert goodput_so_far([shard], 2, 120.0) == 16.0 / (2 * 20.0)
+    assert goodput_so_far([{**shard, "stop_wall": 110.0}], 2, 140.0) == 16.0 / (2 * 10.0)

@@ -65,18 +65,139 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+# The summary as a person reads it: sections of labelled rows, in the units people use. Every field,
+# these and the rest, is in the run's summary.json and the --json line.
+SUMMARY_ROWS: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
+    (
+        "run",
+        (
+            ("method", "method", "text"),
+            ("model", "model", "text"),
+            ("params", "parameters", "int"),
+            ("learners", "learners", "int"),
+            ("backend", "backend", "text"),
+            ("seed", "seed", "int"),
+        ),
+    ),
+    (
+        "algorithm",
+        (
+            ("fragments", "fragments (P)", "int"),
+            ("sync_every", "steps between syncs (H)", "int"),
+            ("overlap", "overlap (tau)", "text"),
+            ("quorum", "quorum (K)", "int"),
+            ("grace", "grace window", "float"),
+            ("merge", "merge", "text"),
+            ("late", "late work", "text"),
+        ),
+    ),
+    (
+        "result",
+        (
+            ("eval_loss", "eval loss", "loss"),
+            ("goodput", "goodput", "pct"),
+            ("uptime", "uptime", "pct"),
+            ("availability", "availability", "pct"),
+            ("run_seconds", "run time", "seconds"),
+            ("sim_seconds", "simulated time", "seconds"),
+            ("wall_seconds", "wall time (with start-up)", "seconds"),
+            ("longest_gap_seconds", "longest time without a merge", "seconds"),
+        ),
+    ),
+    (
+        "tokens",
+        (
+            ("tokens_trained", "trained", "int"),
+            ("tokens_merged", "merged into the model", "int"),
+            ("tokens_lost", "lost", "int"),
+        ),
+    ),
+    (
+        "syncs",
+        (
+            ("outer_steps", "outer steps", "int"),
+            ("inner_steps", "inner steps", "int"),
+            ("contributions", "contributions merged", "int"),
+            ("rejected_contributions", "contributions refused", "int"),
+            ("double_merged_steps", "steps merged twice (must be 0)", "int"),
+        ),
+    ),
+    (
+        "faults",
+        (
+            ("learner_restarts", "learner restarts", "int"),
+            ("synchronizer_restarts", "synchronizer restarts", "int"),
+            ("job_restarts", "job restarts", "int"),
+            ("generations", "generations (data-parallel)", "int"),
+            ("failed_steps", "failed steps", "int"),
+        ),
+    ),
+    (
+        "network",
+        (
+            ("bytes_up_per_step", "bytes up per learner step", "bytes"),
+            ("bytes_down_per_step", "bytes down per learner step", "bytes"),
+            ("bandwidth_ratio_both_ways", "x fewer than bf16 all-reduce", "float"),
+            ("link_seconds_per_step", "link seconds per step", "seconds"),
+        ),
+    ),
+)
+LOST_CAUSES = ("overwritten", "refused", "unsent", "in_transit")
+
+
+def _human(value: object, kind: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if kind == "int":
+        return f"{round(value):,}"
+    if kind == "pct":
+        return f"{100 * value:.1f} %"
+    if kind == "seconds":
+        return f"{value:.3g} s" if value < 100 else f"{value:,.0f} s"
+    if kind == "bytes":
+        for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+            if value >= size:
+                return f"{value / size:.3g} {unit}"
+        return f"{value:.0f} B"
+    if kind == "loss":
+        return f"{value:.4f}"
+    return f"{value:.4g}"
+
+
+def summary_table(result: dict, title: str) -> Table:
+    """The run's summary in sections of labelled rows (`SUMMARY_ROWS`); absent fields are left out,
+    and tokens lost by cause only where some were."""
+    result = dict(result)
+    if result.get("run_seconds") is not None:  # a real run's is the same figure
+        result.pop("sim_seconds", None)
+    result.setdefault("tokens_trained", result.get("tokens"))  # `ddiloco sim` calls them tokens
+    where = f"every field: {result['run_dir']}/summary.json, or --json" if result.get("run_dir") else None
+    table = Table(title=title, caption=where, show_header=False, title_style="bold")
+    table.add_column("", style="dim")
+    table.add_column("")
+    table.add_column("", justify="right")
+    by_cause = result.get("tokens_by_cause")
+    causes: dict = by_cause if isinstance(by_cause, dict) else {}
+    for section, rows in SUMMARY_ROWS:
+        shown = [(label, _human(result[key], kind)) for key, label, kind in rows if result.get(key) is not None]
+        if section == "tokens":
+            budget = result.get("tokens_budget")
+            if isinstance(budget, (int, float)) and budget > 0:
+                shown.insert(0, ("budget", _human(budget, "int")))
+            shown += [
+                (f"  of which {cause.replace('_', ' ')}", _human(causes[cause], "int"))
+                for cause in LOST_CAUSES
+                if isinstance(causes.get(cause), (int, float)) and causes[cause] > 0
+            ]
+        for i, (label, value) in enumerate(shown):
+            table.add_row(section if i == 0 else "", label, value)
+        if shown:
+            table.add_section()
+    return table
+
+
 def print_summary(result: dict, title: str) -> None:
-    table = Table(title=title, show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in result.items():
-        if key == "tokens_by_cause" and isinstance(value, dict):  # one row per cause: they add up to trained
-            for cause, tokens in value.items():
-                table.add_row(f"tokens {cause}", _fmt(tokens))
-        if isinstance(value, (dict, list)):
-            continue
-        table.add_row(key, _fmt(value))
-    stderr.print(table)
+    stderr.print(summary_table(result, title))
 
 
 def print_table(rows: dict[str, tuple], columns: tuple[str, ...], title: str) -> None:

@@ -7,8 +7,8 @@ tells the core (`SynchronizerCore.finishing`). The end then follows the rules of
 - once no live learner is still training (and one has finished), the final flush begins: its rounds
   gather everyone's last work and merge it without outer momentum (`final_momentum`);
 - a round that holds a finished learner's work merges without momentum, even while others still
-  train: that work is a tail of a few steps, and the momentum built over the run moved such a
-  fragment by 1.7-2.7 where the work itself moved it by 0.01-0.31 (issue #47).
+  train: that work is a tail of a few steps, and the momentum built over the run would move such a
+  fragment by far more than the work itself (docs/algorithm.md, "The end of a run").
 
 A learner that comes back (a new process, or a learner that had not finished reconnecting) ends a
 flush the learners began: the run goes on. A flush that a budget or a Stop began never ends.

@@ -11,7 +11,7 @@ body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; }
 td, th { border-bottom: 1px solid #ddd; padding: 0.25em 0.8em; text-align: right; }
 td.state { text-align: left; }
-.running { color: #1a7f37; } .down, .failed, .gone { color: #cf222e; } .starting, .joining { color: #9a6700; }
+.running { color: #1a7f37; } .down, .failed, .gone { color: #cf222e; } .starting, .joining, .reconnecting { color: #9a6700; } .left { color: #57606a; }
 svg { border: 1px solid #ddd; background: #fafafa; }
 #error { color: #cf222e; }
 </style></head><body>

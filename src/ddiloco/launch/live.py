@@ -2,7 +2,8 @@
 
 What it shows is `livestate.snapshot`, the same state the web dashboard serves: goodput and stalls
 with the summary's definitions and window, a learner process "starting" until it registers and
-"joining" until its first step, trained tokens added up across restarts.
+"joining" until its first step, "reconnecting" when its session closed mid-run and "left" at the
+run's end, trained tokens added up across restarts.
 """
 
 from __future__ import annotations

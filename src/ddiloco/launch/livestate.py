@@ -15,9 +15,11 @@ if TYPE_CHECKING:  # handed in; nothing of the supervisor is imported at run tim
 
 
 def goodput_so_far(statuses: list[dict], learners: int, now: float) -> float:
-    """Merged compute seconds over the learners' time since the first join, across shards."""
+    """Merged compute seconds over the learners' time since the first join, across shards, until now
+    or the stop (the summary's window ends where the stop was decided: the last frame agrees)."""
     joined = [float(s["first_join_wall"]) for s in statuses if s.get("first_join_wall")]
-    window = now - min(joined) if joined else 0.0
+    stops = [float(s["stop_wall"]) for s in statuses if s.get("stop_wall")]
+    window = min([now, *stops]) - min(joined) if joined else 0.0
     useful = sum(float(s.get("useful_seconds", 0.0)) for s in statuses)
     return useful / (learners * window) if window > 0 else 0.0
 

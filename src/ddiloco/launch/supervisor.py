@@ -335,8 +335,10 @@ class Supervisor:
             info = status.get(slot.id, {})
             books = [s.status.get("books", {}).get(str(slot.id), {}) for s in self.shards]
             state = slot.state
+            trained = max((b.get("tokens_trained", 0) for b in books), default=0)  # all incarnations
             if state == "running" and not info:
-                state = "starting"  # the process is up but has not registered yet
+                # no session: not registered yet; or, with work booked, left at the run's end or cut off
+                state = ("left" if self.stopping else "reconnecting") if trained else "starting"
             elif state == "running" and not info.get("step"):
                 state = "joining"  # registered, loading the global model, no step yet
             rows.append(
@@ -347,7 +349,7 @@ class Supervisor:
                     "restarts": slot.restarts,
                     "step": info.get("step"),
                     "tokens": info.get("tokens"),
-                    "tokens_trained": max((b.get("tokens_trained", 0) for b in books), default=0),  # all incarnations
+                    "tokens_trained": trained,
                     "tokens_merged": sum(b.get("tokens_merged", 0.0) for b in books),
                     "loss": info.get("loss"),
                     "overlap": info.get("overlap"),  # the tau it uses (`--overlap auto` chooses it)

@@ -208,6 +208,7 @@ class LearnerClient:
             params=self.params,
             sharded=sharded,
             apply_at_end=self.fanout is None or self._blocking,
+            blocking=self._blocking,
         )
         self.leader.join(deadline)
         if self.optimizer is not None and not self.optimizer.state:

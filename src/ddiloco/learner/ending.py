@@ -10,8 +10,8 @@ versions late), so it stops training there and only waits for its synchronizer; 
 seconds after any shard's last answer it ends with EXIT_ORPHANED. It waits rather
 than ends at S x H because a synchronizer restarted from its checkpoint (a crash, a requeued job) is
 back within seconds, when S x H steps of a small model take less than one: the learner then resyncs
-and trains on. Without these bounds a learner cut off across the end of a run trained alone until
-someone killed it (issue 46: ten minutes, 17x the run's budget).
+and trains on. Without these bounds a learner cut off across the end of a run would train alone until
+someone killed it.
 
 A learner that finds the run finished (the shard's mark beside its address file, `wire.runend`, or
 a registration reply that says so) ends at once: 0 when the shard's books count its work up to its

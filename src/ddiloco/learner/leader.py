@@ -85,12 +85,14 @@ class Leader:
         params: Mapping[str, torch.Tensor],
         sharded: bool,
         apply_at_end: bool,
+        blocking: bool,
     ) -> None:
         """`owner`: fragment -> index of the link whose shard owns it; `optimizer` (with `params`): the
         inner optimizer whose state a joining peer may ask for; `sharded`: FSDP2, where rank 0 holds
         only its own shards (its snapshots and donations are gathered at a boundary first);
         `apply_at_end`: updates may land after the begin of a boundary too (one rank, or blocking syncs,
-        whose end every rank shares), else only at the begin, where the ranks take them together."""
+        whose end every rank shares), else only at the begin, where the ranks take them together;
+        `blocking`: a boundary may wait for a merged fragment (`--overlap 0`, the synchronous methods)."""
         self.learner = ctx.learner
         self.inbound = ctx.inbound  # the events the links post
         self.core = core
@@ -105,6 +107,7 @@ class Leader:
         self.params = params
         self.sharded = sharded
         self.apply_at_end = apply_at_end
+        self.blocking = blocking
         self.tally = Tally()
         self.ending: Ending | None = None  # why this learner stopped on its own, once it has
         self._gathered: list[tuple[int, str]] = []  # (link, ticket): a sharded learner gathers at a boundary
@@ -177,7 +180,12 @@ class Leader:
 
     def _await_grant(self) -> None:
         """Take no step past the token grant: a run with a token budget stops within a step per learner
-        of it. Heartbeats are asked for at once; the wait ends with a larger grant or the run's stop."""
+        of it. Heartbeats are asked for at once; the wait ends with a larger grant or the run's stop.
+        A blocking learner (`--overlap 0`, the synchronous methods) is not held: its rounds wait for
+        every learner, and one held at its grant while another keeps a lead it cannot train (it
+        waits for the held one's work) would stop both for good; it overshoots as before."""
+        if self.blocking:
+            return
         limit = self.token_limit()
         if limit is None or self.counters.tokens < limit:
             return

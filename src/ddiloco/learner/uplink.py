@@ -12,9 +12,8 @@ socket stays the first choice for the next one: a flood on one plane cannot lock
 The socket is for short links only. A bulk push opens a connection of its own (a handshake, the
 greeting, the tensors, the reply: three round trips or more), where gRPC keeps one connection open;
 the socket's gain is the copies it saves, which matter where bytes move fast, not where round trips
-dominate. On a real 100 ms link (`ddiloco run --network hosts`) each bulk push took 0.63-0.72 s against
-0.23 s over gRPC; a learner pushing one fragment per step fell behind, its work arrived seconds late and
-the final loss was 2.77 against 2.54 over gRPC. So once the link's measured round trip (heartbeats,
+dominate: on a long link a learner pushing one fragment per step falls behind (docs/runtime.md, "The
+socket is for short links"). So once the link's measured round trip (heartbeats,
 `overlap.LinkTime`) exceeds `BULK_MAX_ROUND_TRIP`, pushes go over gRPC, and back on the socket below
 `BULK_RETURN_ROUND_TRIP`; each change is logged.
 """

@@ -2,7 +2,7 @@
 
 A learner reports its tokens with its heartbeats, and the synchronizer sees the budget reached only
 after the reports and the stop have crossed the link: learners whose steps are shorter than a
-heartbeat trained tens of steps past the budget (+32 % on a 150,000-token run, issue #45). Instead the
+heartbeat would train tens of steps past the budget. Instead the
 synchronizer grants each learner a count it may train up to (`allowed`, in its replies), and the
 learner takes no step once its count has reached it. Grants never add up past the budget:
 

@@ -85,6 +85,7 @@ class SynchronizerService(Membership):
         self.stopping = False
         self.stop_reason = ""
         self.stop_mono = 0.0
+        self.stop_wall: float | None = None  # when the stop was decided: the end of the run's window (`summary`)
         self.finished = threading.Event()
         self.closed = False
         # `ServiceSettings` sets workers when it is not given
@@ -194,6 +195,7 @@ class SynchronizerService(Membership):
             self.core.begin_final_flush(ends=self.now() + FLUSH_SHARE * self.settings.timeouts.drain)
             self.stop_reason = reason
             self.stop_mono = time.monotonic()
+            self.stop_wall = time.time()
             log.info("stopping: %s", reason)
             self.events.write("stop", reason=reason)
             frame = framing.message({"kind": "stop", "reason": reason})

@@ -25,6 +25,7 @@ class ServiceView(Protocol):
     sessions: SessionTable
     refused_rpcs: int
     stopping: bool
+    stop_wall: float | None
     finished: threading.Event
     restored_from: int | None
     donations: DonationDesk
@@ -95,6 +96,7 @@ def status(service: ServiceView) -> dict:
         # per_address_cap, total_cap, bad_token, ...), and those waiting unauthenticated now
         "bulk": {"closed": service.traffic.closed_counts(), "waiting": service.traffic.bulk_waiting},
         "stopping": service.stopping,
+        "stop_wall": service.stop_wall,
         "finished": service.finished.is_set(),
         "progress": service.progress(),
         "restored_from": service.restored_from,
