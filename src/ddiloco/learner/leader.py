@@ -196,9 +196,9 @@ class Leader:
         while not self.ctx.stop_requested.is_set() and self.ending is None:
             self._drain(wait=self.timeouts.heartbeat / 10)
             self._check_end()
-            if self.apply_at_end:  # else the ranks apply updates together, at the begin
+            if self.apply_at_end:  # else the ranks take updates and requests together, at the begin
                 core.apply_arrivals()  # as a blocking sync's wait does: updates land, requests are answered
-            self._send(core.collect(), [])
+                self._send(core.collect(), [])
             if self._fatal:
                 raise SynchronizerError(self._fatal)
             limit = self.token_limit()
