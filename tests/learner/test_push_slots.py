@@ -9,17 +9,18 @@ import threading
 import time
 from types import SimpleNamespace
 
+from ddiloco.learner.link import LinkStats
 from ddiloco.learner.outbound import MAX_IN_FLIGHT, Outbound
+from ddiloco.learner.overlap import LinkTime
 
 
 def slots(width: int) -> Outbound:
-    link = Outbound.__new__(Outbound)  # only the state `_server_slot` uses (`ShardLink.__init__` makes it all)
-    link._push_room = threading.Condition()
-    link._at_server = 0
-    link.push_width = width
-    link.ctx = SimpleNamespace(closing=threading.Event())  # type: ignore[assignment]
-    link.timeouts = SimpleNamespace(heartbeat=1.0)  # type: ignore[assignment]
-    return link
+    """A link's sending side on its own: of the link and its context only what `_server_slot` reads."""
+    link = SimpleNamespace(timeouts=SimpleNamespace(heartbeat=1.0))
+    ctx = SimpleNamespace(closing=threading.Event())
+    outbound = Outbound(0, link, ctx, LinkStats(), None, LinkTime())  # type: ignore[arg-type]
+    outbound.push_width = width
+    return outbound
 
 
 def test_open_calls_never_exceed_the_push_width_and_every_push_goes_through():

@@ -37,23 +37,25 @@ TEXTS = ["stale: based on version 0, current is 2", "duplicate contribution", "u
 
 
 def link(reply: dict | None = None) -> tuple[Outbound, list[str | None]]:
-    """An `Outbound` with only what acting on a reply uses (`ShardLink.__init__` makes it all), and
-    the sessions it invalidated."""
-    out = Outbound.__new__(Outbound)
+    """An `Outbound` with stand-ins for what acting on a reply uses of its link and context, and the
+    sessions it invalidated."""
     invalidated: list[str | None] = []
-    out.index, out.address = 0, "127.0.0.1:1"
-    out.stats = SimpleNamespace(accepted=0, rejected=0, bytes_pushed=0, last_rejection="")  # type: ignore[assignment]
-    out._stats_lock = threading.Lock()
-    out.ctx = SimpleNamespace(  # type: ignore[assignment]
+    shard = SimpleNamespace(
+        address="127.0.0.1:1",
+        timeouts=SimpleNamespace(rpc=1.0),
+        control=SimpleNamespace(call=lambda method, request, timeout: framing.message(reply or {})),
+        contact=0.0,
+        invalidate=invalidated.append,
+    )
+    ctx = SimpleNamespace(
         inbound=queue.Queue(),
         closing=threading.Event(),
         delay=lambda: None,
         wan=SimpleNamespace(delay=lambda: None),
     )
-    out.invalidate = invalidated.append  # type: ignore[method-assign]
-    out.timeouts = SimpleNamespace(rpc=1.0)  # type: ignore[assignment]
-    out.link_time = SimpleNamespace(observe_round_trip=lambda seconds: None)  # type: ignore[assignment]
-    out.control = SimpleNamespace(call=lambda method, request, timeout: framing.message(reply or {}))  # type: ignore[assignment]
+    stats = SimpleNamespace(accepted=0, rejected=0, bytes_pushed=0, last_rejection="")
+    link_time = SimpleNamespace(observe_round_trip=lambda seconds: None)
+    out = Outbound(0, shard, ctx, stats, None, link_time)  # type: ignore[arg-type]
     return out, invalidated
 
 

@@ -12,15 +12,8 @@
 All communication runs in background threads (`link`); `step` only moves already-received updates
 into the model at the step boundary and hands snapshots to those threads. The algorithm is the
 shared `LearnerCore`: this class is its driver for real time and a real network, like the simulator's
-cluster is its driver for virtual time.
-
-Recovery, in the training thread, from the events the links post (`leader`):
-* "resync" after (re)registering: fragments the synchronizer holds at an *older* version than we do
-  (it restarted from an older checkpoint) are overwritten with its value when it arrives
-  (`LearnerCore.force`); fragments at the same version with a contribution in flight are retried
-  (`LearnerCore.retry`: the contribution may have died with the old connection).
-* a rejected contribution: "retry" resends the work, "reset" overwrites the fragment with the global
-  value sent along (the work is counted as lost), "none" waits for the update already on its way.
+cluster is its driver for virtual time. On rank 0 it owns a `leader.Leader`, which drives the core
+from the events the links post (and recovers from them) and hands the core's messages to the links.
 
 In a torch.distributed job, create the client on every rank with the same arguments: rank 0 talks to
 the synchronizer and broadcasts what changed (see `fanout`; FSDP2-sharded models too); `tokens` is the
@@ -48,9 +41,9 @@ from . import addresses as addresses_
 from . import peerstate, reporting
 from .ending import DEFAULT_ORPHAN_TIMEOUT, Ending, EndWatch, RunFinished
 from .fanout import RankFanout, active_group_size
-from .joining import await_global, check_replies, make_core, register_fresh
+from .joining import check_replies, make_core, register_fresh
 from .journal import Journal
-from .leader import LeaderSide
+from .leader import Leader
 from .link import LinkContext, ShardLink
 from .overlap import OverlapChooser
 from .wan import WanLink, WanSettings
@@ -61,7 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class LearnerClient(LeaderSide):
+class LearnerClient:
     def __init__(
         self,
         model: torch.nn.Module | Mapping[str, torch.Tensor],
@@ -108,9 +101,7 @@ class LearnerClient(LeaderSide):
         self.report_every = float(report_every)
         self.optimizer = optimizer
         self.recovered: dict | None = None  # what peer recovery brought: donor, step, checksum
-        self.donations: list[str] = []  # tickets this learner donated for
         self._recovered_state: peerstate.Recovered | None = None  # rank 0's, until every rank has it
-        self._donate_to: list[tuple[int, str]] = []  # (link, ticket): a sharded learner gathers at a boundary
         self._last_report = time.monotonic()
         self.fanout = RankFanout(self.params, process_group) if active_group_size(process_group) > 1 else None
         self.is_leader = self.fanout is None or self.fanout.is_leader
@@ -140,15 +131,10 @@ class LearnerClient(LeaderSide):
         self.journal = (
             Journal(f"{journal_dir}/journal-{self.incarnation}.json") if journal_dir and self.is_leader else None
         )
-        self._force: dict[int, int] = {}
+        self.leader: Leader | None = None  # rank 0's side of the step boundary, made by `start` with the core
         self._blocking = False
-        self.waits, self.wait_seconds = 0, 0.0  # boundaries where we waited for a merged fragment, and how long
-        self.grant_waits, self.grant_wait_seconds = 0, 0.0  # boundaries held at the token grant (`token_limit`)
-        self._span_start: list[float] = []
         self._stop, self._progress = False, 0.0
-        self._fatal: str | None = None
-        self.watch: EndWatch | None = None
-        self.ending: Ending | None = None  # why this learner stopped on its own (`ending`), if it did
+        self._ending: Ending | None = None  # see `ending`
         self._last_boundary = 0.0
         self.state = "new"
         self.started_wall = time.time()
@@ -157,8 +143,6 @@ class LearnerClient(LeaderSide):
         self.loss: float | None = None  # smoothed training loss, reported with heartbeats
         self.position = 0
         self.start_position = 0
-        self.counted_position = 0
-        self.rejected: list[str] = []
 
     # --- start ----------------------------------------------------------------------------------
     def start(self) -> int:
@@ -187,7 +171,7 @@ class LearnerClient(LeaderSide):
             if self.recovered is not None:  # rank 0 took a peer's inner state: every rank takes the same
                 peerstate.share_state(self.fanout, self.optimizer, self.params, self._recovered_state)
                 self._recovered_state = None
-        self.position = self.start_position = self.counted_position = position
+        self.position = self.start_position = position
         self.state = "training"
         self._last_boundary = time.perf_counter()
         return position
@@ -204,21 +188,29 @@ class LearnerClient(LeaderSide):
         self.timeouts = self.links[0].timeouts
         where = str(self.journal.path.parent) if self.journal is not None else None
         solo = self.config.max_staleness * self.config.sync_every  # S rounds' worth of steps
-        self.watch = EndWatch(self.learner, self.ctx.orphan_timeout, solo, self.timeouts.failure, where)
+        watch = EndWatch(self.learner, self.ctx.orphan_timeout, solo, self.timeouts.failure, where)
         self.names = [list(n) for n in plan.names]
         self._blocking = self.config.overlap == 0 or self.config.synchronous  # may wait at a boundary
         self.overlap = OverlapChooser(self.config.overlap, self.config.sync_every, self.config.overlap_auto)
         held = self.fanout.algorithm_params() if self.fanout is not None else self.params
         sharded = bool(self.fanout and self.fanout.sharded)
         self.core = make_core(self.learner, held, plan, self.config, sharded, self.base_device)
-        for link in self.links:
-            link.start()
-        updates, requests = await_global(self.inbound, plan.num_fragments, deadline)
-        self.ctx.initial = None  # only the first registration's replies may say "you hold it"
-        self.core.join(updates)
-        for r in requests:
-            self.core.request(r)
-        self._span_start = [time.time()] * plan.num_fragments
+        self.leader = Leader(
+            self.core,
+            self.links,
+            self.owner,
+            self.ctx,
+            self.timeouts,
+            watch,
+            self.overlap,
+            self,
+            optimizer=self.optimizer,
+            params=self.params,
+            sharded=sharded,
+            apply_at_end=self.fanout is None or self._blocking,
+            blocking=self._blocking,
+        )
+        self.leader.join(deadline)
         if self.optimizer is not None and not self.optimizer.state:
             got = peerstate.recover(self.links[0], self.params, self.learner)
             if got is not None:
@@ -245,8 +237,8 @@ class LearnerClient(LeaderSide):
         after this batch (default: one more than before); `loss`: the step's training loss, if you want
         it in the synchronizer's status, the run's metrics and the dashboard. Returns the fragments
         whose global value was just written into the model (`fragment_names(p)` lists their tensors).
-        With a token budget it holds at this learner's token grant near the run's end (`token_limit`),
-        so that the run stops within a step per learner of its budget."""
+        With a token budget it holds at this learner's token grant near the run's end
+        (`Leader.token_limit`), so that the run stops within a step per learner of its budget."""
         now = time.perf_counter()
         if loss is not None and math.isfinite(loss):
             self.loss = loss if self.loss is None else 0.9 * self.loss + 0.1 * float(loss)
@@ -256,10 +248,10 @@ class LearnerClient(LeaderSide):
         self.tokens += tokens_here
         self.compute_seconds += seconds
         self.position = self.position + 1 if position is None else int(position)
-        applied, due = self._leader_begin(tokens_here, seconds) if self.is_leader else ([], [])
+        applied, due, gathered = self._begin(tokens_here, seconds) if self.is_leader else ([], [], [])
         if self.fanout is not None:
             applied, due, self._stop, self._progress, donate = self.fanout.share_step(
-                applied, due, self._stop, self._progress, len(self.names), bool(self._donate_to)
+                applied, due, self._stop, self._progress, len(self.names), bool(gathered)
             )
             self.fanout.push(self._names_of(applied))
             self.fanout.pull(self._names_of(due))
@@ -268,22 +260,36 @@ class LearnerClient(LeaderSide):
                     cast(torch.optim.Optimizer, self.optimizer),  # rank 0 has one, so every rank has (same arguments)
                     self.params,
                     self.links,
-                    self._donate_to,
+                    gathered,
                 )
-                self._donate_to = []
-        waited = self._leader_end(due) if self.is_leader else []
+        waited = self._end(due) if self.is_leader else []
         if self.fanout is not None and self._blocking:
             waited, _, self._stop, self._progress, _ = self.fanout.share_step(
                 waited, [], self._stop, self._progress, len(self.names)
             )
             self.fanout.push(self._names_of(waited))
         if self.journal is not None:
-            reporting.write_journal(self)
+            reporting.write_journal(self, self.journal)
         if self.is_leader and time.monotonic() - self._last_report >= self.report_every:
             self._last_report = time.monotonic()
             reporting.log_line(self)
         self._last_boundary = time.perf_counter()
         return sorted(set(applied) | set(waited))
+
+    def _begin(self, tokens: int, seconds: float) -> tuple[list[int], list[int], list[tuple[int, str]]]:
+        """Rank 0's start of the boundary: (applied, due) fragments, and the donations to gather (link, ticket)."""
+        leader = cast(Leader, self.leader)  # made by `start`, before any step boundary
+        applied, due = leader.begin(tokens, seconds)
+        self._stop, self._progress = leader.heard(self._progress)
+        return applied, due, leader.take_gathered()
+
+    def _end(self, due: list[int]) -> list[int]:
+        """Rank 0: the leader sends the snapshots of `due` (waits, with blocking syncs): fragments applied."""
+        leader = cast(Leader, self.leader)
+        waited = leader.end(due)
+        if self.fanout is None or self._blocking:  # else every rank must keep the value shared at the begin
+            self._stop, self._progress = leader.heard(self._progress)
+        return waited
 
     def attach(
         self,
@@ -327,6 +333,20 @@ class LearnerClient(LeaderSide):
         """The run's progress in [0, 1] as the synchronizer sees it (for learning-rate schedules)."""
         return self._progress
 
+    @property
+    def ending(self) -> Ending | None:
+        """Why this learner stopped on its own (`ending`), if it did: rank 0's leader finds it, `finish` shares it."""
+        return self.leader.ending if self._ending is None and self.leader is not None else self._ending
+
+    @ending.setter
+    def ending(self, ending: Ending | None) -> None:
+        self._ending = ending
+
+    @property
+    def donations(self) -> list[str]:
+        """Tickets this learner donated its inner optimizer state for (peer recovery; rank 0's)."""
+        return self.leader.tally.donations if self.leader is not None else []
+
     def stats(self) -> dict:
         return reporting.stats(self)
 
@@ -343,8 +363,8 @@ class LearnerClient(LeaderSide):
         if started and self.fanout is not None and self.fanout.sharded:
             self.fanout.pull(self._names_of(everything))
         applied: list[int] = []
-        if self.is_leader and self.core is not None:
-            applied = self._leave(self.timeouts.drain if timeout is None else timeout)
+        if self.leader is not None:
+            applied = self.leader.leave(self.timeouts.drain if timeout is None else timeout)
             self.close()
         if started and self.fanout is not None:
             applied = self.fanout.share_step(applied, [], self._stop, self._progress, len(self.names))[0]
@@ -368,7 +388,7 @@ class LearnerClient(LeaderSide):
             link.close()
         if self.journal is not None:
             self.state = "orphaned" if self.ending is not None and self.ending.code else "done"
-            reporting.write_journal(self)
+            reporting.write_journal(self, self.journal)
             self.journal.close()
         self.state = "closed"
 

@@ -28,11 +28,12 @@ from typing import cast
 
 import grpc
 
-from ..core import FragmentRequest, FragmentUpdate
+from ..core import Contribution, Decline, FragmentRequest, FragmentUpdate
 from ..records.supervise import Supervisor, run_supervised
 from ..wire import auth, framing, reassembly, rpc, runend
 from ..wire.buffers import BufferPool
 from ..wire.delta import DELTA_CODECS
+from ..wire.headers import WorkStamp
 from ..wire.timeouts import Timeouts
 from . import addresses, staging
 from .ending import DEFAULT_ORPHAN_TIMEOUT, RunFinished
@@ -102,10 +103,7 @@ class LinkContext:
         self.wan.delay()
 
 
-class ShardLink(Outbound):
-    ctx: LinkContext  # all of it (`Outbound` declares only what it uses)
-    stats: LinkStats
-
+class ShardLink:
     def __init__(self, index: int, spec: str, ctx: LinkContext, timeouts: Timeouts) -> None:
         """`spec`: host:port, or @FILE, an address file read again whenever the shard stops answering."""
         self.index = index
@@ -116,26 +114,18 @@ class ShardLink(Outbound):
         self.stats = LinkStats()
         self.control, self.bulk = self._open(self.address)
         self._line = DelayLine(ctx.wan, self._hand_on, ctx.closing)  # updates' latency, pipelined
-        self._push_room = threading.Condition()
-        self._pushing = 0
-        self._at_server = 0
-        self._push_error: Exception | None = None
-        self.push_width = 1  # until a registration reply says how many pushes the synchronizer takes at once
-        self._stats_lock = threading.Lock()
-        self.link_time = LinkTime()
+        self.link_time = LinkTime()  # this link's measured round trips and pushes (`overlap`)
         self.uplink = Uplink(ctx.token, ctx.credentials, ctx.max_frame, ctx.wan, self.link_time)
+        self.outbound = Outbound(index, self, ctx, self.stats, self.uplink, self.link_time)  # the sending side
         self.info: dict = {}
         self.held = HeldValues()  # the values differences apply to (`codec_down` int8 / int4)
         self._session: str | None = None
         self._session_cond = threading.Condition()
-        self._pushq: queue.Queue = queue.Queue()
-        self._ctrlq: queue.Queue = queue.Queue()
         self._stream: grpc._CallIterator[bytes] | None = None  # the Subscribe stream while it is open
         self._threads: list[threading.Thread] = []
         self.chunk_bytes = framing.DEFAULT_CHUNK_BYTES
         self._last_register_log = 0.0
         self.contact = time.monotonic()  # the last answer from the shard (`ending`: how long it has been silent)
-        self.allowed: int | None = None  # the shard's token grant (`synchronizer.grants`); None: no limit
 
     def _open(self, address: str) -> tuple[rpc.Stubs, rpc.Stubs]:
         backoff = (self.timeouts.backoff_min, self.timeouts.backoff_max)
@@ -181,7 +171,7 @@ class ShardLink(Outbound):
         if stream is not None:
             stream.cancel()
 
-    def _wait_session(self, timeout: float) -> str | None:
+    def wait_session(self, timeout: float) -> str | None:
         with self._session_cond:
             self._session_cond.wait_for(lambda: self._session is not None or self.ctx.closing.is_set(), timeout)
             return self._session
@@ -237,10 +227,10 @@ class ShardLink(Outbound):
         self.info = reply
         self.timeouts = Timeouts.from_dict(reply["timeouts"])
         self.chunk_bytes = int(reply.get("chunk_bytes", self.chunk_bytes))
-        self.push_width = min(MAX_IN_FLIGHT, max(1, int(reply.get("pushes_per_session", 1))))
+        self.outbound.push_width = min(MAX_IN_FLIGHT, max(1, int(reply.get("pushes_per_session", 1))))
         self.uplink.configure(self.address, reply)
         self.stats.registrations += 1
-        self.take_grant(reply)
+        self.outbound.take_grant(reply)
         if reply.get("stopping"):
             self.ctx.stop_requested.set()
         if reply.get("finished") is True:  # the run is over and drained: nothing we send is merged now
@@ -269,7 +259,8 @@ class ShardLink(Outbound):
 
     # --- threads --------------------------------------------------------------------------------
     def start(self) -> None:
-        for name, target in (("sub", self._subscriber), ("push", self._pusher), ("beat", self._heartbeater)):
+        threads = (("sub", self._subscriber), ("push", self.outbound.pusher), ("beat", self.outbound.heartbeater))
+        for name, target in threads:
             t = threading.Thread(target=self._guard(target), name=f"ddiloco-{name}-{self.index}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -376,6 +367,26 @@ class ShardLink(Outbound):
             self.ctx.stop_requested.set()
         self.ctx.inbound.put(event)
 
+    # --- sending (`outbound`) ---------------------------------------------------------------------
+    def push(self, contribution: Contribution, stamp: WorkStamp) -> None:
+        self.outbound.push(contribution, stamp)
+
+    def decline(self, decline: Decline) -> None:
+        self.outbound.decline(decline)
+
+    def pending_pushes(self) -> int:
+        """Contributions queued or under way on this link."""
+        return self.outbound.pending_pushes()
+
+    def beat_now(self) -> None:
+        """Heartbeat at once (its reply may carry a larger token grant)."""
+        self.outbound.beat_now()
+
+    @property
+    def allowed(self) -> int | None:
+        """Tokens the shard lets this learner train up to (`synchronizer.grants`); None: no limit."""
+        return self.outbound.allowed
+
     def leave(self, tokens: int, finished: bool = False) -> None:
         """`finished`: the training loop is over (`finish`), not an error: the last learners leaving end the run."""
         sid = self._session
@@ -388,7 +399,7 @@ class ShardLink(Outbound):
 
     def close(self) -> None:
         self.ctx.closing.set()
-        self._pushq.put(None)
+        self.outbound.close()
         self.invalidate(self._session)
         with self._session_cond:
             self._session_cond.notify_all()

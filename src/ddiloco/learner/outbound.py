@@ -1,10 +1,10 @@
-"""The sending side of a shard link (`link.ShardLink`), on its own two threads.
+"""The sending side of a shard link (`Outbound`, owned by `link.ShardLink`), on its own two threads.
 
 * pusher: encodes contributions (quantised) and pushes them on the bulk channel (`uplink`);
 * heartbeater: heartbeats and declines on the control channel.
 
-Apart from `link` because it is the half of the link that only sends: the sessions it sends on, the
-registration and the subscriber that receives stay there.
+The link keeps the sessions it sends on, the registration and the subscriber that receives; this side
+reads them through `SendLink` and owns its queues and the count of pushes under way.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from . import staging
 from .overlap import LinkTime
 
 if TYPE_CHECKING:
-    import threading
     from typing import Protocol
 
     from ..wire import rpc
@@ -58,6 +57,22 @@ if TYPE_CHECKING:
         bytes_pushed: int
         last_rejection: str
 
+    class SendLink(Protocol):
+        """What the sending side uses of its `link.ShardLink`: where it sends and on which session, as
+        the link's registration (or its shard's move) left them, so read at each use."""
+
+        address: str
+        timeouts: Timeouts
+        control: rpc.Stubs
+        bulk: rpc.Stubs
+        chunk_bytes: int
+        contact: float  # monotonic time of the shard's last answer (`ending`): the answers here count too
+
+        @property
+        def session(self) -> str | None: ...
+        def invalidate(self, sid: str | None) -> None: ...
+        def wait_session(self, timeout: float) -> str | None: ...
+
 
 log = logging.getLogger("ddiloco.learner.link")  # the link's own logger, as before this module split off
 MAX_IN_FLIGHT = 8  # pushes one link sends side by side behind an emulated long link (and the most it ever does)
@@ -73,34 +88,34 @@ PERMANENT = (
 
 
 class Outbound:
-    """Mixed into `ShardLink`, whose `__init__` makes the queues, channels and session these use."""
+    """Owned by a `link.ShardLink`: the queues its pusher and heartbeater threads (`start` runs them)
+    take contributions and declines from, the pushes under way, and the token grant the shard's
+    replies carry."""
 
-    index: int
-    address: str
-    ctx: SendContext
-    timeouts: Timeouts
-    stats: SendStats
-    control: rpc.Stubs
-    bulk: rpc.Stubs
-    uplink: Uplink
-    chunk_bytes: int
-    _session: str | None
-    _pushq: queue.Queue
-    _ctrlq: queue.Queue
-    _push_room: threading.Condition  # guards `_pushing`; notified as each push ends
-    _pushing: int  # pushes under way (at most `push_width`), for `pending_pushes`
-    _push_error: Exception | None  # a push that raised, re-raised by the pusher thread
-    _at_server: int  # pushes whose call is open at the synchronizer (at most `push_width`), under `_push_room`
-    push_width: int  # pushes the synchronizer takes from one session at once (its registration says)
-    _stats_lock: threading.Lock
-    link_time: LinkTime  # this link's measured round trips and pushes (`overlap`)
-    contact: float  # monotonic time of the shard's last answer (`ending`)
-    allowed: int | None  # tokens the shard lets this learner train up to (`synchronizer.grants`); None: no limit
+    def __init__(
+        self, index: int, link: SendLink, ctx: SendContext, stats: SendStats, uplink: Uplink, link_time: LinkTime
+    ) -> None:
+        """`index`: the link's; `stats`: the link's counters, which the pushes book; `link_time`: this
+        link's measured round trips and pushes (`overlap`)."""
+        self.index = index
+        self.link = link
+        self.ctx = ctx
+        self.stats = stats
+        self.uplink = uplink
+        self.link_time = link_time
+        self.push_width = 1  # until a registration reply says how many pushes the synchronizer takes at once
+        self._push_room = threading.Condition()  # guards `_pushing` and `_at_server`; notified as each push ends
+        self._pushing = 0  # pushes under way (at most `push_width`), for `pending_pushes`
+        self._at_server = 0  # pushes whose call is open at the synchronizer (at most `push_width`)
+        self._push_error: Exception | None = None  # a push that raised, re-raised by the pusher thread
+        self._stats_lock = threading.Lock()
+        self._pushq: queue.Queue = queue.Queue()
+        self._ctrlq: queue.Queue = queue.Queue()
+        self.allowed: int | None = None  # the shard's token grant (`synchronizer.grants`); None: no limit
 
-    if TYPE_CHECKING:  # the session methods of `ShardLink`
-
-        def invalidate(self, sid: str | None) -> None: ...
-        def _wait_session(self, timeout: float) -> str | None: ...
+    def close(self) -> None:
+        """The pusher ends when it comes to this in its queue (the link is closing)."""
+        self._pushq.put(None)
 
     def push(self, contribution: Contribution, stamp: WorkStamp) -> None:
         self._pushq.put((contribution, stamp))
@@ -112,7 +127,7 @@ class Outbound:
         """Heartbeat at once (its reply may carry a larger token grant)."""
         self._ctrlq.put(BEAT)
 
-    def _pusher(self) -> None:
+    def pusher(self) -> None:
         """Pushes side by side, as many as the synchronizer takes from one session at once
         (`push_width`, from its registration reply): on a long link each push waits several round
         trips (a connection, the reply), and one at a time they would queue up behind each other
@@ -122,7 +137,7 @@ class Outbound:
         try:
             while not self.ctx.closing.is_set():
                 try:
-                    item = self._pushq.get(timeout=self.timeouts.heartbeat)
+                    item = self._pushq.get(timeout=self.link.timeouts.heartbeat)
                 except queue.Empty:
                     continue
                 if item is None:
@@ -130,7 +145,7 @@ class Outbound:
                 width = MAX_IN_FLIGHT if self.ctx.wan.settings.active else self.push_width
                 with self._push_room:  # bounded: a link that cannot keep up still pushes back
                     while self._pushing >= width and not self.ctx.closing.is_set() and self._push_error is None:
-                        self._push_room.wait(self.timeouts.heartbeat)
+                        self._push_room.wait(self.link.timeouts.heartbeat)
                     error, self._push_error = self._push_error, None
                     if error is not None:  # this thread's supervisor logs it and resyncs (`link._guard`)
                         if item is not WAKE:
@@ -167,7 +182,7 @@ class Outbound:
         the synchronizer frees its slot before it replies, so a slot freed here is free there."""
         with self._push_room:
             while self._at_server >= self.push_width and not self.ctx.closing.is_set():
-                self._push_room.wait(self.timeouts.heartbeat)
+                self._push_room.wait(self.link.timeouts.heartbeat)
             self._at_server += 1
         try:
             yield
@@ -177,7 +192,7 @@ class Outbound:
                 self._push_room.notify_all()
 
     def _push_one(self, c: Contribution, stamp: WorkStamp) -> None:
-        sid = self._wait_session(self.timeouts.failure)
+        sid = self.link.wait_session(self.link.timeouts.failure)
         if sid is None:
             self._count("lost_in_transit")  # the resync after registering retries it
             staging.release(c.outer_gradient)
@@ -189,12 +204,12 @@ class Outbound:
         try:
             with self._server_slot():
                 reply, sent = self.uplink.push(
-                    self.bulk,
+                    self.link.bulk,
                     head,
                     c.outer_gradient,
                     self.ctx.codec,
-                    self.chunk_bytes,
-                    self.timeouts.bulk(nbytes) + self.ctx.wan.transfer_seconds(nbytes),
+                    self.link.chunk_bytes,
+                    self.link.timeouts.bulk(nbytes) + self.ctx.wan.transfer_seconds(nbytes),
                 )
             self.ctx.wan.delay()  # the reply's way back
         except grpc.RpcError as exc:
@@ -204,7 +219,7 @@ class Outbound:
             log.info(
                 "push of fragment %d to %s failed (%s): %s",
                 c.fragment,
-                self.address,
+                self.link.address,
                 exc.code().name,
                 exc.details(),
             )
@@ -212,11 +227,11 @@ class Outbound:
                 self._count("rejected", exc.details() or exc.code().name)
                 self.ctx.inbound.put(("rejected", self.index, c.fragment, c.base_version, exc.details(), "retry"))
             else:
-                self.invalidate(sid)
+                self.link.invalidate(sid)
             return
         finally:
             staging.release(c.outer_gradient)
-        self.contact = time.monotonic()
+        self.link.contact = time.monotonic()
         self.link_time.observe_push(time.monotonic() - started)
         self._count("pushed", sent=sent)
         self._answered(c, Reply.decode(reply), sid)
@@ -232,7 +247,7 @@ class Outbound:
         log.log(
             logging.INFO if action == "none" else logging.WARNING,
             "synchronizer %s rejected fragment %d: %s (%s, %s)",
-            self.address,
+            self.link.address,
             c.fragment,
             reply.reason,
             reply.code.value if reply.code is not None else "no known code",
@@ -240,24 +255,24 @@ class Outbound:
         )
         self.ctx.inbound.put(("rejected", self.index, c.fragment, c.base_version, reply.reason, action))
         if action == "reregister":
-            self.invalidate(sid)
+            self.link.invalidate(sid)
 
     def _count(self, what: str, rejection: str | None = None, sent: int = 0) -> None:
-        """Book one push outcome; pushes may finish side by side (`_pusher`)."""
+        """Book one push outcome; pushes may finish side by side (`pusher`)."""
         with self._stats_lock:
             setattr(self.stats, what, getattr(self.stats, what) + 1)
             self.stats.bytes_pushed += sent
             if rejection is not None:
                 self.stats.last_rejection = rejection
 
-    def _heartbeater(self) -> None:
+    def heartbeater(self) -> None:
         next_beat = 0.0
         while not self.ctx.closing.is_set():
             try:
                 decline = self._ctrlq.get(timeout=max(0.0, next_beat - time.monotonic()))
             except queue.Empty:
                 decline = None
-            sid = self._session
+            sid = self.link.session
             if decline is not None and decline is not BEAT:
                 if sid is not None:
                     head = {
@@ -268,7 +283,7 @@ class Outbound:
                     }
                     self._call("Decline", head, sid)
                 continue
-            next_beat = time.monotonic() + self.timeouts.heartbeat
+            next_beat = time.monotonic() + self.link.timeouts.heartbeat
             if sid is None:
                 continue
             reply = self._call("Heartbeat", {"session": sid, **self.ctx.progress()}, sid)
@@ -291,16 +306,16 @@ class Outbound:
         started = time.monotonic()
         self.ctx.delay()
         try:
-            reply = framing.read_message(self.control.call(method, framing.message(head), self.timeouts.rpc))
+            reply = framing.read_message(self.link.control.call(method, framing.message(head), self.link.timeouts.rpc))
         except grpc.RpcError as exc:
             if not self.ctx.closing.is_set():
-                log.debug("%s to %s failed: %s", method, self.address, exc.code().name)
+                log.debug("%s to %s failed: %s", method, self.link.address, exc.code().name)
             return None
         self.ctx.wan.delay()  # the reply's way back
-        self.contact = time.monotonic()
+        self.link.contact = time.monotonic()
         self.link_time.observe_round_trip(time.monotonic() - started)
         if Reply.decode(reply).action == "reregister":
-            self.invalidate(sid)
+            self.link.invalidate(sid)
         return reply
 
     def pending_pushes(self) -> int:

@@ -5,14 +5,51 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
-LearnerClient = Any  # a `client.LearnerClient`; not imported here, which imports this module
+from .leader import Leader, Tally
+
+if TYPE_CHECKING:
+    from ..core import LearnerCore
+    from .ending import Ending
+    from .journal import Journal
+    from .link import ShardLink
+    from .overlap import OverlapChooser
 
 log = logging.getLogger("ddiloco.learner.client")
 
 
-def progress(c: LearnerClient) -> dict:
+class Reported(Protocol):
+    """What these functions read of a `client.LearnerClient` (which imports this module: no import back)."""
+
+    learner: int
+    incarnation: str
+    state: str
+    steps: int
+    tokens: int
+    compute_seconds: float
+    loss: float | None
+    position: int
+    start_position: int
+    started_wall: float
+    recovered: dict | None
+    core: LearnerCore | None
+    links: list[ShardLink]
+    overlap: OverlapChooser | None
+    leader: Leader | None
+
+    @property
+    def progress(self) -> float: ...
+    @property
+    def ending(self) -> Ending | None: ...
+
+
+def tally(c: Reported) -> Tally:
+    """What rank 0's leader counted at the step boundaries; nothing on the other ranks, or before `start`."""
+    return c.leader.tally if c.leader is not None else Tally()
+
+
+def progress(c: Reported) -> dict:
     """Sent with every heartbeat (the synchronizer's status and dashboard show it)."""
     return {
         "step": c.steps,
@@ -26,8 +63,9 @@ def progress(c: LearnerClient) -> dict:
     }
 
 
-def write_journal(c: LearnerClient) -> None:
-    c.journal.write(
+def write_journal(c: Reported, journal: Journal) -> None:
+    t = tally(c)
+    journal.write(
         {
             "learner": c.learner,
             "incarnation": c.incarnation,
@@ -47,15 +85,16 @@ def write_journal(c: LearnerClient) -> None:
             "tokens_overwritten": round(c.core.tokens_overwritten, 1) if c.core is not None else 0.0,
             "overlap": c.overlap.tau if c.overlap is not None else None,
             "overlap_why": c.overlap.reason()[:120] if c.overlap is not None else None,
-            "waits": c.waits,  # step boundaries held back for a merged fragment (blocking, streaming)
-            "wait_seconds": round(c.wait_seconds, 3),
-            "grant_waits": c.grant_waits,  # step boundaries held at the token grant (the budget's end)
-            "grant_wait_seconds": round(c.grant_wait_seconds, 3),
+            "waits": t.waits,  # step boundaries held back for a merged fragment (blocking, streaming)
+            "wait_seconds": round(t.wait_seconds, 3),
+            "grant_waits": t.grant_waits,  # step boundaries held at the token grant (the budget's end)
+            "grant_wait_seconds": round(t.grant_wait_seconds, 3),
         }
     )
 
 
-def stats(c: LearnerClient) -> dict:
+def stats(c: Reported) -> dict:
+    t = tally(c)
     links = [link.stats for link in c.links]
     totals = {
         k: sum(getattr(s, k) for s in links)
@@ -77,22 +116,22 @@ def stats(c: LearnerClient) -> dict:
         "compute_seconds": c.compute_seconds,
         "start_position": c.start_position,
         "position": c.position,
-        "counted_position": c.counted_position,
+        "counted_position": max(c.start_position, t.counted_position),  # or further, where a synchronizer says so
         "versions": list(c.core.versions) if c.core else [],
         **totals,
-        "rejections": list(c.rejected[-5:]),
+        "rejections": list(t.rejected[-5:]),
         "recovered": c.recovered,
-        "donations": len(c.donations),
+        "donations": len(t.donations),
         "overlap": c.overlap.summary() if c.overlap is not None else None,
         **(c.ending.as_dict() if c.ending is not None else {"ended": None, "exit_code": 0}),
-        "waits": c.waits,
-        "wait_seconds": c.wait_seconds,
-        "grant_waits": c.grant_waits,
-        "grant_wait_seconds": c.grant_wait_seconds,
+        "waits": t.waits,
+        "wait_seconds": t.wait_seconds,
+        "grant_waits": t.grant_waits,
+        "grant_wait_seconds": t.grant_wait_seconds,
     }
 
 
-def log_line(c: LearnerClient) -> None:
+def log_line(c: Reported) -> None:
     s = stats(c)
     loss = f"loss {c.loss:.4f}, " if c.loss is not None else ""
     log.info(
