@@ -153,8 +153,8 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
     method, model, model_size, merge, backend = options.plain(
         flags.method, flags.model, flags.model_size, flags.merge, flags.backend
     )
-    overlap, overlap_auto = options.parse_overlap(flags.overlap)
     config = RunConfig(
+        **options.algorithm_knobs(flags),  # the synchronizers get them (`RunConfig.synchronizer_args`)
         run_dir=_run_dir(flags),
         method=method,
         model=model,
@@ -165,19 +165,7 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
         fragments=fit_fragments(
             len(list(task.build_model(flags.seed).parameters())), flags.fragments, flags.sync_every
         ),
-        sync_every=flags.sync_every,
-        overlap=overlap,
-        overlap_auto=overlap_auto,
-        late=options.plain(flags.late)[0],
-        max_staleness=flags.max_staleness,
-        staleness_discount=flags.staleness_discount,
-        quorum=flags.quorum,
-        grace=flags.grace,
         merge=merge,
-        outer_lr=flags.outer_lr,
-        outer_momentum=flags.outer_momentum,
-        arrival=options.plain(flags.arrival)[0],
-        final_momentum=flags.final_momentum,
         inner_lr=flags.inner_lr,
         batch_size=flags.batch_size,
         seed=flags.seed,
