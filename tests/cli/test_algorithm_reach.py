@@ -158,3 +158,12 @@ def test_a_derived_field_follows_its_flag(command, field, tmp_path, monkeypatch)
     for value, expected in rule.items():
         algorithm = algorithm_of(command, ["--fragments", "1", flag, value], tmp_path / value, monkeypatch)
         assert getattr(algorithm, field) == expected, (command, flag, value)
+
+
+def test_run_refuses_a_bad_algorithm_value_itself(tmp_path):
+    """Not its synchronizer child at start: `ddiloco run` builds the same algorithm first (a ValueError
+    there is the command's one-line error, exit code 2)."""
+    flags = parse(RunFlags, ["--ema", "0", "--run-dir", str(tmp_path / "run")])
+    with pytest.raises(ValueError, match=r"ema must be in \(0, 1\]"):
+        run_cli._run_config(flags, FakeTask(), run_cli._chaos(flags))  # type: ignore[arg-type]
+    assert not (tmp_path / "run").exists()

@@ -149,6 +149,7 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
     from ..api.model import fit_fragments
     from ..launch.config import RunConfig
     from ..wire import auth
+    from .synchronizer import algorithm_for
 
     method, model, model_size, merge, backend = options.plain(
         flags.method, flags.model, flags.model_size, flags.merge, flags.backend
@@ -191,6 +192,8 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
         orphan_timeout=flags.orphan_timeout,
         chaos=chaos,
     )
+    # the algorithm its synchronizers build from these flags, checked here: a bad value is this command's error
+    algorithm_for(method, flags.learners, fragments=config.fragments, merge=merge, **options.algorithm_knobs(flags))
     try:
         config.run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
