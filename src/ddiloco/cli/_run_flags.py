@@ -94,6 +94,11 @@ class RunFlags:
     late: options.Late = options.LATE
     max_staleness: int = options.MAX_STALENESS
     staleness_discount: float = options.STALENESS_DISCOUNT
+    ema: float = options.EMA
+    max_outer_norm_ratio: float = options.MAX_OUTER_NORM_RATIO
+    outer_debias: bool = options.OUTER_DEBIAS
+    outer_restart_every: int = options.OUTER_RESTART_EVERY
+    outer_lr_per_learner: float = options.OUTER_LR_PER_LEARNER
 
     # Network: the processes' links, emulated or real, and what travels on them
     network: options.Network = typer.Option(

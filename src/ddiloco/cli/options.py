@@ -112,6 +112,67 @@ MAX_OUTER_NORM_RATIO = typer.Option(
     help="Refuse a contribution whose outer gradient's norm exceeds this multiple of its fragment's (0: off).",
     rich_help_panel=ALGORITHM,
 )
+EMA = typer.Option(
+    _D.ema,
+    "--ema",
+    min=0.0,
+    max=1.0,
+    help="Smoothing alpha in (0, 1] of the step and sync times the grace window is sized from (the "
+    "learners smooth their step time with it too).",
+    rich_help_panel=ALGORITHM,
+)
+OUTER_DEBIAS = typer.Option(
+    _D.outer_debias,
+    "--outer-debias/--no-outer-debias",
+    help="Correct the outer momentum's early-step bias: its term is scaled by 1 / (1 - mu^t) at the "
+    "fragment's t-th outer step, so the first steps move as far as later ones (off until measured).",
+    rich_help_panel=ALGORITHM,
+)
+OUTER_RESTART_EVERY = typer.Option(
+    _D.outer_restart_every,
+    "--outer-restart-every",
+    min=0,
+    max=10**6,
+    help="R: zero a fragment's outer momentum before its every R-th outer step (0: never; off until measured).",
+    rich_help_panel=ALGORITHM,
+)
+OUTER_LR_PER_LEARNER = typer.Option(
+    _D.outer_lr_per_learner,
+    "--outer-lr-per-learner",
+    min=0.0,
+    max=1e6,
+    help="k: a merge of M contributions steps with outer lr * (1 + k (M - 1)) (0: the same lr for any M; "
+    "off until measured).",
+    rich_help_panel=ALGORITHM,
+)
+
+#: The `AlgorithmConfig` fields that are flags of the same name, taken as given (`algorithm_knobs`).
+PLAIN_KNOBS = (
+    "sync_every",
+    "quorum",
+    "grace",
+    "outer_lr",
+    "outer_momentum",
+    "arrival",
+    "final_momentum",
+    "late",
+    "max_staleness",
+    "staleness_discount",
+    "ema",
+    "max_outer_norm_ratio",
+    "outer_debias",
+    "outer_restart_every",
+    "outer_lr_per_learner",
+)
+
+
+def algorithm_knobs(flags: Any) -> dict[str, Any]:
+    """The `AlgorithmConfig` fields a command's algorithm flags give: `PLAIN_KNOBS` as they are, and
+    overlap and overlap_auto from --overlap (`parse_overlap`). Fragments, merge and synchronous are
+    each command's (the model's tensors, the method's)."""
+    overlap, overlap_auto = parse_overlap(flags.overlap)
+    knobs = {name: plain(getattr(flags, name))[0] for name in PLAIN_KNOBS}
+    return {**knobs, "overlap": overlap, "overlap_auto": overlap_auto}
 
 
 class Codec(str, enum.Enum):

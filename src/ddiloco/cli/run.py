@@ -149,12 +149,13 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
     from ..api.model import fit_fragments
     from ..launch.config import RunConfig
     from ..wire import auth
+    from .synchronizer import algorithm_for
 
     method, model, model_size, merge, backend = options.plain(
         flags.method, flags.model, flags.model_size, flags.merge, flags.backend
     )
-    overlap, overlap_auto = options.parse_overlap(flags.overlap)
     config = RunConfig(
+        **options.algorithm_knobs(flags),  # the synchronizers get them (`RunConfig.synchronizer_args`)
         run_dir=_run_dir(flags),
         method=method,
         model=model,
@@ -165,19 +166,7 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
         fragments=fit_fragments(
             len(list(task.build_model(flags.seed).parameters())), flags.fragments, flags.sync_every
         ),
-        sync_every=flags.sync_every,
-        overlap=overlap,
-        overlap_auto=overlap_auto,
-        late=options.plain(flags.late)[0],
-        max_staleness=flags.max_staleness,
-        staleness_discount=flags.staleness_discount,
-        quorum=flags.quorum,
-        grace=flags.grace,
         merge=merge,
-        outer_lr=flags.outer_lr,
-        outer_momentum=flags.outer_momentum,
-        arrival=options.plain(flags.arrival)[0],
-        final_momentum=flags.final_momentum,
         inner_lr=flags.inner_lr,
         batch_size=flags.batch_size,
         seed=flags.seed,
@@ -203,6 +192,8 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
         orphan_timeout=flags.orphan_timeout,
         chaos=chaos,
     )
+    # the algorithm its synchronizers build from these flags, checked here: a bad value is this command's error
+    algorithm_for(method, flags.learners, fragments=config.fragments, merge=merge, **options.algorithm_knobs(flags))
     try:
         config.run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

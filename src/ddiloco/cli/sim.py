@@ -91,6 +91,11 @@ class SimFlags:
     late: options.Late = options.LATE
     max_staleness: int = options.MAX_STALENESS
     staleness_discount: float = options.STALENESS_DISCOUNT
+    ema: float = options.EMA
+    max_outer_norm_ratio: float = options.MAX_OUTER_NORM_RATIO
+    outer_debias: bool = options.OUTER_DEBIAS
+    outer_restart_every: int = options.OUTER_RESTART_EVERY
+    outer_lr_per_learner: float = options.OUTER_LR_PER_LEARNER
     inner_lr: float = typer.Option(3e-3, help="Inner AdamW learning rate (peak; cosine decay over the run).")
     batch_size: int = typer.Option(16, help="Sequences (or images) per learner step.")
     tokens: int = typer.Option(
@@ -145,26 +150,16 @@ class SimFlags:
     quiet: bool = typer.Option(False, help="No progress bar.")
 
 
-def _algorithm(flags: SimFlags, method: str, fragments: int, tau: int) -> AlgorithmConfig:
-    """The algorithm's knobs as the flags give them, then what the method sets, whatever was asked."""
+def _algorithm(flags: SimFlags, method: str, fragments: int) -> AlgorithmConfig:
+    """The algorithm's knobs as the flags give them (`options.algorithm_knobs`; --overlap auto is tau_0
+    here: the virtual clock has no measured link), then what the method sets, whatever was asked."""
     merge = options.plain(flags.merge)[0]
-    fixed = methods.fixed_knobs(method, flags.learners)
     knobs = dict(
+        options.algorithm_knobs(flags),
         fragments=fragments,
-        sync_every=flags.sync_every,
-        overlap=tau,
-        late=options.plain(flags.late)[0],
-        max_staleness=flags.max_staleness,
-        staleness_discount=flags.staleness_discount,
-        quorum=flags.quorum,
-        grace=flags.grace,
-        outer_lr=flags.outer_lr,
-        outer_momentum=flags.outer_momentum,
         merge=cast(MergeMode, merge or methods.default_merge(method)),  # an options.Merge value
-        arrival=options.plain(flags.arrival)[0],
-        final_momentum=flags.final_momentum,
     )
-    return AlgorithmConfig(**{**knobs, **fixed})
+    return AlgorithmConfig(**{**knobs, **methods.fixed_knobs(method, flags.learners)})
 
 
 def _sim_config(flags: SimFlags) -> tuple[SimConfig, Task]:
@@ -173,7 +168,6 @@ def _sim_config(flags: SimFlags) -> tuple[SimConfig, Task]:
     from ..sim.run import build_task
 
     method, model, model_size, tokenizer = options.plain(flags.method, flags.model, flags.model_size, flags.tokenizer)
-    tau, _ = options.parse_overlap(flags.overlap)  # auto: tau_0 (the virtual clock has no measured link)
     probe = None  # the task, when building it first tells the default number of fragments
     fragments = flags.fragments
     try:
@@ -191,7 +185,7 @@ def _sim_config(flags: SimFlags) -> tuple[SimConfig, Task]:
                 bpe_vocab_size=flags.bpe_vocab,
             )
             fragments = fit_fragments(len(list(probe.build_model(flags.seed).parameters())), None, flags.sync_every)
-        algorithm = _algorithm(flags, method, fragments or 1, tau)
+        algorithm = _algorithm(flags, method, fragments or 1)
         speeds = parse_speeds(flags.speeds, flags.learners, flags.hetero)
         steps = StepTimeModel(flags.step_time, speeds, flags.jitter, flags.straggle_prob, flags.straggle_factor)
         # A generous horizon for random failures: the run cannot take longer than this at speed 1.

@@ -36,6 +36,16 @@ def algorithm_for(method: str, learners: int, **knobs: Any) -> AlgorithmConfig:
     return AlgorithmConfig(**{**knobs, **methods.fixed_knobs(method, learners)})
 
 
+def algorithm_of(flags: SynchronizerFlags, tensors: int) -> AlgorithmConfig:
+    """The shard's algorithm: its flags (`options.algorithm_knobs`), P fitted to the model's `tensors`,
+    then what --method sets."""
+    from ..api.model import fit_fragments
+
+    method, merge = options.plain(flags.method, flags.merge)
+    fragments = fit_fragments(tensors, flags.fragments, flags.sync_every)
+    return algorithm_for(method, flags.learners, fragments=fragments, merge=merge, **options.algorithm_knobs(flags))
+
+
 @dataclass(frozen=True)
 class SynchronizerFlags:
     """The flags of `ddiloco synchronizer`: one field per flag (`_flags.takes`)."""
@@ -79,7 +89,11 @@ class SynchronizerFlags:
     late: options.Late = options.LATE
     max_staleness: int = options.MAX_STALENESS
     staleness_discount: float = options.STALENESS_DISCOUNT
+    ema: float = options.EMA
     max_outer_norm_ratio: float = options.MAX_OUTER_NORM_RATIO
+    outer_debias: bool = options.OUTER_DEBIAS
+    outer_restart_every: int = options.OUTER_RESTART_EVERY
+    outer_lr_per_learner: float = options.OUTER_LR_PER_LEARNER
     shard: int = typer.Option(0, min=0, help="This process's shard index.")
     num_shards: int = typer.Option(1, min=1, help="Shards in all: fragment p lives on shard p mod num_shards.")
     max_learners: int | None = typer.Option(
@@ -174,32 +188,14 @@ def _initial(flags: SynchronizerFlags, model: str, model_size: str) -> tuple[dic
 
 def _service(flags: SynchronizerFlags) -> SynchronizerService:
     """The shard's service: its initial parameters, the method's algorithm, the settings, the checkpoint."""
-    from ..api.model import balance_note, fit_fragments
+    from ..api.model import balance_note
     from ..synchronizer.server import build_service
     from ..synchronizer.settings import ServiceSettings
     from ..wire.timeouts import Timeouts
 
-    method, model, model_size, merge = options.plain(flags.method, flags.model, flags.model_size, flags.merge)
+    model, model_size = options.plain(flags.model, flags.model_size)
     params, plain = _initial(flags, model, model_size)
-    algorithm = algorithm_for(
-        method,
-        flags.learners,
-        fragments=fit_fragments(len(params), flags.fragments, flags.sync_every),
-        sync_every=flags.sync_every,
-        overlap=options.parse_overlap(flags.overlap)[0],
-        overlap_auto=options.parse_overlap(flags.overlap)[1],
-        late=options.plain(flags.late)[0],
-        max_staleness=flags.max_staleness,
-        staleness_discount=flags.staleness_discount,
-        quorum=flags.quorum,
-        grace=flags.grace,
-        merge=merge,
-        outer_lr=flags.outer_lr,
-        outer_momentum=flags.outer_momentum,
-        arrival=options.plain(flags.arrival)[0],
-        final_momentum=flags.final_momentum,
-        max_outer_norm_ratio=flags.max_outer_norm_ratio,
-    )
+    algorithm = algorithm_of(flags, len(params))
     note = balance_note(params, algorithm.fragments)
     if note:
         logging.getLogger(__name__).warning(note)

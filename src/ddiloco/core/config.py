@@ -48,6 +48,12 @@ class AlgorithmConfig:
     counted once with its token weight divided by (1 + staleness_discount * s), s the versions it
     missed; one more than max_staleness (S) versions behind, it is refused. "refuse" is the paper's
     behaviour: late work is dropped and the learner overwritten (kept for the ablation).
+    outer_debias (bias correction of the outer momentum), outer_restart_every (R, outer-momentum
+    restarting) and outer_lr_per_learner (k): options of the outer step, each off by default, untried
+    until measured (`core.outer`, docs/algorithm.md). With t the fragment's outer step (from 1), M the
+    contributions it merges: outer_debias scales the momentum buffer's term by 1 / (1 - mu**t), so a
+    constant outer gradient moves the model as far at the first steps as at steady state; R > 0 zeroes
+    the buffer before every R-th step (0: never); k > 0 makes the step's lr outer_lr * (1 + k (M - 1)).
     """
 
     fragments: int = 24
@@ -67,6 +73,9 @@ class AlgorithmConfig:
     max_staleness: int = 4
     staleness_discount: float = 0.0
     synchronous: bool = False
+    outer_debias: bool = False
+    outer_restart_every: int = 0
+    outer_lr_per_learner: float = 0.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -109,6 +118,18 @@ class AlgorithmConfig:
             problems.append(f"ema must be in (0, 1], got {self.ema}")
         if not (self.max_outer_norm_ratio >= 0 and math.isfinite(self.max_outer_norm_ratio)):
             problems.append(f"max_outer_norm_ratio must be a finite number >= 0, got {self.max_outer_norm_ratio}")
+        if not isinstance(self.outer_debias, bool):
+            got = self.outer_debias
+            problems.append(f"outer_debias (--outer-debias) must be true or false, got {got!r}")
+        restart = self.outer_restart_every
+        if isinstance(restart, bool) or not isinstance(restart, int) or not 0 <= restart <= 10**6:
+            problems.append(
+                f"outer_restart_every (--outer-restart-every) must be an integer in [0, 1e6], got {restart!r}"
+            )
+        if not (0 <= self.outer_lr_per_learner <= 1e6):
+            problems.append(
+                f"outer_lr_per_learner (--outer-lr-per-learner) must be in [0, 1e6], got {self.outer_lr_per_learner}"
+            )
         if problems:
             raise ValueError("invalid algorithm config: " + "; ".join(problems))
 

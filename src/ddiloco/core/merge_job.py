@@ -53,7 +53,7 @@ class MergeJob:
         scaled = {name: (direction, scale) for name, (direction, scale, _) in merged.items()}
         merged_norm = math.sqrt(sum(n**2 for _, _, n in merged.values()))
         try:
-            self.outer.check(self.params, scaled, self.use_momentum)
+            self.outer.check(self.params, scaled, self.use_momentum, len(self.contributions))
         except FloatingPointError as exc:
             return MergeResult(scaled, merged_norm, str(exc))
         return MergeResult(scaled, merged_norm)

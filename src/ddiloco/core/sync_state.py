@@ -37,13 +37,19 @@ class SyncState:
                 self.params[name] = params[name].detach().to("cpu", torch.float32).clone()
         self.versions = {p: 0 for p in self.owned}
         self.merged_into: dict[int, tuple[int, ...]] = {p: () for p in self.owned}  # who made each version
-        self.outer = {p: NesterovOuterOptimizer(config.outer_lr, config.outer_momentum) for p in self.owned}
+        self.outer = {p: outer_optimizer(config) for p in self.owned}
 
     def step(
-        self, p: int, scaled: Mapping[str, tuple[torch.Tensor, float]], use_momentum: bool, learners: Iterable[int]
+        self,
+        p: int,
+        scaled: Mapping[str, tuple[torch.Tensor, float]],
+        use_momentum: bool,
+        learners: Iterable[int],
+        contributions: int = 1,
     ) -> None:
-        """A merge: fragment p's outer step in place, its next version, made by `learners`."""
-        self.outer[p].apply(self.params, scaled, use_momentum)
+        """A merge of `contributions` contributions: fragment p's outer step in place, its next version,
+        made by `learners`."""
+        self.outer[p].apply(self.params, scaled, use_momentum, contributions)
         self.versions[p] += 1
         self.merged_into[p] = tuple(sorted(set(learners)))
 
@@ -67,11 +73,12 @@ class SyncState:
         return state
 
     def state_dict(self) -> dict[str, Any]:
-        """Parameters, versions and outer optimizer buffers."""
+        """Parameters, versions, outer optimizer buffers and their step counts."""
         return {
             "params": self.global_params(),
             "versions": dict(self.versions),
             "outer": {p: self.outer[p].state_dict() for p in self.owned},
+            "outer_steps": {p: self.outer[p].steps for p in self.owned},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -84,5 +91,18 @@ class SyncState:
             self.params[name] = t.detach().to("cpu", torch.float32).clone()
         self.versions = {int(p): int(v) for p, v in state["versions"].items()}
         self.merged_into.clear()  # who made the restored versions is not kept: updates say "not known"
+        steps = state.get("outer_steps", {})
         for p in self.owned:
-            self.outer[p].load_state_dict(state["outer"].get(p, {}))
+            # a state saved before the count was kept: every merge so far counted as a momentum step
+            self.outer[p].load_state_dict(state["outer"].get(p, {}), int(steps.get(p, self.versions.get(p, 0))))
+
+
+def outer_optimizer(config: AlgorithmConfig) -> NesterovOuterOptimizer:
+    """A fragment's outer optimizer, with the config's outer-step options."""
+    return NesterovOuterOptimizer(
+        config.outer_lr,
+        config.outer_momentum,
+        bias_correction=config.outer_debias,
+        restart=config.outer_restart_every,
+        lr_per_learner=config.outer_lr_per_learner,
+    )

@@ -423,7 +423,8 @@ class SynchronizerCore:
                 self.taken.give_back(c)
             reason = f"merge refused: fragment {p} would become non-finite ({result.error})"
             return [a for c in job.contributions for a in self._reject(c.learner, p, RejectCode.MERGE_REFUSED, reason)]
-        self.state.step(p, result.scaled, job.use_momentum, (c.learner for c in job.contributions))
+        learners = [c.learner for c in job.contributions]
+        self.state.step(p, result.scaled, job.use_momentum, learners, len(job.contributions))
         job.total.release()
         admitted = tuple(
             AdmittedWork(c.learner, c.step, c.steps, c.tokens, c.seconds, w, c.base_version)

@@ -15,6 +15,33 @@ from ..wire.timeouts import Timeouts
 
 _D = AlgorithmConfig()  # the algorithm's defaults live there, once
 
+#: The algorithm's settings a run's synchronizers get as they are: each is the `AlgorithmConfig` field
+#: and the `ddiloco synchronizer` flag of its name (fragments, overlap and merge are passed on their own).
+SYNCHRONIZER_KNOBS = (
+    "late",
+    "max_staleness",
+    "staleness_discount",
+    "quorum",
+    "grace",
+    "outer_lr",
+    "outer_momentum",
+    "arrival",
+    "final_momentum",
+    "ema",
+    "max_outer_norm_ratio",
+    "outer_debias",
+    "outer_restart_every",
+    "outer_lr_per_learner",
+)
+
+
+def _flag(name: str, value: object) -> list[str]:
+    """A setting as the command line says it: --name VALUE, or --name / --no-name for a switch."""
+    flag = name.replace("_", "-")
+    if isinstance(value, bool):
+        return [f"--{flag}" if value else f"--no-{flag}"]
+    return [f"--{flag}", str(value)]
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -39,6 +66,11 @@ class RunConfig:
     outer_momentum: float = _D.outer_momentum
     arrival: str = _D.arrival
     final_momentum: bool = _D.final_momentum
+    ema: float = _D.ema
+    max_outer_norm_ratio: float = _D.max_outer_norm_ratio
+    outer_debias: bool = _D.outer_debias
+    outer_restart_every: int = _D.outer_restart_every
+    outer_lr_per_learner: float = _D.outer_lr_per_learner
     inner_lr: float = 3e-3
     batch_size: int = 16
     seed: int = 0
@@ -137,23 +169,7 @@ class RunConfig:
             str(self.sync_every),
             "--overlap",
             "auto" if self.overlap_auto else str(self.overlap),
-            "--late",
-            self.late,
-            "--max-staleness",
-            str(self.max_staleness),
-            "--staleness-discount",
-            str(self.staleness_discount),
-            "--quorum",
-            str(self.quorum),
-            "--grace",
-            str(self.grace),
-            "--outer-lr",
-            str(self.outer_lr),
-            "--outer-momentum",
-            str(self.outer_momentum),
-            "--arrival",
-            self.arrival,
-            "--final-momentum" if self.final_momentum else "--no-final-momentum",
+            *(arg for name in SYNCHRONIZER_KNOBS for arg in _flag(name, getattr(self, name))),
             "--shard",
             str(shard),
             "--num-shards",

@@ -2,7 +2,9 @@
 
 Layout of a checkpoint folder (one per synchronizer shard):
 
-    manifest.json                       seq, versions, which file holds each fragment, grace-window
+    manifest.json                       seq, versions, which file holds each fragment and how many
+                                        outer steps its momentum took (the outer-step options count
+                                        them: `core.outer`), grace-window
                                         estimates, rejection counts, the ledger (per-learner counters,
                                         data positions, the run's first start, from which --duration
                                         counts), and the run's identity (plan, config)
@@ -69,6 +71,7 @@ def read_manifest(path: Path) -> dict:
             and entry["file"].endswith(".safetensors")
             and "/" not in entry["file"]
             and not entry["file"].startswith(".")
+            and _outer_steps_ok(entry)
         )
         if not ok:
             raise CheckpointError(f"{path}: bad entry for fragment {p[:20]!r}: {json.dumps(entry)[:120]}")
@@ -78,6 +81,13 @@ def read_manifest(path: Path) -> dict:
     if not isinstance(manifest.get("seq", 0), int):
         raise CheckpointError(f"{path}: 'seq' must be an integer")
     return manifest
+
+
+def _outer_steps_ok(entry: dict) -> bool:
+    """A fragment's count of momentum steps, where the manifest has one: 0 up to its version (every
+    merge makes a version; a merge of the final flush takes no momentum)."""
+    steps = entry.get("outer_steps", 0)
+    return isinstance(steps, int) and not isinstance(steps, bool) and 0 <= steps <= entry["version"]
 
 
 def load_tensors(path: Path, what: str = "checkpoint file") -> dict[str, torch.Tensor]:
@@ -154,7 +164,10 @@ class CheckpointStore:
             "format": FORMAT,
             "seq": self.seq,
             "identity": identity,
-            "fragments": {str(p): {"version": core.versions[p], "file": files[p]} for p in core.owned},
+            "fragments": {
+                str(p): {"version": core.versions[p], "file": files[p], "outer_steps": core.outer[p].steps}
+                for p in core.owned
+            },
             "grace": core.grace.state_dict(),
             "rejections": dict(core.rejections),
             "ledger": ledger,
@@ -213,6 +226,7 @@ class CheckpointStore:
         params: dict[str, torch.Tensor] = {}
         outer: dict[int, dict[str, torch.Tensor]] = {}
         versions: dict[int, int] = {}
+        outer_steps: dict[int, int] = {}  # a manifest written before the count was kept: the core guesses
         for p in core.owned:
             entry = frags[str(p)]
             tensors = load_tensors(self.frag_dir / entry["file"])
@@ -227,11 +241,14 @@ class CheckpointStore:
                     )
                 params[n] = tensors[n]
             versions[p] = int(entry["version"])
+            if "outer_steps" in entry:
+                outer_steps[p] = entry["outer_steps"]
         core.load_state_dict(
             {
                 "params": params,
                 "versions": versions,
                 "outer": outer,
+                "outer_steps": outer_steps,
                 "grace": manifest.get("grace", {}),
                 "rejections": manifest.get("rejections", {}),
             }
