@@ -34,23 +34,29 @@ def test_slow_steps_still_lead_by_one_step():
 
 def test_grants_never_add_up_past_the_budget_and_share_what_is_left():
     grants = TokenGrants(40_000)
-    # a: 10,000 reported, 10 steps at 0.1 s -> wants 15,000 ahead; free 40,000 - 20,000 = 20,000 >= 2 x 15,000? no
-    # -> half of the free tokens: 10,000
-    assert grants.grant("a", 10_000, 20_000, 10, 0.1, HEARTBEAT, {"a", "b"}) == 20_000
-    # b: free = 40,000 - 20,000 reported - a's lead 10,000 = 10,000, shared by 2: 5,000
-    assert grants.grant("b", 10_000, 20_000, 10, 0.1, HEARTBEAT, {"a", "b"}) == 15_000
-    # a reports 20,000 (its whole grant): free = 40,000 - 30,000 - b's lead 5,000 = 5,000 -> 2,500
-    assert grants.grant("a", 20_000, 30_000, 20, 0.1, HEARTBEAT, {"a", "b"}) == 22_500
-    assert 22_500 + 15_000 <= 40_000
+    # a: 10,000 reported, 10 steps at 0.1 s -> wants 15,000 ahead; free 40,000 - 20,000 = 20,000 < 4 x 15,000
+    # -> a quarter of the free tokens (at most a quarter, however few are live): 5,000
+    assert grants.grant("a", 10_000, 20_000, 10, 0.1, HEARTBEAT, {"a", "b"}) == 15_000
+    # b: free = 40,000 - 20,000 reported - a's lead 5,000 = 15,000 -> 3,750
+    assert grants.grant("b", 10_000, 20_000, 10, 0.1, HEARTBEAT, {"a", "b"}) == 13_750
+    # a reports 15,000 (its whole grant): free = 40,000 - 25,000 - b's lead 3,750 = 11,250 -> 2,812
+    assert grants.grant("a", 15_000, 25_000, 15, 0.1, HEARTBEAT, {"a", "b"}) == 17_812
+    assert 17_812 + 13_750 <= 40_000
+
+
+def test_a_learner_alone_at_the_start_leaves_most_for_those_still_starting():
+    grants = TokenGrants(10_240)
+    # 128-token steps of 2 ms: 3 heartbeats ahead would be the whole budget; it gets a quarter of it
+    assert grants.grant("a", 128, 128, 1, 0.002, 0.1, {"a"}) == 128 + (10_240 - 128) // 4
 
 
 def test_a_learner_no_longer_live_returns_its_lead():
     grants = TokenGrants(20_000)
-    assert grants.grant("a", 1000, 1000, 1, 0.1, HEARTBEAT, {"a"}) == 16_000  # 15,000 ahead
-    # b while a is live: free = 20,000 - 2,000 - 15,000 = 3,000, shared by 2
-    assert grants.grant("b", 1000, 2000, 1, 0.1, HEARTBEAT, {"a", "b"}) == 1000 + 1500
-    # a declared gone: its 15,000 are free again (b's own lead of 1,500 is kept)
-    assert grants.grant("b", 2000, 3000, 2, 0.1, HEARTBEAT, {"b"}) == 2000 + 15_000
+    assert grants.grant("a", 1000, 1000, 1, 0.1, HEARTBEAT, {"a"}) == 1000 + 19_000 // 4
+    # b while a is live: free = 20,000 - 2,000 - a's lead 4,750 = 13,250 -> 3,312
+    assert grants.grant("b", 1000, 2000, 1, 0.1, HEARTBEAT, {"a", "b"}) == 1000 + 3312
+    # a declared gone: free = 20,000 - 3,000 - b's own lead 2,312 = 14,688 (with a's 4,750 back) -> 3,672
+    assert grants.grant("b", 2000, 3000, 2, 0.1, HEARTBEAT, {"b"}) == 4312 + 3672
     assert grants.allowed("a") == 0
 
 

@@ -60,6 +60,7 @@ class Tally:
     wait_seconds: float = 0.0  # and how long
     grant_waits: int = 0  # boundaries held at the token grant (`Leader.token_limit`)
     grant_wait_seconds: float = 0.0  # and how long
+    grants_outwaited: int = 0  # holds given up after a failure timeout without a larger grant
     rejected: list[str] = field(default_factory=list)  # why contributions were refused
     donations: list[str] = field(default_factory=list)  # tickets this learner donated its inner state for
 
@@ -183,7 +184,9 @@ class Leader:
         of it. Heartbeats are asked for at once; the wait ends with a larger grant or the run's stop.
         A blocking learner (`--overlap 0`, the synchronous methods) is not held: its rounds wait for
         every learner, and one held at its grant while another keeps a lead it cannot train (it
-        waits for the held one's work) would stop both for good; it overshoots as before."""
+        waits for the held one's work) would stop both for good; it overshoots as before. A grant
+        binds only while it grows: held a failure timeout without a larger one (a shard that restarted
+        or moved, a starved heartbeat), the learner trains on, as with a shard that does not answer."""
         if self.blocking:
             return
         limit = self.token_limit()
@@ -193,7 +196,16 @@ class Leader:
         for link in self.links:
             link.beat_now()
         core = self.core
+        held_until = time.monotonic() + self.timeouts.failure
         while not self.ctx.stop_requested.is_set() and self.ending is None:
+            if time.monotonic() > held_until:
+                self.tally.grants_outwaited += 1
+                log.warning(
+                    "learner %d: no larger token grant for %.1f s (failure timeout): training on past it",
+                    self.learner,
+                    self.timeouts.failure,
+                )
+                break
             self._drain(wait=self.timeouts.heartbeat / 10)
             self._check_end()
             if self.apply_at_end:  # else the ranks take updates and requests together, at the begin

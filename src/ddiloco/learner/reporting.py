@@ -89,6 +89,7 @@ def write_journal(c: Reported, journal: Journal) -> None:
             "wait_seconds": round(t.wait_seconds, 3),
             "grant_waits": t.grant_waits,  # step boundaries held at the token grant (the budget's end)
             "grant_wait_seconds": round(t.grant_wait_seconds, 3),
+            "grants_outwaited": t.grants_outwaited,
         }
     )
 
@@ -128,6 +129,7 @@ def stats(c: Reported) -> dict:
         "wait_seconds": t.wait_seconds,
         "grant_waits": t.grant_waits,
         "grant_wait_seconds": t.grant_wait_seconds,
+        "grants_outwaited": t.grants_outwaited,
     }
 
 

@@ -9,7 +9,9 @@ learner takes no step once its count has reached it. Grants never add up past th
     free = budget - (tokens reported by everyone) - (granted but not yet reported, over live learners)
 
 and each heartbeat tops the learner's lead (granted less reported) up to a few heartbeats of its own
-training (`LEAD_HEARTBEATS`), from `free`, or a fair share of it once `free` runs short. So the
+training (`LEAD_HEARTBEATS`), from `free`, or once `free` runs short a share of it: one live learner's
+in as many as are live, at most a quarter (`SHARE_WAYS`), so that a learner alone at the start cannot
+take what learners still starting need. So the
 tokens trained are at most the budget plus one step per learner (the step that crosses the grant),
 plus the first step of each learner process, which it takes before it has a grant (its step's size
 is not known before). A learner no longer live (left, declared gone, replaced) returns its lead.
@@ -23,6 +25,7 @@ import math
 from collections.abc import Collection
 
 LEAD_HEARTBEATS = 3.0  # a learner's grant runs this many heartbeats ahead of its reports
+SHARE_WAYS = 4  # at most this share of the free tokens to one learner at a time while they run short
 
 
 class TokenGrants:
@@ -64,7 +67,7 @@ class TokenGrants:
         if want > 0:
             others = self.lead() - max(0, self.granted.get(incarnation, 0) - self.reported[incarnation])
             free = max(0, self.budget - total_reported - others - (granted - tokens))
-            sharing = max(1, len(live))
+            sharing = max(SHARE_WAYS, len(live))  # some left for learners that have not registered yet
             share = free if free >= want * sharing else free // sharing
             granted += max(0, min(want, share if share > 0 else free))
         self.granted[incarnation] = granted

@@ -168,7 +168,7 @@ class Membership:
             if self.lock.acquire(blocking=False):
                 try:
                     self.book_tokens(s)
-                    allowed = self._grant(s)
+                    allowed = self.grant_tokens(s)
                 finally:
                     self.lock.release()
         reply: dict[str, object] = {"ok": True, "stopping": self.stopping, "progress": self.progress()}
@@ -178,8 +178,9 @@ class Membership:
             reply["donate"] = ticket
         return reply
 
-    def _grant(self, s: Session) -> int | None:
-        """Top up the learner's token grant after its report (caller holds the lock; `grants`)."""
+    def grant_tokens(self, s: Session) -> int | None:
+        """Top up the learner's token grant after its report (caller holds the lock; `grants`): at its
+        heartbeat when the lock is free, else at the next tick (the reply after it carries it)."""
         if self.sessions.get(s.id) is not s:
             return self.grants.allowed(s.incarnation)
         return self.grants.grant(
