@@ -301,3 +301,21 @@ def test_learners_that_keep_crashing_end_the_run_with_the_reason(tmp_path, shake
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["learner_restarts"] >= 2
     assert_all_ended(tmp_path / "run")
+
+
+@pytest.mark.timeout(180)
+def test_a_token_budget_stops_the_run_within_a_step_per_learner(tmp_path, shakespeare):
+    """#45: steps far shorter than a heartbeat (a tiny model) once trained tens of steps past the budget;
+    learners now take no step past their token grant (`synchronizer.grants`)."""
+    budget, learners = 30_000, 3
+    out, run_dir = ddiloco_run(tmp_path, shakespeare, "--learners", str(learners), "--tokens", str(budget))
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    journals = [json.loads(p.read_text()) for p in sorted(run_dir.glob("learner-*/journal-*.json"))]
+    assert len(journals) == learners and all(j["steps"] > 0 for j in journals)
+    step_tokens = {j["tokens"] // j["steps"] for j in journals}
+    (step,) = step_tokens  # every learner's batch has the same size
+    assert result["tokens_trained"] == sum(j["tokens"] for j in journals)
+    assert budget <= result["tokens_trained"] <= budget + learners * step, (result["tokens_trained"], step)
+    assert any(j["grant_waits"] > 0 for j in journals)  # the grants held someone back: they can fail this
+    assert_all_ended(run_dir)

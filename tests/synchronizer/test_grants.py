@@ -50,13 +50,29 @@ def test_a_learner_alone_at_the_start_leaves_most_for_those_still_starting():
     assert grants.grant("a", 128, 128, 1, 0.002, 0.1, {"a"}) == 128 + (10_240 - 128) // 4
 
 
+def test_a_fast_learner_asking_at_every_heartbeat_keeps_a_quarter_not_a_quarter_each_time():
+    # Its grant is a share of what is left as its whole lead: asked again and again before the
+    # other learner's first report, it must not take the rest a quarter at a time (the starved
+    # second learner of a tiny Lightning run).
+    grants = TokenGrants(10_240)
+    first = grants.grant("a", 128, 128, 1, 0.002, 0.1, {"a"})
+    for _ in range(20):
+        assert grants.grant("a", 128, 128, 1, 0.002, 0.1, {"a", "b"}) == first
+    # as it trains its grant, it may lead again by a quarter of what is then left
+    assert grants.grant("a", first, first, 20, 0.002, 0.1, {"a", "b"}) == first + (10_240 - first) // 4
+    # the second learner, after its first step, gets a quarter of what is neither reported nor a's lead
+    pool = 10_240 - (first + 128) - (10_240 - first) // 4
+    assert grants.grant("b", 128, first + 128, 1, 0.002, 0.1, {"a", "b"}) == 128 + pool // 4
+
+
 def test_a_learner_no_longer_live_returns_its_lead():
     grants = TokenGrants(20_000)
     assert grants.grant("a", 1000, 1000, 1, 0.1, HEARTBEAT, {"a"}) == 1000 + 19_000 // 4
     # b while a is live: free = 20,000 - 2,000 - a's lead 4,750 = 13,250 -> 3,312
     assert grants.grant("b", 1000, 2000, 1, 0.1, HEARTBEAT, {"a", "b"}) == 1000 + 3312
-    # a declared gone: free = 20,000 - 3,000 - b's own lead 2,312 = 14,688 (with a's 4,750 back) -> 3,672
-    assert grants.grant("b", 2000, 3000, 2, 0.1, HEARTBEAT, {"b"}) == 4312 + 3672
+    # a declared gone: b may lead by a quarter of 20,000 - 3,000 reported (a's 4,750 back) = 4,250
+    # (with a still live: a quarter of 17,000 - 4,750 = 3,062)
+    assert grants.grant("b", 2000, 3000, 2, 0.1, HEARTBEAT, {"b"}) == 2000 + 4250
     assert grants.allowed("a") == 0
 
 

@@ -5,7 +5,7 @@
     stream.seek(position)                 # resume where this learner's counted work left off
     for batch in stream:
         loss = ...; loss.backward(); optimizer.step(); optimizer.zero_grad()
-        client.step(tokens=batch.tokens)  # never waits on the network (unless --overlap 0)
+        client.step(tokens=batch.tokens)  # never waits on the network (unless --overlap 0, or at the budget)
         if client.stopping: break
     client.finish()                       # sends the work it still holds, leaves
 
@@ -237,8 +237,8 @@ class LearnerClient:
         after this batch (default: one more than before); `loss`: the step's training loss, if you want
         it in the synchronizer's status, the run's metrics and the dashboard. Returns the fragments
         whose global value was just written into the model (`fragment_names(p)` lists their tensors).
-        Where a synchronizer grants tokens (`synchronizer.grants`, not switched on yet), it holds at
-        this learner's grant (`Leader.token_limit`)."""
+        With a token budget it holds at this learner's token grant near the run's end
+        (`Leader.token_limit`), so that the run stops within a step per learner of its budget."""
         now = time.perf_counter()
         if loss is not None and math.isfinite(loss):
             self.loss = loss if self.loss is None else 0.9 * self.loss + 0.1 * float(loss)

@@ -9,9 +9,9 @@ learner takes no step once its count has reached it. Grants never add up past th
     free = budget - (tokens reported by everyone) - (granted but not yet reported, over live learners)
 
 and each heartbeat tops the learner's lead (granted less reported) up to a few heartbeats of its own
-training (`LEAD_HEARTBEATS`), from `free`, or once `free` runs short a share of it: one live learner's
-in as many as are live, at most a quarter (`SHARE_WAYS`), so that a learner alone at the start cannot
-take what learners still starting need. So the
+training (`LEAD_HEARTBEATS`), or once the tokens run short up to a share of them as its whole lead:
+one live learner's in as many as are live, at most a quarter (`SHARE_WAYS`), so that a fast learner
+alone at the start cannot take, heartbeat by heartbeat, what learners still starting need. So the
 tokens trained are at most the budget plus one step per learner (the step that crosses the grant),
 plus the first step of each learner process, which it takes before it has a grant (its step's size
 is not known before). A learner no longer live (left, declared gone, replaced) returns its lead.
@@ -63,13 +63,16 @@ class TokenGrants:
             return granted
         step_tokens = tokens / steps
         ahead = max(1.0, math.ceil(LEAD_HEARTBEATS * heartbeat / max(step_seconds, 1e-6)))
-        want = int(step_tokens * ahead) - (granted - tokens)
-        if want > 0:
-            others = self.lead() - max(0, self.granted.get(incarnation, 0) - self.reported[incarnation])
-            free = max(0, self.budget - total_reported - others - (granted - tokens))
-            sharing = max(SHARE_WAYS, len(live))  # some left for learners that have not registered yet
-            share = free if free >= want * sharing else free // sharing
-            granted += max(0, min(want, share if share > 0 else free))
+        target = int(step_tokens * ahead)  # the lead it would like: a few heartbeats of its steps
+        own = granted - tokens  # its lead now
+        others = self.lead() - max(0, self.granted.get(incarnation, 0) - self.reported[incarnation])
+        pool = max(0, self.budget - total_reported - others)  # what it may lead by at most: its lead and the free
+        sharing = max(SHARE_WAYS, len(live))  # some left for learners that have not registered yet
+        # Plenty: the whole target. Short: a share of the pool as its whole lead (not a share of what is
+        # left at each heartbeat, which a fast learner's heartbeats would take bit by bit); the last few
+        # tokens to whoever asks.
+        lead = target if pool >= target * sharing else (pool // sharing or pool)
+        granted += max(0, min(lead, pool) - own)
         self.granted[incarnation] = granted
         return granted
 

