@@ -46,11 +46,13 @@ def main(address: str, learner: int, out: str) -> None:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-            client.step(tokens=BATCH)
+            # logged before client.step hands the step's work to the pusher: a kill -9 between its merge
+            # and a line written after it left counted work that the log did not show (under load)
+            position = client.position + 1  # the position this step takes the learner to
             log.write(
-                json.dumps({"incarnation": client.incarnation, "position": client.position, "indices": index.tolist()})
-                + "\n"
+                json.dumps({"incarnation": client.incarnation, "position": position, "indices": index.tolist()}) + "\n"
             )
+            client.step(tokens=BATCH)
             if client.stopping:
                 break
     client.finish(timeout=10)
