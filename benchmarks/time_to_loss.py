@@ -163,9 +163,9 @@ def sim_flags(args: argparse.Namespace, sc: Scenario, method: str, lr: float) ->
     flags += ["--step-time", str(args.min_step_seconds), "--eval-batches", str(args.eval_batches)]
     flags += ["--reconfigure-seconds", str(args.reconfigure_seconds)]
     if sc.link is not None:
-        flags += ["--latency", str(sc.link[0] / 1000), "--bandwidth", str(sc.link[1] * 1e6)]
+        flags += ["--net-latency", str(sc.link[0]), "--net-bandwidth", str(sc.link[1])]
     else:  # one site: loopback
-        flags += ["--latency", "0.0005", "--bandwidth", "1e9"]
+        flags += ["--net-latency", "0.5", "--net-bandwidth", "1000"]
     if sc.slowdown:
         flags += ["--speeds", ",".join(f"{f:g}" for f in sc.slowdown)]
     if sc.trace is not None:

@@ -24,6 +24,7 @@ from ddiloco.cli import sim as sim_cli
 from ddiloco.cli import synchronizer as sync_cli
 from ddiloco.cli._flags import takes
 from ddiloco.cli._run_flags import RunCommand, RunFlags
+from ddiloco.cli.config_file import split_config
 from ddiloco.cli.options import ALGORITHM
 from ddiloco.core.config import AlgorithmConfig
 
@@ -77,8 +78,9 @@ def commands() -> dict[str, Any]:
     return dict(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
 
 
-def parse(flags: type, args: list[str]) -> Any:
-    """The flags object a command of `flags` gets from `args` (the same options: `_flags.takes`)."""
+def parse(flags: type, args: list[str], default_map: dict | None = None) -> Any:
+    """The flags object a command of `flags` gets from `args` (the same options: `_flags.takes`), with
+    `default_map` the settings of a `--config` file (`cli.config_file`)."""
     got: list[Any] = []
     probe = typer.Typer(add_completion=False)
 
@@ -87,7 +89,7 @@ def parse(flags: type, args: list[str]) -> Any:
     def command(values: Any) -> None:
         got.append(values)
 
-    done = CliRunner().invoke(probe, args)
+    done = CliRunner().invoke(probe, args, default_map=default_map)
     assert done.exit_code == 0, done.output
     return got[0]
 
@@ -110,9 +112,11 @@ def algorithm_of(command: str, args: list[str], tmp_path: Path, monkeypatch: pyt
     if command == "run":
         flags = parse(RunFlags, [*args, "--run-dir", str(tmp_path / "run")])
         run = run_cli._run_config(flags, FakeTask(), run_cli._chaos(flags))  # type: ignore[arg-type]
-        child = run.synchronizer_args(0, 0)
+        child = run.synchronizer_args(0, 0)  # its settings in a file (`--config`), read as the child reads it
         assert child[0] == "synchronizer"
-        args = child[1:]
+        args, settings = split_config(child, app)
+        assert settings is not None
+        return sync_cli.algorithm_of(parse(sync_cli.SynchronizerFlags, args[1:], settings["synchronizer"]), TENSORS)
     return sync_cli.algorithm_of(parse(sync_cli.SynchronizerFlags, args), TENSORS)
 
 

@@ -72,3 +72,26 @@ def test_flags_override_the_config_file_end_to_end(tmp_path, shakespeare):
         timeout=60,
     )
     assert bad.returncode == 2 and "none.toml" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_flag_whose_unit_changed_is_refused_naming_the_new_one():
+    # `ddiloco sim --bandwidth` was bytes per second; --net-bandwidth is MB/s, as ddiloco run's
+    with pytest.raises(ValueError, match=r"--bandwidth is now --net-bandwidth, in MB/s"):
+        apply_aliases(["sim", "--bandwidth=1e9"])
+    with pytest.raises(ValueError, match=r"--latency is now --net-latency, in milliseconds"):
+        apply_aliases(["sim", "--learners", "2", "--latency", "0.01"])
+    assert apply_aliases(["sim", "--", "--latency"]) == ["sim", "--", "--latency"]
+
+
+def test_a_written_settings_file_reads_back_as_the_same_values(tmp_path):
+    """A run's children get their settings as a file (`launch.config.write_toml`): every kind of value
+    reads back as it was written, through the parser the child uses."""
+    from ddiloco.launch.config import write_toml
+
+    settings = {"learners": 3, "grace": 1e-05, "max_outer_norm_ratio": float("inf"), "final_momentum": True}
+    settings |= {"merge": "mean", "data": 'a "quoted" path\\with\ttab', "tokens": None}
+    path = tmp_path / "synchronizer.toml"
+    write_toml(path, settings)
+    args, defaults = split_config(["synchronizer", "--config", str(path), "--port", "0"], app)
+    assert args == ["synchronizer", "--port", "0"]
+    assert defaults == {"synchronizer": {k: v for k, v in settings.items() if v is not None}}

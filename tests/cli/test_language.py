@@ -38,6 +38,10 @@ PER_COMMAND = {
     "--reconfigure-seconds",  # 5 steps in both: goodput's steps are 2 s, the simulator's 1 s
     "--codec",  # real learners send bf16; the simulator is exact unless asked (its quality rows compare exactly)
     "--overlap",  # runs choose tau from the measured link (auto); the goodput model has no link to measure
+    # the same unit everywhere; 0 in run and learner: no emulation, the real link as it is; the simulator
+    # has no real link, so it models one site's (10 ms, 1000 MB/s)
+    "--net-latency",
+    "--net-bandwidth",
 }
 
 

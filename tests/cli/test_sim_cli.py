@@ -208,3 +208,20 @@ def test_codec_sends_outer_gradients_through_the_wire_codec(shakespeare):
     assert 0 < peak["int4"] < peak["fp32"] / 4
     bad = ddiloco("sim", "--codec", "int3", "--tokens", "1000")
     assert bad.returncode == 2 and "--codec" in bad.stderr
+
+
+def test_the_link_flags_are_in_run_s_units(monkeypatch):
+    """`ddiloco sim --net-latency` is milliseconds and `--net-bandwidth` MB/s, as `ddiloco run`'s
+    (sim's `--bandwidth` was bytes per second: one name and one unit per setting)."""
+    from ddiloco.cli import sim as sim_cli
+    from ddiloco.sim.hardware import LinkModel
+
+    from .test_algorithm_reach import FakeTask, parse
+
+    monkeypatch.setattr("ddiloco.sim.run.build_task", lambda config: FakeTask())
+    config, _ = sim_cli._sim_config(parse(sim_cli.SimFlags, ["--net-latency", "20", "--net-bandwidth", "5"]))
+    assert (config.link.latency, config.link.bandwidth) == (0.02, 5e6)
+    config, _ = sim_cli._sim_config(parse(sim_cli.SimFlags, []))
+    assert (config.link.latency, config.link.bandwidth) == (LinkModel().latency, LinkModel().bandwidth)
+    config, _ = sim_cli._sim_config(parse(sim_cli.SimFlags, ["--net-bandwidth", "0"]))  # no cap
+    assert config.link.transfer(1e12) == config.link.latency

@@ -74,10 +74,14 @@ def test_dry_run_writes_one_script_per_shard_and_learner_and_submits_nothing(tmp
         assert "#SBATCH --requeue" in text and "#SBATCH --nodes=2" in text and "#SBATCH --gpus-per-node=4" in text
         assert "torch.distributed.run --nnodes 2 --nproc-per-node 2 --max-restarts 2" in text
         files = ",".join(f"@{tmp_path}/run/sync-{s}/address" for s in range(2))
-        assert f"learner --connect {files} --id {m} " in text and "--term-grace 20" in text
+        settings = tmp_path / "run" / f"learner-{m}" / "learner.toml"  # its settings (`--config`)
+        assert f"learner --config {settings} --connect {files} " in text and "--term-grace 20" in text
+        assert f"id = {m}\n" in settings.read_text()
     for s in range(2):
         text = scripts[f"sync{s}"]
-        assert "#SBATCH --requeue" in text and f"--shard {s} --num-shards 2" in text
+        settings = tmp_path / "run" / f"sync-{s}" / "synchronizer.toml"
+        assert "#SBATCH --requeue" in text and f"synchronizer --config {settings} " in text
+        assert f"shard = {s}\nnum_shards = 2\n" in settings.read_text()
         assert '--port "$PORT"' in text and "seq 0 2" in text  # restarted in its job, on the port it had
 
 
@@ -120,7 +124,8 @@ def test_scratch_learner_state_is_new_at_every_job_start_and_peer_recovery_can_b
     assert "for attempt in $(seq 0 0)" in open(result["scripts"]["sync0"]).read()  # no restart inside the job
     text = open(result["scripts"]["learner1"]).read()
     assert 'SCRATCH="${TMPDIR:-/tmp}/ddiloco-run-learner1-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"' in text
-    assert '--inner-state-dir "$SCRATCH"' in text and "--no-peer-recovery" in text
+    assert '--inner-state-dir "$SCRATCH"' in text and "--config" in text
+    assert "peer_recovery = false" in (tmp_path / "run" / "learner-1" / "learner.toml").read_text()
     assert "--inner-state-dir" not in open(dry_run(tmp_path / "b")["scripts"]["learner1"]).read()
 
 

@@ -104,13 +104,13 @@ def detached(run, shakespeare, budget: int = 10**9, *extra: str, merges: int = 0
 
 def shard_pid(run, shard: int) -> int | None:
     """The PID of shard `shard`'s synchronizer process (started by this test's run, through Slurm)."""
-    want = f"{run / f'sync-{shard}'}".encode()
+    want = f"{run / f'sync-{shard}' / 'synchronizer.toml'}".encode()  # its settings (`--config`)
     for entry in Path("/proc").iterdir():
         try:
             args = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"synchronizer" in args and b"--checkpoint-dir" in args and want in args:
+        if b"synchronizer" in args and b"--config" in args and want in args:
             return int(entry.name)
     return None
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ddiloco.dataparallel.link import BACKWARD_SHARE, AllReduceLink, LinkSettings, ring_bytes
+from ddiloco.dataparallel.link import BACKWARD_SHARE, AllReduceLink, ring_bytes
+from ddiloco.learner.wan import LinkConfig
 from ddiloco.train.tasks import count_parameters, make_task
 
 from .runs import SEQ, TOKENS_PER_WORKER_STEP, finish, running
@@ -38,20 +39,20 @@ def test_ring_model_by_hand():
     assert ring_bytes(1000, 2) == 1000.0  # 2 (2 - 1) / 2
     assert ring_bytes(1000, 4) == 1500.0  # 2 (4 - 1) / 4
     clock = FakeClock()
-    link = AllReduceLink(LinkSettings(latency=0.01, bandwidth=1000.0), 1000, sleep=clock.sleep, clock=clock)
+    link = AllReduceLink(LinkConfig(latency_ms=10.0, bandwidth_mb_s=0.001), 1000, sleep=clock.sleep, clock=clock)
     # 4 workers: 6 hops of 10 ms + 1500 bytes at 1000 B/s = 0.06 + 1.5
     assert link.seconds(4) == pytest.approx(1.56)
     assert link.seconds(1) == 0.0  # a worker alone sends nothing
     model, waited = link.pay(4, compute_seconds=0.3)  # backward (2/3 of 0.3 s) hides 0.2 s of it
     assert model == pytest.approx(1.56) and waited == pytest.approx(1.56 - 0.2) and BACKWARD_SHARE == 2 / 3
     assert link.pay(4, compute_seconds=3.0) == (pytest.approx(1.56), 0.0)  # all hidden: no wait
-    assert AllReduceLink(LinkSettings(), 10**9).seconds(8) == 0.0  # no link given: free, as before
+    assert AllReduceLink(LinkConfig(), 10**9).seconds(8) == 0.0  # no link given: free, as before
     with pytest.raises(ValueError):
-        LinkSettings(bandwidth=-1.0)
+        LinkConfig(bandwidth_mb_s=-1.0)
 
 
 def test_jitter_is_added_per_hop_within_its_bound():
-    link = AllReduceLink(LinkSettings(latency=0.01, jitter=0.005), 0, seed=3)
+    link = AllReduceLink(LinkConfig(latency_ms=10.0, jitter_ms=5.0), 0, seed=3)
     values = [link.seconds(3) for _ in range(50)]  # 4 hops
     assert all(0.04 <= v <= 0.06 for v in values) and len(set(values)) > 1
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from ddiloco.launch.config import RunConfig
+from ddiloco.launch.config import NetworkConfig, RunConfig
+from ddiloco.learner.wan import LinkConfig
 from ddiloco.records.events import read_events
 
 from .test_run import assert_all_ended, ddiloco_run
@@ -34,15 +35,18 @@ def test_the_push_deadline_follows_the_emulated_link_or_the_flag(tmp_path):
     base = dict(run_dir=tmp_path, data=tmp_path / "d.txt", tokens=1000)
 
     def flag(config: RunConfig, name: str = "--min-bandwidth") -> str | None:
-        args = config.synchronizer_args(0, 0)
-        return args[args.index(name) + 1] if name in args else None
+        value = config.synchronizer_settings(0)[name.removeprefix("--").replace("-", "_")]
+        return None if value is None else str(value)
+
+    def wan(latency: float, bandwidth: float, jitter: float, min_bandwidth: float | None = None) -> NetworkConfig:
+        return NetworkConfig(link=LinkConfig(latency, bandwidth, jitter), min_bandwidth=min_bandwidth)
 
     assert flag(RunConfig(**base)) is None  # no link: the default 10 MB/s
-    assert flag(RunConfig(**base, wan=(100.0, 0.03, 0.0))) == "0.015"
-    assert flag(RunConfig(**base, wan=(100.0, 500.0, 0.0))) == "10.0"  # never above the default
-    assert flag(RunConfig(**base, wan=(0.0, 0.03, 0.0), min_bandwidth=2.0)) == "2.0"
+    assert flag(RunConfig(**base, network=wan(100.0, 0.03, 0.0))) == "0.015"
+    assert flag(RunConfig(**base, network=wan(100.0, 500.0, 0.0))) == "10.0"  # never above the default
+    assert flag(RunConfig(**base, network=wan(0.0, 0.03, 0.0, 2.0))) == "2.0"
     # a wire chunk crosses the link in a quarter of the failure timeout (6 h = 3 s): 0.03 MB/s x 0.75 s
     assert flag(RunConfig(**base), "--chunk-bytes") is None
-    assert flag(RunConfig(**base, wan=(0.0, 0.03, 0.0)), "--chunk-bytes") == "22496"
-    assert flag(RunConfig(**base, wan=(0.0, 0.001, 0.0)), "--chunk-bytes") == "4096"  # at least 4 KiB
-    assert flag(RunConfig(**base, wan=(0.0, 500.0, 0.0)), "--chunk-bytes") == str(1 << 20)  # at most 1 MiB
+    assert flag(RunConfig(**base, network=wan(0.0, 0.03, 0.0)), "--chunk-bytes") == "22496"
+    assert flag(RunConfig(**base, network=wan(0.0, 0.001, 0.0)), "--chunk-bytes") == "4096"  # at least 4 KiB
+    assert flag(RunConfig(**base, network=wan(0.0, 500.0, 0.0)), "--chunk-bytes") == str(1 << 20)  # at most 1 MiB

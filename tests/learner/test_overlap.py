@@ -7,7 +7,7 @@ import pytest
 
 from ddiloco.core.timing import GraceWindow
 from ddiloco.learner.overlap import LinkTime, OverlapChooser, choose_overlap
-from ddiloco.learner.wan import WanSettings
+from ddiloco.learner.wan import LinkConfig
 
 from ..support.runtime import ALGORITHM, LearnerThread, synchronizer, wait_for
 
@@ -58,7 +58,7 @@ def test_a_learner_behind_a_slow_link_widens_its_tau_by_the_steps_its_link_takes
     latency = 0.15
     algorithm = replace(ALGORITHM, overlap_auto=True, sync_every=24, fragments=2)
     with synchronizer(tiny_task, tmp_path, algorithm=algorithm, tokens=10**9) as (service, address):
-        slow = LearnerThread(tiny_task, address, 0, step_delay=0.01, wan=WanSettings(latency=latency))
+        slow = LearnerThread(tiny_task, address, 0, step_delay=0.01, wan=LinkConfig(latency_ms=latency * 1000))
         fast = LearnerThread(tiny_task, address, 1, step_delay=0.01)
         for t in (slow, fast):
             t.start()

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from ddiloco.learner.wan import DelayLine, TokenBucket, WanLink, WanSettings
+from ddiloco.learner.wan import DelayLine, LinkConfig, TokenBucket, WanLink
 
 from ..support.runtime import ALGORITHM, LearnerThread, synchronizer, wait_for
 
@@ -38,26 +38,26 @@ def test_the_token_bucket_lets_a_burst_through_then_paces_at_its_rate_by_hand():
 
 def test_every_message_waits_the_latency_plus_a_jitter_within_its_bound():
     t = FakeTime()
-    link = WanLink(WanSettings(latency=0.1, jitter=0.05), seed=1, clock=t.clock, sleep=t.sleep)
+    link = WanLink(LinkConfig(latency_ms=100.0, jitter_ms=50.0), seed=1, clock=t.clock, sleep=t.sleep)
     for _ in range(50):
         link.delay()
     assert all(0.1 <= s <= 0.15 for s in t.slept) and len(set(t.slept)) > 1
     assert link.up is None and list(link.paced_up([b"x" * 10])) == [b"x" * 10]  # no cap: frames pass
-    capped = WanLink(WanSettings(bandwidth=1e6), clock=t.clock, sleep=t.sleep)
+    capped = WanLink(LinkConfig(bandwidth_mb_s=1.0), clock=t.clock, sleep=t.sleep)
     assert capped.transfer_seconds(3_000_000) == pytest.approx(3.0)
     assert link.transfer_seconds(0) == pytest.approx(6 * 0.15)  # TLS's two round trips, there and back
 
 
-@pytest.mark.parametrize("bad", [dict(latency=-1.0), dict(bandwidth=math.inf), dict(jitter=math.nan)])
+@pytest.mark.parametrize("bad", [dict(latency_ms=-1.0), dict(bandwidth_mb_s=math.inf), dict(jitter_ms=math.nan)])
 def test_bad_link_settings_are_refused(bad):
-    with pytest.raises(ValueError, match="WAN emulation"):
-        WanSettings(**bad)
+    with pytest.raises(ValueError, match="--net-.* must be a finite number"):
+        LinkConfig(**bad)
 
 
 @pytest.mark.timeout(120)
 def test_a_learner_behind_a_slow_link_trains_and_its_uploads_take_at_least_bytes_over_bandwidth(tiny_task, tmp_path):
     rate = 200e3  # bytes per second each way
-    wan = WanSettings(latency=0.005, bandwidth=rate, jitter=0.005)
+    wan = LinkConfig(latency_ms=5.0, bandwidth_mb_s=rate / 1e6, jitter_ms=5.0)
     algorithm = replace(ALGORITHM, quorum=2)  # K = M: the slow learner's work is waited for, not stale
     with synchronizer(tiny_task, tmp_path, algorithm=algorithm, tokens=2 * 48 * 64) as (service, address):
         learners = [
@@ -85,13 +85,15 @@ def test_a_learner_behind_a_slow_link_trains_and_its_uploads_take_at_least_bytes
 
 def test_latency_is_propagation_messages_put_together_are_due_together_and_in_order_by_hand():
     t = FakeTime()
-    link = WanLink(WanSettings(latency=0.1), clock=t.clock, sleep=t.sleep)
+    link = WanLink(LinkConfig(latency_ms=100.0), clock=t.clock, sleep=t.sleep)
     line = DelayLine(link, lambda item: None, threading.Event(), clock=t.clock)
     line._thread = threading.Thread()  # no delivery thread: only the due times are looked at
     for item in range(3):
         line.put(item)
     assert [due for due, _ in line._queue.queue] == [pytest.approx(0.1)] * 3  # not 0.1, 0.2, 0.3
-    jittery = DelayLine(WanLink(WanSettings(latency=0.1, jitter=0.05), seed=3), lambda i: None, threading.Event())
+    jittery = DelayLine(
+        WanLink(LinkConfig(latency_ms=100.0, jitter_ms=50.0), seed=3), lambda i: None, threading.Event()
+    )
     jittery._thread = threading.Thread()
     for item in range(20):
         jittery.put(item)
@@ -102,7 +104,9 @@ def test_latency_is_propagation_messages_put_together_are_due_together_and_in_or
 def test_a_delay_line_hands_items_on_in_order_no_sooner_than_the_latency():
     got, closing = [], threading.Event()
     line = DelayLine(
-        WanLink(WanSettings(latency=0.05, jitter=0.02), seed=1), lambda i: got.append((i, time.monotonic())), closing
+        WanLink(LinkConfig(latency_ms=50.0, jitter_ms=20.0), seed=1),
+        lambda i: got.append((i, time.monotonic())),
+        closing,
     )
     put_at = {}
     for item in range(5):
@@ -119,7 +123,7 @@ def test_a_delay_line_hands_items_on_in_order_no_sooner_than_the_latency():
 
 def test_opening_a_connection_costs_a_round_trip_and_one_more_with_tls_by_hand():
     t = FakeTime()
-    link = WanLink(WanSettings(latency=0.1), clock=t.clock, sleep=t.sleep)
+    link = WanLink(LinkConfig(latency_ms=100.0), clock=t.clock, sleep=t.sleep)
     link.handshake()
     assert t.slept == [pytest.approx(0.2)]
     link.handshake(tls=True)

@@ -63,10 +63,11 @@ def test_every_entry_point_derives_the_same_algorithm():
         service_algorithm("diloco", 3, **knobs, merge="rda")
         == SimConfig(method="diloco", learners=3, algorithm=ASKED).effective_algorithm()
     )
-    run = RunConfig(run_dir=".", method="streaming", learners=3, fragments=4, quorum=1, grace=0.5, tokens=1)
+    run = RunConfig(run_dir=".", method="streaming", learners=3, algorithm=ASKED, tokens=1)
+    assert run.algorithm == sim  # what its synchronizers are told to run
     assert {k: run.as_dict()[k] for k in ("fragments", "quorum", "grace", "merge")} == {
-        "fragments": 4,
+        "fragments": ASKED.fragments,
         "quorum": 3,
         "grace": 0.0,
-        "merge": "mean",
+        "merge": ASKED.merge,
     }

@@ -65,9 +65,10 @@ def main() -> None:
     """Runs the command line; a user's mistake is one line and exit code 2, an unexpected failure one
     line and exit code 1 (with DDILOCO_DEBUG=1, its traceback)."""
     _register()
-    args = apply_aliases(sys.argv[1:])
+    args = sys.argv[1:]
     command = " ".join(["ddiloco", *args[:1]]) if args and not args[0].startswith("-") else "ddiloco"
     try:
+        args = apply_aliases(args)
         args, defaults = split_config(args, app)
     except ValueError as exc:
         _refuse(command, str(exc), 2)

@@ -33,6 +33,15 @@ ALIASES: dict[str, dict[str, str]] = {
     "learner": {"--checkpoint-every": "--save-state-every"},  # the others' --checkpoint-every counts merges
 }
 
+#: Spellings that earlier releases used for a setting whose unit has changed since: refused, naming the
+#: new flag and its unit (an alias would read the old number in the new unit).
+RENAMED: dict[str, dict[str, str]] = {
+    "sim": {
+        "--latency": "--net-latency, in milliseconds (as ddiloco run's)",
+        "--bandwidth": "--net-bandwidth, in MB/s (as ddiloco run's)",
+    },
+}
+
 
 def _command_index(args: list[str]) -> int | None:
     for i, token in enumerate(args):
@@ -44,12 +53,15 @@ def _command_index(args: list[str]) -> int | None:
 def apply_aliases(args: list[str]) -> list[str]:
     i = _command_index(args)
     if i is None or args[i] not in ALIASES:
-        return args
+        return args  # (a command in RENAMED is in ALIASES too)
     table, out = ALIASES[args[i]], list(args[: i + 1])
+    renamed = RENAMED.get(args[i], {})
     for j, token in enumerate(args[i + 1 :], start=i + 1):
         if token == "--":
             return out + args[j:]
         name, eq, value = token.partition("=")
+        if name in renamed:
+            raise ValueError(f"{name} is now {renamed[name]}")
         out.append(table.get(name, name) + eq + value if name in table else token)
     return out
 

@@ -7,12 +7,16 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from . import app, options
 from ._flags import takes
 from .output import user_error
+
+if TYPE_CHECKING:
+    from ..learner.trainer import LearnerSettings
 
 
 @dataclass(frozen=True)
@@ -102,52 +106,14 @@ def learner(flags: LearnerFlags) -> None:
     a refusal, 3 ended without its synchronizer (no answer for --orphan-timeout seconds, or the run
     finished with its last work unmerged; its journal and inner state are kept)."""
 
-    from ..learner.addresses import check_spec
     from ..learner.link import SynchronizerError
-    from ..learner.trainer import LearnerSettings, leave_process_group, train
-    from ..learner.wan import WanSettings
+    from ..learner.trainer import leave_process_group, train
     from ..records import logsetup
-    from ..train.device import resolve_device, step_slowdown
-    from ..train.inner import InnerConfig
-    from ..wire import auth
 
-    codec_name = options.Codec(flags.codec).value
-    model, model_size = options.plain(flags.model, flags.model_size)
     logsetup.configure(f"learner{flags.learner_id}", options.plain(flags.log_level)[0])
     options.set_threads(flags.threads)
     try:
-        settings = LearnerSettings(
-            learner=flags.learner_id,
-            addresses=flags.connect,
-            learners=flags.learners,
-            model=model,
-            model_size=model_size,
-            data=flags.data,
-            seq_len=flags.seq_len,
-            seed=flags.seed,
-            inner=InnerConfig(lr=flags.inner_lr, batch_size=flags.batch_size),
-            codec=codec_name,
-            token=auth.resolve_token(flags.token),
-            credentials=auth.channel_credentials(flags.tls_ca),
-            state_dir=str(flags.state_dir) if flags.state_dir else None,
-            net_delay=flags.net_delay / 1000.0,
-            max_steps=flags.max_steps,
-            wan=WanSettings(flags.net_latency / 1000.0, flags.net_bandwidth * 1e6, flags.net_jitter / 1000.0),
-            checkpoint_every=flags.save_state_every,
-            min_step_seconds=flags.min_step_seconds * step_slowdown(flags.learner_id),  # mixed hardware, emulated
-            start_timeout=flags.connect_timeout,
-            orphan_timeout=flags.orphan_timeout,
-            device=flags.device,
-            precision=options.plain(flags.precision)[0],
-            term_grace=flags.term_grace,
-            peer_recovery=flags.peer_recovery,
-            inner_state_dir=str(flags.inner_state_dir) if flags.inner_state_dir else None,
-        )
-        resolve_device(flags.device)
-        for address in flags.connect.split(","):
-            check_spec(address.strip())
-        if not 0 <= flags.learner_id < flags.learners:
-            raise ValueError(f"--id must be in 0..{flags.learners - 1} (the data has {flags.learners} shards)")
+        settings = learner_settings(flags)
     except (ValueError, OSError) as exc:
         raise user_error(exc) from None
     try:
@@ -166,3 +132,49 @@ def learner(flags: LearnerFlags) -> None:
     leave_process_group()
     if code:  # 3 (`ending.EXIT_ORPHANED`): ended without its synchronizer; a scheduler must not restart it
         sys.exit(code)
+
+
+def learner_settings(flags: LearnerFlags) -> LearnerSettings:
+    """The learner's settings from its flags (or its `--config` file), each checked: a bad one raises
+    ValueError naming the flag."""
+    from ..learner.addresses import check_spec
+    from ..learner.trainer import LearnerSettings
+    from ..learner.wan import LinkConfig
+    from ..train.device import resolve_device, step_slowdown
+    from ..train.inner import InnerConfig
+    from ..wire import auth
+
+    model, model_size = options.plain(flags.model, flags.model_size)
+    settings = LearnerSettings(
+        learner=flags.learner_id,
+        addresses=flags.connect,
+        learners=flags.learners,
+        model=model,
+        model_size=model_size,
+        data=flags.data,
+        seq_len=flags.seq_len,
+        seed=flags.seed,
+        inner=InnerConfig(lr=flags.inner_lr, batch_size=flags.batch_size),
+        codec=options.Codec(flags.codec).value,
+        token=auth.resolve_token(flags.token),
+        credentials=auth.channel_credentials(flags.tls_ca),
+        state_dir=str(flags.state_dir) if flags.state_dir else None,
+        net_delay=flags.net_delay / 1000.0,
+        max_steps=flags.max_steps,
+        wan=LinkConfig(flags.net_latency, flags.net_bandwidth, flags.net_jitter),
+        checkpoint_every=flags.save_state_every,
+        min_step_seconds=flags.min_step_seconds * step_slowdown(flags.learner_id),  # mixed hardware, emulated
+        start_timeout=flags.connect_timeout,
+        orphan_timeout=flags.orphan_timeout,
+        device=flags.device,
+        precision=options.plain(flags.precision)[0],
+        term_grace=flags.term_grace,
+        peer_recovery=flags.peer_recovery,
+        inner_state_dir=str(flags.inner_state_dir) if flags.inner_state_dir else None,
+    )
+    resolve_device(flags.device)
+    for address in flags.connect.split(","):
+        check_spec(address.strip())
+    if not 0 <= flags.learner_id < flags.learners:
+        raise ValueError(f"--id must be in 0..{flags.learners - 1} (the data has {flags.learners} shards)")
+    return settings

@@ -147,15 +147,16 @@ def _tokens(flags: RunFlags) -> int | None:
 def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
     """The run's config (its directory made), for a local, Slurm or SkyPilot run."""
     from ..api.model import fit_fragments
-    from ..launch.config import RunConfig
+    from ..launch.config import NetworkConfig, RunConfig
+    from ..learner.wan import LinkConfig
     from ..wire import auth
     from .synchronizer import algorithm_for
 
     method, model, model_size, merge, backend = options.plain(
         flags.method, flags.model, flags.model_size, flags.merge, flags.backend
     )
+    fragments = fit_fragments(len(list(task.build_model(flags.seed).parameters())), flags.fragments, flags.sync_every)
     config = RunConfig(
-        **options.algorithm_knobs(flags),  # the synchronizers get them (`RunConfig.synchronizer_args`)
         run_dir=_run_dir(flags),
         method=method,
         model=model,
@@ -163,22 +164,24 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
         data=flags.data,
         seq_len=flags.seq_len,
         learners=flags.learners,
-        fragments=fit_fragments(
-            len(list(task.build_model(flags.seed).parameters())), flags.fragments, flags.sync_every
+        # what the run's synchronizers run (`RunConfig.synchronizer_settings`); a bad value is this command's error
+        algorithm=algorithm_for(
+            method, flags.learners, fragments=fragments, merge=merge, **options.algorithm_knobs(flags)
         ),
-        merge=merge,
         inner_lr=flags.inner_lr,
         batch_size=flags.batch_size,
         seed=flags.seed,
         tokens=_tokens(flags),
         duration=flags.duration,
         sync_shards=flags.sync_shards,
-        codec=options.Codec(flags.codec).value,
-        codec_down=options.CodecDown(flags.codec_down).value,
-        bulk_socket=flags.bulk_socket,
-        wan=(flags.net_latency, flags.net_bandwidth, flags.net_jitter),
+        network=NetworkConfig(
+            link=LinkConfig(flags.net_latency, flags.net_bandwidth, flags.net_jitter),
+            codec=options.Codec(flags.codec).value,
+            codec_down=options.CodecDown(flags.codec_down).value,
+            bulk_socket=flags.bulk_socket,
+            min_bandwidth=flags.min_bandwidth,
+        ),
         heartbeat=flags.heartbeat,
-        min_bandwidth=flags.min_bandwidth,
         checkpoint_every=flags.checkpoint_every,
         # on a cluster each process has its node: --threads as given (0: PyTorch's default)
         threads=options.shared_threads(flags.threads, flags.learners + flags.sync_shards)
@@ -192,8 +195,6 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
         orphan_timeout=flags.orphan_timeout,
         chaos=chaos,
     )
-    # the algorithm its synchronizers build from these flags, checked here: a bad value is this command's error
-    algorithm_for(method, flags.learners, fragments=config.fragments, merge=merge, **options.algorithm_knobs(flags))
     try:
         config.run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -204,6 +205,7 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
 def _dataparallel_config(flags: RunFlags, chaos: ChaosSettings) -> DataParallelConfig:
     """A data-parallel baseline's config, from the flags that have a meaning for it."""
     from ..dataparallel.config import DataParallelConfig
+    from ..learner.wan import LinkConfig
 
     method, model, model_size, backend = options.plain(flags.method, flags.model, flags.model_size, flags.backend)
     if backend not in ("local", "slurm") or flags.kill_synchronizer_at is not None:
@@ -232,9 +234,7 @@ def _dataparallel_config(flags: RunFlags, chaos: ChaosSettings) -> DataParallelC
         eval_every=flags.eval_every,
         threads=options.shared_threads(flags.threads, flags.learners),
         chaos=chaos,
-        net_latency=flags.net_latency,  # the all-reduce pays the emulated link (dataparallel/link.py)
-        net_bandwidth=flags.net_bandwidth,
-        net_jitter=flags.net_jitter,
+        link=LinkConfig(flags.net_latency, flags.net_bandwidth, flags.net_jitter),  # the all-reduce pays it
     )
 
 

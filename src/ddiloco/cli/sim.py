@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -120,8 +121,12 @@ class SimFlags:
     fail_downtime: float = typer.Option(
         15.0, "--learner-down", help="Random failures: mean simulated seconds a failed learner stays down."
     )
-    latency: float = typer.Option(0.01, help="One-way message latency, simulated seconds.")
-    bandwidth: float = typer.Option(1e9, help="Link bandwidth, bytes per simulated second.")
+    net_latency: float = typer.Option(
+        10.0, min=0.0, help="One-way message latency, milliseconds (of simulated time), as ddiloco run's."
+    )
+    net_bandwidth: float = typer.Option(
+        1000.0, min=0.0, help="Link bandwidth, MB per simulated second, as ddiloco run's (0: no cap)."
+    )
     codec: options.Codec | None = typer.Option(
         None,
         "--codec",
@@ -212,7 +217,7 @@ def _sim_config(flags: SimFlags) -> tuple[SimConfig, Task]:
             else AlgorithmConfig(fragments=1, sync_every=max(2, flags.sync_every)),
             inner=InnerConfig(lr=flags.inner_lr, batch_size=flags.batch_size),
             steps=steps,
-            link=LinkModel(flags.latency, flags.bandwidth),
+            link=LinkModel(flags.net_latency / 1000.0, flags.net_bandwidth * 1e6 or math.inf),
             failures=failure_trace(
                 flags.failures,
                 flags.fail_mtbf,

@@ -147,7 +147,7 @@ def sync_task(config: RunConfig, opts: SkyOptions, tls_dir: Path | None) -> dict
     remote = dataclasses.replace(config, run_dir=Path(RUN))
     commands = []
     for s in range(config.sync_shards):
-        args = remote.synchronizer_args(s, 0)
+        args = remote.synchronizer_args(s, 0, settings_file=False)  # the run directory is the store's
         args[args.index("--host") + 1] = "0.0.0.0"  # bound everywhere; the address published is $HOST
         args[args.index("--port") + 1] = str(opts.port + s)
         args[args.index("--address-file") + 1] = f"{STATE}/address-{s}"
@@ -177,7 +177,11 @@ def learner_task(config: RunConfig, opts: SkyOptions, m: int, ca_dir: Path | Non
     """A managed job: on spot, recovered (new node, any region) by SkyPilot; its state on the store."""
     remote = dataclasses.replace(config, run_dir=Path(RUN))
     files = [f"{RUN}/sync-{s}/address" for s in range(config.sync_shards)]
-    args = [*remote.learner_args(m, [f"@{f}" for f in files]), "--term-grace", f"{opts.term_grace:g}"]
+    args = [
+        *remote.learner_args(m, [f"@{f}" for f in files], settings_file=False),
+        "--term-grace",
+        f"{opts.term_grace:g}",
+    ]
     command = '"$DDILOCO_PYTHON" ' + _words(["-m", "ddiloco", *args])
     if ca_dir is not None:
         command += ' --tls-ca "$DDILOCO_TLS_CA"'

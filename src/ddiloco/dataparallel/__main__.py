@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from ..chaos.injector import ChaosSettings
+from ..learner.wan import LinkConfig
 from ..records import logsetup
 
 
@@ -114,9 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         collective_timeout=args.collective_timeout,
         join_timeout=args.join_timeout,
         time_limit=args.time_limit,
-        net_latency=args.net_latency,
-        net_bandwidth=args.net_bandwidth,
-        net_jitter=args.net_jitter,
+        link=LinkConfig(args.net_latency, args.net_bandwidth, args.net_jitter),
         chaos=chaos,
     )
     result = run_data_parallel(config)

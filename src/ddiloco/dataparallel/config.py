@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..chaos.injector import ChaosSettings
+from ..learner.wan import LinkConfig
 
 METHODS = ("ddp", "elastic-ddp")
 
@@ -41,9 +42,8 @@ class DataParallelConfig:
     collective_timeout: float = 30.0  # a collective that waits longer than this fails (a frozen peer)
     join_timeout: float = 300.0  # a worker that is given no generation within this exits with an error
     time_limit: float = 24 * 3600.0  # the launcher ends a run that has not finished by then (an error)
-    net_latency: float = 0.0  # ms one way per hop of the ring all-reduce (`link`), as `ddiloco run --net-latency`
-    net_bandwidth: float = 0.0  # MB/s each way per worker (0: no cap), as `ddiloco run --net-bandwidth`
-    net_jitter: float = 0.0  # ms: a uniform 0..J added to each hop's latency
+    # the emulated link under the ring all-reduce (`link`): per hop and per worker, as the learners' link
+    link: LinkConfig = field(default_factory=LinkConfig)
     chaos: ChaosSettings = field(default_factory=ChaosSettings)
 
     def __post_init__(self) -> None:
@@ -57,8 +57,6 @@ class DataParallelConfig:
             raise ValueError("need at least one worker, and 1 <= min_workers <= workers")
         if self.checkpoint_every < 1 or self.batch_size < 1 or self.min_step_seconds < 0:
             raise ValueError("checkpoint_every and batch_size must be >= 1, min_step_seconds >= 0")
-        if not all(0 <= v < float("inf") for v in (self.net_latency, self.net_bandwidth, self.net_jitter)):
-            raise ValueError("--net-latency, --net-bandwidth and --net-jitter must be finite numbers >= 0")
         if not (self.collective_timeout > 0 and self.join_timeout > 0 and self.learner_down >= 0):
             raise ValueError("timeouts must be > 0 and learner_down >= 0")
 
@@ -129,9 +127,9 @@ class DataParallelConfig:
         if secret_file is not None:
             args += ["--store-secret-file", str(secret_file)]
         for flag, value in (
-            ("--net-latency", self.net_latency),
-            ("--net-bandwidth", self.net_bandwidth),
-            ("--net-jitter", self.net_jitter),
+            ("--net-latency", self.link.latency_ms),
+            ("--net-bandwidth", self.link.bandwidth_mb_s),
+            ("--net-jitter", self.link.jitter_ms),
         ):
             if value:
                 args += [flag, repr(value)]

@@ -20,26 +20,10 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from ..learner.wan import LinkConfig  # the learners' emulated link, the same settings
 
 BACKWARD_SHARE = 2.0 / 3.0  # of a step's compute: the part DDP's bucketed all-reduce overlaps
-
-
-@dataclass(frozen=True)
-class LinkSettings:
-    latency: float = 0.0  # seconds, one way, per hop
-    bandwidth: float = 0.0  # bytes per second each way per worker; 0: no cap
-    jitter: float = 0.0  # seconds: a uniform [0, jitter] added to each hop's latency
-
-    def __post_init__(self) -> None:
-        for name in ("latency", "bandwidth", "jitter"):
-            value = getattr(self, name)
-            if not (0 <= value < float("inf")):
-                raise ValueError(f"--net-{name} must be a finite number >= 0, got {value!r}")
-
-    @property
-    def active(self) -> bool:
-        return bool(self.latency or self.bandwidth or self.jitter)
 
 
 def ring_bytes(grad_bytes: int, world: int) -> float:
@@ -52,7 +36,7 @@ class AllReduceLink:
 
     def __init__(
         self,
-        settings: LinkSettings,
+        settings: LinkConfig,
         grad_bytes: int,
         seed: int = 0,
         sleep: Callable[[float], None] = time.sleep,
@@ -68,7 +52,7 @@ class AllReduceLink:
             return 0.0
         s, hops = self.settings, 2 * (world - 1)
         latency = hops * s.latency + (sum(self._rng.uniform(0.0, s.jitter) for _ in range(hops)) if s.jitter else 0.0)
-        transfer = ring_bytes(self.grad_bytes, world) / s.bandwidth if s.bandwidth else 0.0
+        transfer = ring_bytes(self.grad_bytes, world) / s.bytes_per_second if s.bytes_per_second else 0.0
         return latency + transfer
 
     def pay(self, world: int, compute_seconds: float) -> tuple[float, float]:

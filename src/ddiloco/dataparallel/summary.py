@@ -110,9 +110,9 @@ def summarize(config: DataParallelConfig, launcher: Launcher, params: int, end_w
         # the emulated link under the all-reduce (`link`): seconds each worker waited for it per step
         # (measured), and the all-reduce's whole time on the link by the ring model (part hidden by backward)
         "link": {
-            "latency_ms": config.net_latency,
-            "bandwidth_MBps": config.net_bandwidth,
-            "jitter_ms": config.net_jitter,
+            "latency_ms": config.link.latency_ms,
+            "bandwidth_MBps": config.link.bandwidth_mb_s,
+            "jitter_ms": config.link.jitter_ms,
         },
         "link_seconds_waited": link_waited,
         "link_seconds_per_step": link_waited / max(1, steps),

@@ -30,12 +30,13 @@ import torch
 import torch.distributed as dist
 
 from ..learner.journal import Journal
+from ..learner.wan import LinkConfig
 from ..records.rundir import MetricsLog
 from ..train.device import process_group_backend, resolve_device, step_slowdown
 from ..train.inner import InnerConfig, lr_at, make_inner_optimizer, set_lr
 from ..train.tasks import make_task
 from . import checkpoint
-from .link import AllReduceLink, LinkSettings
+from .link import AllReduceLink
 from .rendezvous import Membership, leave_group
 from .replicated import Lineage, broadcast_state
 from .storeauth import read_secret
@@ -87,7 +88,7 @@ class Worker:
         self.lineage = Lineage(s.workers)  # rank 0 reads the checkpoint when it forms a generation
         self.stream = self.task.stream(s.slot, s.workers, s.batch_size, s.seed)
         grad_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
-        link = LinkSettings(s.net_latency / 1000.0, s.net_bandwidth * 1e6, s.net_jitter / 1000.0)
+        link = LinkConfig(s.net_latency, s.net_bandwidth, s.net_jitter)
         self.link = AllReduceLink(link, grad_bytes, seed=s.seed * 1000 + s.slot)
         self.pad_to = s.min_step_seconds * step_slowdown(s.slot)  # this worker's emulated accelerator
         secret = read_secret(s.store_secret_file) if s.store_secret_file is not None else None

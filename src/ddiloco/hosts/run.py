@@ -117,7 +117,8 @@ class HostsRun:
         """The run's config with each shard listening on its host's address, and a token (beyond
         loopback a synchronizer refuses to run without one; one is made unless given)."""
         addresses = tuple(self.net.address(f"sync{s}") for s in range(self.plan.shards))
-        return dataclasses.replace(config, sync_hosts=addresses, token=config.token or secrets.token_hex(16))
+        network = dataclasses.replace(config.network, sync_hosts=tuple(addresses))
+        return dataclasses.replace(config, network=network, token=config.token or secrets.token_hex(16))
 
     def wrap(self, child: str, argv: Sequence[str]) -> list[str]:
         """The command that runs the supervised process `child` (`sync-0`, `learner-2`) on its host."""

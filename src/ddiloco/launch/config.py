@@ -3,48 +3,39 @@ the runtime's knobs and the faults to inject; and the command lines of its proce
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from ..chaos.injector import ChaosSettings
 from ..core import methods
 from ..core.config import AlgorithmConfig
 from ..learner.ending import DEFAULT_ORPHAN_TIMEOUT
+from ..learner.wan import LinkConfig
+from ..records.atomic import atomic_write
 from ..wire.framing import DEFAULT_CHUNK_BYTES
 from ..wire.timeouts import Timeouts
 
-_D = AlgorithmConfig()  # the algorithm's defaults live there, once
 
-#: The algorithm's settings a run's synchronizers get as they are: each is the `AlgorithmConfig` field
-#: and the `ddiloco synchronizer` flag of its name (fragments, overlap and merge are passed on their own).
-SYNCHRONIZER_KNOBS = (
-    "late",
-    "max_staleness",
-    "staleness_discount",
-    "quorum",
-    "grace",
-    "outer_lr",
-    "outer_momentum",
-    "arrival",
-    "final_momentum",
-    "ema",
-    "max_outer_norm_ratio",
-    "outer_debias",
-    "outer_restart_every",
-    "outer_lr_per_learner",
-)
+@dataclass(frozen=True)
+class NetworkConfig:
+    """How a run's processes reach each other: the emulated link, the codecs on it, the bulk plane and
+    where the shards listen."""
 
-
-def _flag(name: str, value: object) -> list[str]:
-    """A setting as the command line says it: --name VALUE, or --name / --no-name for a switch."""
-    flag = name.replace("_", "-")
-    if isinstance(value, bool):
-        return [f"--{flag}" if value else f"--no-{flag}"]
-    return [f"--{flag}", str(value)]
+    link: LinkConfig = field(default_factory=LinkConfig)  # the learners' emulated wide-area link
+    codec: str = "bf16"  # outer gradients up
+    codec_down: str = "bf16"  # merged fragments down
+    bulk_socket: bool = True  # pushes on the synchronizers' plain TCP bulk plane (`wire.sockets`), not gRPC
+    min_bandwidth: float | None = None  # MB/s the bulk deadlines assume; None: `RunConfig.bulk_min_bandwidth`
+    sync_hosts: tuple[str, ...] = ()  # the address each shard listens on (--network hosts); none: 127.0.0.1
 
 
 @dataclass(frozen=True)
 class RunConfig:
+    """One run's settings as a tree: the algorithm its synchronizers run (`core.config`), the network,
+    the faults (`chaos`), and the run's own (model, budget, processes). `algorithm` is what the
+    synchronizers build: `RunConfig` applies what `method` fixes (`core.methods.algorithm_for`)."""
+
     run_dir: Path
     method: str = "decoupled"
     model: str = "gpt"
@@ -52,37 +43,16 @@ class RunConfig:
     data: str | None = None
     seq_len: int = 128
     learners: int = 4
-    fragments: int = _D.fragments
-    sync_every: int = _D.sync_every
-    overlap: int = _D.overlap
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     overlap_auto: bool = True  # --overlap auto: each learner widens tau by its link's steps (`learner.overlap`)
-    late: str = _D.late
-    max_staleness: int = _D.max_staleness
-    staleness_discount: float = _D.staleness_discount
-    quorum: int = _D.quorum
-    grace: float = _D.grace
-    merge: str | None = None
-    outer_lr: float = _D.outer_lr
-    outer_momentum: float = _D.outer_momentum
-    arrival: str = _D.arrival
-    final_momentum: bool = _D.final_momentum
-    ema: float = _D.ema
-    max_outer_norm_ratio: float = _D.max_outer_norm_ratio
-    outer_debias: bool = _D.outer_debias
-    outer_restart_every: int = _D.outer_restart_every
-    outer_lr_per_learner: float = _D.outer_lr_per_learner
     inner_lr: float = 3e-3
     batch_size: int = 16
     seed: int = 0
     tokens: int | None = None
     duration: float | None = None
     sync_shards: int = 1
-    codec: str = "bf16"
-    codec_down: str = "bf16"
-    bulk_socket: bool = True  # pushes on the synchronizers' plain TCP bulk plane (`wire.sockets`), not gRPC
-    wan: tuple[float, float, float] = (0.0, 0.0, 0.0)  # emulated link: latency ms, MB/s, jitter ms
+    network: NetworkConfig = field(default_factory=NetworkConfig)
     heartbeat: float = 0.5
-    min_bandwidth: float | None = None  # MB/s the bulk deadlines assume; None: `bulk_min_bandwidth`
     checkpoint_every: int = 1
     threads: int = 1
     eval_batches: int = 20
@@ -91,7 +61,6 @@ class RunConfig:
     token: str | None = None
     peer_recovery: bool = True
     orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT  # a learner alone this long ends (`learner.ending`)
-    sync_hosts: tuple[str, ...] = ()  # the address each shard listens on (--network hosts); none: 127.0.0.1
     chaos: ChaosSettings = field(default_factory=ChaosSettings)
 
     def __post_init__(self) -> None:
@@ -103,23 +72,28 @@ class RunConfig:
             raise ValueError("need at least one learner and one synchronizer shard")
         if self.tokens is not None and self.tokens < 1 or self.duration is not None and self.duration <= 0:
             raise ValueError("--tokens and --duration must be positive")
+        object.__setattr__(self, "algorithm", methods.algorithm_for(self.method, self.algorithm, self.learners))
 
     @property
     def bulk_min_bandwidth(self) -> float | None:
         """MB/s the synchronizers' push and fetch deadlines assume: the flag, else half the emulated
         link's rate (a whole-model push on a slow link must not outlive a deadline sized for 10 MB/s)."""
-        if self.min_bandwidth is not None:
-            return self.min_bandwidth
-        return max(0.001, min(10.0, self.wan[1] / 2)) if self.wan[1] > 0 else None
+        if self.network.min_bandwidth is not None:
+            return self.network.min_bandwidth
+        return (
+            max(0.001, min(10.0, self.network.link.bandwidth_mb_s / 2))
+            if self.network.link.bandwidth_mb_s > 0
+            else None
+        )
 
     @property
     def link_chunk_bytes(self) -> int | None:
         """Wire chunk that crosses the emulated link in a quarter of the failure timeout. The emulation
         holds a whole chunk back until its bytes are paid for, where a real link trickles them; a 1 MiB
         chunk on a slow link would leave the stream silent past the synchronizer's idle limit."""
-        if not self.wan[1] > 0:
+        if not self.network.link.bandwidth_mb_s > 0:
             return None
-        fitting = int(self.wan[1] * 1e6 * Timeouts.derive(self.heartbeat).failure / 4) // 16 * 16
+        fitting = int(self.network.link.bandwidth_mb_s * 1e6 * Timeouts.derive(self.heartbeat).failure / 4) // 16 * 16
         return min(DEFAULT_CHUNK_BYTES, max(4096, fitting))
 
     @property
@@ -133,127 +107,150 @@ class RunConfig:
     def learner_dir(self, m: int) -> Path:
         return self.run_dir / f"learner-{m}"
 
-    def _model_args(self) -> list[str]:
-        args = [
-            "--model",
-            self.model,
-            "--model-size",
-            self.model_size,
-            "--seq-len",
-            str(self.seq_len),
-            "--seed",
-            str(self.seed),
-            "--learners",
-            str(self.learners),
-        ]
-        if self.data is not None:
-            args += ["--data", self.data]
-        return args
+    def _model_settings(self) -> dict[str, object]:
+        return {
+            "model": self.model,
+            "model_size": self.model_size,
+            "seq_len": self.seq_len,
+            "seed": self.seed,
+            "learners": self.learners,
+            "data": self.data,
+        }
 
-    def synchronizer_args(self, shard: int, port: int) -> list[str]:
+    def algorithm_settings(self) -> dict[str, object]:
+        """The algorithm as `ddiloco synchronizer`'s flags: every `AlgorithmConfig` field under its own
+        name, but overlap_auto (said by --overlap auto) and synchronous (said by --method)."""
+        a = self.algorithm
+        knobs: dict[str, object] = {
+            f.name: getattr(a, f.name) for f in fields(AlgorithmConfig) if f.name not in ("overlap_auto", "synchronous")
+        }
+        knobs["overlap"] = "auto" if a.overlap_auto else a.overlap
+        return {"method": self.method, **knobs}
+
+    def synchronizer_settings(self, shard: int) -> dict[str, object]:
+        """Shard `shard`'s part of the tree, keyed by `ddiloco synchronizer`'s flags (None: not given);
+        where it listens is the launcher's to say (`synchronizer_args`)."""
         d = self.sync_dir(shard)
-        args = [
-            "synchronizer",
+        return {
+            **self._model_settings(),
+            **self.algorithm_settings(),
+            "shard": shard,
+            "num_shards": self.sync_shards,
+            "max_learners": self.learners,
+            "checkpoint_dir": str(d),
+            "checkpoint_every": self.checkpoint_every,
+            "threads": self.threads,
+            "heartbeat": self.heartbeat,
+            "event_log": str(d / "events.jsonl"),
+            "summary": str(d / "summary.json"),
+            "codec_down": self.network.codec_down,
+            "bulk_socket": self.network.bulk_socket,
+            "tokens": self.tokens,
+            "duration": self.duration,
+            "min_bandwidth": self.bulk_min_bandwidth,
+            "chunk_bytes": self.link_chunk_bytes,
+        }
+
+    def synchronizer_args(self, shard: int, port: int, settings_file: bool = True) -> list[str]:
+        """`ddiloco synchronizer`'s command line: where it listens, and its settings in a file of its own
+        (`--config sync-N/synchronizer.toml`, written here), or as flags (`settings_file=False`: a
+        run directory that is not this machine's, as SkyPilot's)."""
+        d = self.sync_dir(shard)
+        where = [
             "--host",
-            self.sync_hosts[shard] if self.sync_hosts else "127.0.0.1",
+            self.network.sync_hosts[shard] if self.network.sync_hosts else "127.0.0.1",
             "--port",
             str(port),
             "--address-file",
             str(d / "address"),
-            *self._model_args(),
-            "--method",
-            self.method,
-            "--fragments",
-            str(self.fragments),
-            "--sync-every",
-            str(self.sync_every),
-            "--overlap",
-            "auto" if self.overlap_auto else str(self.overlap),
-            *(arg for name in SYNCHRONIZER_KNOBS for arg in _flag(name, getattr(self, name))),
-            "--shard",
-            str(shard),
-            "--num-shards",
-            str(self.sync_shards),
-            "--max-learners",
-            str(self.learners),
-            "--checkpoint-dir",
-            str(d),
-            "--checkpoint-every",
-            str(self.checkpoint_every),
-            "--threads",
-            str(self.threads),
-            "--heartbeat",
-            str(self.heartbeat),
-            "--event-log",
-            str(d / "events.jsonl"),
-            "--summary",
-            str(d / "summary.json"),
-            "--codec-down",
-            self.codec_down,
         ]
-        if self.merge:
-            args += ["--merge", self.merge]
-        if not self.bulk_socket:
-            args += ["--no-bulk-socket"]
-        if self.tokens is not None:
-            args += ["--tokens", str(self.tokens)]
-        if self.duration is not None:
-            args += ["--duration", str(self.duration)]
-        if self.bulk_min_bandwidth is not None:
-            args += ["--min-bandwidth", str(self.bulk_min_bandwidth)]
-        if self.link_chunk_bytes is not None:
-            args += ["--chunk-bytes", str(self.link_chunk_bytes)]
-        return args
+        settings = self.synchronizer_settings(shard)
+        if not settings_file:
+            return ["synchronizer", *where, *as_flags(settings)]
+        path = d / "synchronizer.toml"
+        d.mkdir(parents=True, exist_ok=True)
+        write_toml(path, settings)
+        return ["synchronizer", "--config", str(path), *where]
 
-    def learner_args(self, m: int, addresses: list[str]) -> list[str]:
-        args = [
-            "learner",
-            "--connect",
-            ",".join(addresses),
-            "--id",
-            str(m),
-            *self._model_args(),
-            "--batch-size",
-            str(self.batch_size),
-            "--inner-lr",
-            str(self.inner_lr),
-            "--codec",
-            self.codec,
-            "--state-dir",
-            str(self.learner_dir(m)),
-            "--threads",
-            str(self.threads),
-            "--save-state-every",
-            str(self.sync_every),
-            "--orphan-timeout",
-            f"{self.orphan_timeout:g}",
-        ]
-        if self.min_step_seconds > 0:
-            args += ["--min-step-seconds", str(self.min_step_seconds)]
-        if not self.peer_recovery:
-            args.append("--no-peer-recovery")
-        if self.chaos.net_delay_ms:
-            args += ["--net-delay", str(self.chaos.net_delay_ms)]
-        for flag, value in zip(("--net-latency", "--net-bandwidth", "--net-jitter"), self.wan, strict=True):
-            if value:
-                args += [flag, str(value)]
-        return args
+    def learner_settings(self, m: int) -> dict[str, object]:
+        """Learner `m`'s settings, keyed by `ddiloco learner`'s flags (None: not given)."""
+        link = self.network.link
+        return {
+            "id": m,
+            **self._model_settings(),
+            "batch_size": self.batch_size,
+            "inner_lr": self.inner_lr,
+            "codec": self.network.codec,
+            "state_dir": str(self.learner_dir(m)),
+            "threads": self.threads,
+            "save_state_every": self.algorithm.sync_every,
+            "orphan_timeout": self.orphan_timeout,
+            "min_step_seconds": self.min_step_seconds or None,
+            "peer_recovery": self.peer_recovery,
+            "net_delay": self.chaos.net_delay_ms or None,
+            "net_latency": link.latency_ms or None,
+            "net_bandwidth": link.bandwidth_mb_s or None,
+            "net_jitter": link.jitter_ms or None,
+        }
+
+    def learner_args(self, m: int, addresses: list[str], settings_file: bool = True) -> list[str]:
+        """`ddiloco learner`'s command line: whom it connects to, and its settings in a file of its own
+        (`--config learner-M/learner.toml`, written here), or as flags (`settings_file=False`)."""
+        connect = ["--connect", ",".join(addresses)]
+        settings = self.learner_settings(m)
+        if not settings_file:
+            return ["learner", *connect, *as_flags(settings)]
+        path = self.learner_dir(m) / "learner.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_toml(path, settings)
+        return ["learner", "--config", str(path), *connect]
 
     def as_dict(self) -> dict:
-        """The settings the run's synchronizers use: what the user asked, then what the method sets
-        (`core.methods`)."""
-        fixed = methods.fixed_knobs(self.method, self.learners)
-        overlap = "auto" if self.overlap_auto else self.overlap
+        """The settings the run's synchronizers use, what the user asked with what the method sets
+        applied (`core.methods`), in the keys a data-parallel run's summary shares."""
+        a = self.algorithm
         return {
             "method": self.method,
             "model": self.model,
             "learners": self.learners,
             "seed": self.seed,
-            "fragments": fixed.get("fragments", self.fragments),
-            "sync_every": self.sync_every,
-            "overlap": fixed.get("overlap", overlap),
-            "late": self.late,
-            "quorum": fixed.get("quorum", self.quorum),
-            "grace": fixed.get("grace", self.grace),
-            "merge": self.merge or methods.default_merge(self.method),
+            "fragments": a.fragments,
+            "sync_every": a.sync_every,
+            "overlap": "auto" if a.overlap_auto and not a.synchronous else a.overlap,
+            "late": a.late,
+            "quorum": a.quorum,
+            "grace": a.grace,
+            "merge": a.merge,
         }
+
+
+def as_flags(settings: dict[str, object]) -> list[str]:
+    """Settings as a command line: --name VALUE, or --name / --no-name for a switch; None: not given."""
+    args: list[str] = []
+    for name, value in settings.items():
+        if value is None:
+            continue
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            args += [f"--{flag}", str(value)]
+    return args
+
+
+def write_toml(path: Path, settings: dict[str, object]) -> None:
+    """A child's `--config` file (`cli.config_file`): one `key = value` line per setting given, the
+    keys its flags' names. Strings as JSON's (a subset of TOML's basic strings), numbers as Python
+    writes them (TOML's too: `1e-05`, `inf`)."""
+    lines = []
+    for name, value in settings.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            text = repr(value)
+        else:
+            text = json.dumps(str(value))
+        lines.append(f"{name} = {text}")
+    atomic_write(path, ("\n".join(lines) + "\n").encode(), durable=False)

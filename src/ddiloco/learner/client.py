@@ -46,7 +46,7 @@ from .journal import Journal
 from .leader import Leader
 from .link import LinkContext, ShardLink
 from .overlap import OverlapChooser
-from .wan import WanLink, WanSettings
+from .wan import LinkConfig, WanLink
 
 if TYPE_CHECKING:
     from .attach import Attachment
@@ -65,7 +65,7 @@ class LearnerClient:
         codec: str = "bf16",
         credentials=None,  # grpc.ChannelCredentials for TLS
         net_delay: float = 0.0,
-        wan: WanSettings | None = None,
+        wan: LinkConfig | None = None,
         journal_dir: str | None = None,
         timeouts: Timeouts | None = None,
         process_group=None,

@@ -28,7 +28,7 @@ from .client import LearnerClient
 from .ending import DEFAULT_ORPHAN_TIMEOUT, Ending, RunFinished, clear_mark, mark_ended, restarted_after
 from .peerstate import snapshot
 from .state import BackgroundSaver, load_optimizer
-from .wan import WanSettings
+from .wan import LinkConfig
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class LearnerSettings:
     credentials: object = None
     state_dir: str | None = None
     net_delay: float = 0.0
-    wan: WanSettings = field(default_factory=WanSettings)  # an emulated wide-area link (`wan`)
+    wan: LinkConfig = field(default_factory=LinkConfig)  # an emulated wide-area link (`wan`)
     max_steps: int | None = None
     checkpoint_every: int = 24
     start_timeout: float = 120.0

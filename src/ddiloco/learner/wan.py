@@ -30,20 +30,39 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class WanSettings:
-    latency: float = 0.0  # seconds, one way, per message
-    bandwidth: float = 0.0  # bytes per second in each direction; 0: no cap
-    jitter: float = 0.0  # seconds: a uniform [0, jitter] added to each message's latency
+class LinkConfig:
+    """An emulated wide-area link, in the units of every command's flags (`--net-latency` and
+    `--net-jitter` in milliseconds, `--net-bandwidth` in MB/s): the learner's link layer (`WanLink`)
+    and the data-parallel baselines' all-reduce (`dataparallel.link`) charge the same link."""
+
+    latency_ms: float = 0.0  # one way, per message
+    bandwidth_mb_s: float = 0.0  # megabytes per second in each direction; 0: no cap
+    jitter_ms: float = 0.0  # a uniform [0, jitter] added to each message's latency
 
     def __post_init__(self) -> None:
-        for name in ("latency", "bandwidth", "jitter"):
+        for name, flag in (("latency_ms", "latency"), ("bandwidth_mb_s", "bandwidth"), ("jitter_ms", "jitter")):
             value = getattr(self, name)
             if not (value >= 0 and value < float("inf")):
-                raise ValueError(f"WAN emulation: {name} must be a finite number >= 0, got {value!r}")
+                raise ValueError(f"--net-{flag} must be a finite number >= 0, got {value!r}")
 
     @property
     def active(self) -> bool:
-        return bool(self.latency or self.bandwidth or self.jitter)
+        return bool(self.latency_ms or self.bandwidth_mb_s or self.jitter_ms)
+
+    @property
+    def latency(self) -> float:
+        """One-way latency in seconds."""
+        return self.latency_ms / 1000.0
+
+    @property
+    def jitter(self) -> float:
+        """The jitter's bound in seconds."""
+        return self.jitter_ms / 1000.0
+
+    @property
+    def bytes_per_second(self) -> float:
+        """The cap in bytes per second each way; 0: none."""
+        return self.bandwidth_mb_s * 1e6
 
 
 class TokenBucket:
@@ -84,15 +103,15 @@ class WanLink:
 
     def __init__(
         self,
-        settings: WanSettings | None = None,
+        settings: LinkConfig | None = None,
         seed: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.settings = settings or WanSettings()
+        self.settings = settings or LinkConfig()
         self._rng = random.Random(seed)
         self._sleep = sleep
-        rate = self.settings.bandwidth
+        rate = self.settings.bytes_per_second
         burst = rate * self.BURST_SECONDS
         self.up = TokenBucket(rate, burst, clock, sleep) if rate else None
         self.down = TokenBucket(rate, burst, clock, sleep) if rate else None
@@ -132,7 +151,7 @@ class WanLink:
         """What the link adds to a bulk transfer of `nbytes`, for its deadline: two round trips to
         open a TLS connection, the way there and back, and the bytes at the capped rate."""
         s = self.settings
-        return 6 * (s.latency + s.jitter) + (nbytes / s.bandwidth if s.bandwidth else 0.0)
+        return 6 * (s.latency + s.jitter) + (nbytes / s.bytes_per_second if s.bytes_per_second else 0.0)
 
 
 class DelayLine:
