@@ -144,6 +144,25 @@ def _tokens(flags: RunFlags) -> int | None:
     return flags.tokens if flags.tokens is not None or flags.duration is not None else 400_000
 
 
+def _run_knobs(flags: RunFlags) -> dict[str, Any]:
+    """The algorithm's knobs `RunConfig` takes. One it does not take yet (its synchronizers would not
+    get it: `launch.config.SYNCHRONIZER_KNOBS`) is an error unless left at its default, so a value
+    given is never dropped on the way (until then: --stale-correction)."""
+    import dataclasses
+
+    from ..core.config import AlgorithmConfig
+    from ..launch.config import RunConfig
+
+    knobs = options.algorithm_knobs(flags)
+    passed = {f.name for f in dataclasses.fields(RunConfig)}
+    default = AlgorithmConfig()
+    lost = sorted(name for name, value in knobs.items() if name not in passed and value != getattr(default, name))
+    if lost:
+        named = ", ".join("--" + name.replace("_", "-") for name in lost)
+        raise ValueError(f"{named}: not passed to ddiloco run's synchronizers yet; use ddiloco sim or synchronizer")
+    return {name: value for name, value in knobs.items() if name in passed}
+
+
 def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
     """The run's config (its directory made), for a local, Slurm or SkyPilot run."""
     from ..api.model import fit_fragments
@@ -155,7 +174,7 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
         flags.method, flags.model, flags.model_size, flags.merge, flags.backend
     )
     config = RunConfig(
-        **options.algorithm_knobs(flags),  # the synchronizers get them (`RunConfig.synchronizer_args`)
+        **_run_knobs(flags),  # the synchronizers get them (`RunConfig.synchronizer_args`)
         run_dir=_run_dir(flags),
         method=method,
         model=model,
