@@ -53,6 +53,7 @@ GIVEN: dict[str, Any] = {
     "outer_debias": True,
     "outer_restart_every": 5,
     "outer_lr_per_learner": 0.5,
+    "stale_correction": True,
 }
 
 # The fields a documented rule derives from another flag: field -> (that flag, {its value: the field's}).
@@ -142,7 +143,14 @@ def test_every_field_is_a_flag_of_its_own_name_in_the_algorithm_panel(command):
 
 
 def test_the_outer_step_options_are_left_out_of_run_s_short_help():
-    new = {"outer_debias", "outer_restart_every", "outer_lr_per_learner", "ema", "max_outer_norm_ratio"}
+    new = {
+        "outer_debias",
+        "outer_restart_every",
+        "outer_lr_per_learner",
+        "ema",
+        "max_outer_norm_ratio",
+        "stale_correction",
+    }
     assert not new & RunCommand.common
 
 

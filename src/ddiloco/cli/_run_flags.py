@@ -99,6 +99,7 @@ class RunFlags:
     outer_debias: bool = options.OUTER_DEBIAS
     outer_restart_every: int = options.OUTER_RESTART_EVERY
     outer_lr_per_learner: float = options.OUTER_LR_PER_LEARNER
+    stale_correction: bool = options.STALE_CORRECTION
 
     # Network: the processes' links, emulated or real, and what travels on them
     network: options.Network = typer.Option(

@@ -145,6 +145,13 @@ OUTER_LR_PER_LEARNER = typer.Option(
     "off until measured).",
     rich_help_panel=ALGORITHM,
 )
+STALE_CORRECTION = typer.Option(
+    _D.stale_correction,
+    "--stale-correction/--no-stale-correction",
+    help="HeLoCo's stale-work correction: late work merged into a later round loses, per tensor, part of "
+    "its component opposing the fragment's outer momentum (fresh work untouched; off until measured).",
+    rich_help_panel=ALGORITHM,
+)
 
 #: The `AlgorithmConfig` fields that are flags of the same name, taken as given (`algorithm_knobs`).
 PLAIN_KNOBS = (
@@ -163,6 +170,7 @@ PLAIN_KNOBS = (
     "outer_debias",
     "outer_restart_every",
     "outer_lr_per_learner",
+    "stale_correction",
 )
 
 

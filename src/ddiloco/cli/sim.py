@@ -97,6 +97,7 @@ class SimFlags:
     outer_debias: bool = options.OUTER_DEBIAS
     outer_restart_every: int = options.OUTER_RESTART_EVERY
     outer_lr_per_learner: float = options.OUTER_LR_PER_LEARNER
+    stale_correction: bool = options.STALE_CORRECTION
     inner_lr: float = typer.Option(3e-3, help="Inner AdamW learning rate (peak; cosine decay over the run).")
     batch_size: int = typer.Option(16, help="Sequences (or images) per learner step.")
     tokens: int = typer.Option(

@@ -94,6 +94,7 @@ class SynchronizerFlags:
     outer_debias: bool = options.OUTER_DEBIAS
     outer_restart_every: int = options.OUTER_RESTART_EVERY
     outer_lr_per_learner: float = options.OUTER_LR_PER_LEARNER
+    stale_correction: bool = options.STALE_CORRECTION
     shard: int = typer.Option(0, min=0, help="This process's shard index.")
     num_shards: int = typer.Option(1, min=1, help="Shards in all: fragment p lives on shard p mod num_shards.")
     max_learners: int | None = typer.Option(

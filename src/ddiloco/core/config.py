@@ -54,6 +54,11 @@ class AlgorithmConfig:
     contributions it merges: outer_debias scales the momentum buffer's term by 1 / (1 - mu**t), so a
     constant outer gradient moves the model as far at the first steps as at steady state; R > 0 zeroes
     the buffer before every R-th step (0: never); k > 0 makes the step's lr outer_lr * (1 + k (M - 1)).
+    stale_correction (HeLoCo's, off by default, untried until measured): late work (`late` "merge")
+    is corrected tensor by tensor by its cosine with the fragment's outer momentum before it is
+    summed: a tensor opposing the momentum loses part of its component along it, others are kept
+    (`core.stale_correction`; docs/algorithm.md, "Outer-step options"). Work merged in its own round
+    is never changed.
     """
 
     fragments: int = 24
@@ -76,6 +81,7 @@ class AlgorithmConfig:
     outer_debias: bool = False
     outer_restart_every: int = 0
     outer_lr_per_learner: float = 0.0
+    stale_correction: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -130,6 +136,9 @@ class AlgorithmConfig:
             problems.append(
                 f"outer_lr_per_learner (--outer-lr-per-learner) must be in [0, 1e6], got {self.outer_lr_per_learner}"
             )
+        if not isinstance(self.stale_correction, bool):
+            got = self.stale_correction
+            problems.append(f"stale_correction (--stale-correction) must be true or false, got {got!r}")
         if problems:
             raise ValueError("invalid algorithm config: " + "; ".join(problems))
 

@@ -18,6 +18,9 @@ waits for each live learner (asked for the fragment: it sends its work or declin
 past the flush's end: the driver's drain), and merges them all in one outer step (why:
 docs/algorithm.md, "The end of a run").
 
+With `stale_correction` on, each piece of late work is first corrected against the fragment's outer
+momentum as it stands when the work is admitted (`stale_correction`: HeLoCo's rule).
+
 Memory: one float32 running sum per fragment with late work, at most one copy of the owned
 parameters in all; the contributions' own tensors are not kept.
 Work taken already (a push sent again after a lost reply, or a later snapshot on the same base version
@@ -30,10 +33,13 @@ import dataclasses
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
+import torch
+
 from .config import AlgorithmConfig
 from .messages import Contribution, RejectCode
 from .round_sum import RoundSum
 from .rounds import LateWork, Round
+from .stale_correction import correct_stale
 from .timing import Ema
 from .weights import token_weight
 
@@ -99,12 +105,20 @@ class LateRounds:
     takes them. The synchronizer core owns the rounds; it asks `is_late` and `admit` of each
     contribution, `take` when a round opens, and `pop_due` for carries to open rounds of their own."""
 
-    def __init__(self, config: AlgorithmConfig, step_time: Ema, new_sum: Callable[[int], RoundSum]) -> None:
+    def __init__(
+        self,
+        config: AlgorithmConfig,
+        step_time: Ema,
+        new_sum: Callable[[int], RoundSum],
+        momentum: Callable[[int], Mapping[str, torch.Tensor]] | None = None,
+    ) -> None:
         """`step_time`: the smoothed step time (a carry waits sync periods of it); `new_sum`: an empty
-        running sum for fragment p (a new carry's)."""
+        running sum for fragment p (a new carry's); `momentum`: fragment p's outer-momentum buffers,
+        read (never written) by `stale_correction` when it is on."""
         self.config = config
         self.step_time = step_time
         self.new_sum = new_sum
+        self.momentum = momentum
         self.carries: dict[int, Carry] = {}  # fragment -> late work waiting for its next round
         self.floor: dict[int, int] = {}  # per fragment, the version restored at the last restart
 
@@ -148,6 +162,7 @@ class LateRounds:
         held = r.late if r is not None else carry.work if carry is not None else []
         if any(w.contribution.learner == c.learner and w.contribution.base_version == c.base_version for w in held):
             return LateRefusal("duplicate contribution for this round", send_update=False, code=RejectCode.DUPLICATE)
+        c, norms = self.corrected(c, norms)
         if r is not None:
             admit_late(r.total, r.late, c, norms, staleness, self.config.staleness_discount)
             return None
@@ -155,6 +170,13 @@ class LateRounds:
             carry = self.carries[p] = Carry(self.new_sum(p), since=now)
         admit_late(carry.total, carry.work, c, norms, staleness, self.config.staleness_discount)
         return None
+
+    def corrected(self, c: Contribution, norms: Mapping[str, float]) -> tuple[Contribution, Mapping[str, float]]:
+        """Late work `c` with `stale_correction` applied against its fragment's momentum (as it is, off)."""
+        if not self.config.stale_correction or self.momentum is None:
+            return c, norms
+        values, new_norms = correct_stale(c.outer_gradient, norms, self.momentum(c.fragment))
+        return dataclasses.replace(c, outer_gradient=values), new_norms
 
     def take(self, p: int) -> Carry | None:
         """The late work a round of fragment p opening now starts from."""

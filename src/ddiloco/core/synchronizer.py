@@ -84,7 +84,8 @@ class SynchronizerCore:
         self.live: set[int] = set()
         self.rounds: dict[int, Round] = {}
         self.sums = AccumulatorPool()  # the rounds' float32 sums, reused from round to round
-        self.late = LateRounds(config, self.grace.step_time, self._new_sum)  # work that missed its round
+        # work that missed its round; its stale correction reads each fragment's momentum buffers
+        self.late = LateRounds(config, self.grace.step_time, self._new_sum, lambda p: self.state.outer[p].buffers)
         self.taken = TakenWork()  # no learner's work is taken twice (`taken`)
         self.rejections: dict[str, int] = {}  # refusals by code (`RejectCode` value)
         self._holding = False  # see receive(hold=...)
