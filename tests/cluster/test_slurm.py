@@ -238,6 +238,7 @@ def test_a_followed_run_records_what_a_local_run_records(slurm, tmp_path, shakes
     times = [e["t"] for e in evals]
     assert times == sorted(times) and len(set(times)) == len(times) and times[0] > 0
     assert all(math.isfinite(e["eval_loss"]) for e in evals)
+    assert {e["eval_batches"] for e in evals} == {result["eval_batches"]} == {20}  # one yardstick: --eval-batches
     assert evals[-1]["eval_loss"] == result["eval_loss"]  # the final evaluation comes last
     assert {"progress", "train"} <= {e["kind"] for e in lines}
     report = subprocess.run(

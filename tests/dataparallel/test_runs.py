@@ -104,3 +104,5 @@ def test_elastic_ddp_goes_on_with_the_survivor_and_takes_the_replacement_back(sh
     assert math.isfinite(result["eval_loss"]) and result["eval_loss"] < initial_loss(shakespeare)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["kind"] == "eval" and metrics[-1]["eval_loss"] == result["eval_loss"]
+    evals = [m for m in metrics if m["kind"] == "eval"]  # the curve on the final evaluation's yardstick
+    assert len(evals) >= 2 and {m["eval_batches"] for m in evals} == {8} and result["eval_batches"] == 8

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddiloco.launch import metrics as metrics_module
+from ddiloco.launch.evaluate import evaluate_params
 from ddiloco.launch.metrics import RunMetrics, RunView
 from ddiloco.records.rundir import MetricsLog
 
@@ -43,7 +44,7 @@ def test_one_record_writes_train_progress_and_eval_from_the_view(tmp_path, tiny_
     now = time.time()
     status = {**STATUS, "started_wall": now - 30.0}  # 2 learners x 30 s, 30 useful seconds: goodput 0.5
     rm = RunMetrics(
-        view(now - 10.0, [status], ["h:1", "h:2"]), tiny_task, MetricsLog(tmp_path / "m.jsonl"), 1.0, 0, None
+        view(now - 10.0, [status], ["h:1", "h:2"]), tiny_task, MetricsLog(tmp_path / "m.jsonl"), 1.0, 0, None, 3
     )
     rm.record()
     rm.metrics.close()
@@ -55,6 +56,10 @@ def test_one_record_writes_train_progress_and_eval_from_the_view(tmp_path, tiny_
     assert all(r["tokens"] == 6400 for r in by_kind.values())
     assert all(10.0 <= r["t"] < 15.0 for r in by_kind.values())  # seconds since the view's start_wall
     assert math.isfinite(by_kind["eval"]["eval_loss"]) and rm.latest["loss"] == by_kind["eval"]["eval_loss"]
+    # on the run's --eval-batches, the final evaluation's yardstick (the curve was on 4 whatever it said)
+    assert by_kind["eval"]["eval_batches"] == 3
+    assert by_kind["eval"]["eval_loss"] == pytest.approx(evaluate_params(tiny_task, 0, params, 3)["eval_loss"])
+    assert by_kind["eval"]["eval_loss"] != pytest.approx(evaluate_params(tiny_task, 0, params, 1)["eval_loss"])
     assert asked == [["h:1", "h:2"]]  # the addresses the view gives at this record
     assert [h["kind"] for h in rm.history] == ["train", "eval"]  # the dashboard's curves
 
@@ -63,8 +68,8 @@ def test_no_shard_yet_and_no_answer_write_nothing(tmp_path, tiny_task, monkeypat
     calls: list[list[str]] = []
     monkeypatch.setattr(metrics_module, "fetch_params", lambda addrs, token: calls.append(addrs))
     log = MetricsLog(tmp_path / "m.jsonl")
-    RunMetrics(view(time.time(), [], []), tiny_task, log, 1.0, 0, None).record()  # nothing started
-    RunMetrics(view(time.time(), [], ["h:1"]), tiny_task, log, 1.0, 0, None).record()  # fetch failed: None
+    RunMetrics(view(time.time(), [], []), tiny_task, log, 1.0, 0, None, 1).record()  # nothing started
+    RunMetrics(view(time.time(), [], ["h:1"]), tiny_task, log, 1.0, 0, None, 1).record()  # fetch failed: None
     log.close()
     assert records(tmp_path / "m.jsonl") == [] and calls == [["h:1"]]
 
@@ -85,7 +90,7 @@ def test_the_loop_records_until_the_run_stops_and_ends_at_once_when_it_ends(tmp_
     evals = [r["t"] for r in records(tmp_path / "m.jsonl") if r["kind"] == "eval"]
     assert len(evals) >= 3 and evals == sorted(evals) and len(set(evals)) == len(evals)
 
-    slow = RunMetrics(view(time.time(), [], []), tiny_task, MetricsLog(None), 3600.0, 0, None)
+    slow = RunMetrics(view(time.time(), [], []), tiny_task, MetricsLog(None), 3600.0, 0, None, 1)
     slow.start()
     began = time.monotonic()
     slow.view.ended.set()  # what the launcher sets when the run ends: no waiting out the hour
@@ -94,7 +99,7 @@ def test_the_loop_records_until_the_run_stops_and_ends_at_once_when_it_ends(tmp_
 
 
 def test_no_period_no_thread(tmp_path, tiny_task):
-    rm = RunMetrics(view(time.time(), [], []), tiny_task, MetricsLog(None), 0.0, 0, None)
+    rm = RunMetrics(view(time.time(), [], []), tiny_task, MetricsLog(None), 0.0, 0, None, 1)
     rm.start()
     rm.join(1.0)
     assert not rm._thread.is_alive()

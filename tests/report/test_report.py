@@ -61,6 +61,7 @@ def test_sim_run_dir_holds_config_summary_metrics_and_events(two_runs):
     assert len(evals) >= 10 and evals[-1]["tokens"] >= 6000
     assert [m["tokens"] for m in evals] == sorted(m["tokens"] for m in evals)
     assert all(m["eval_loss"] > 0 for m in evals) and evals[-1]["eval_loss"] < evals[0]["eval_loss"]
+    assert {m["eval_batches"] for m in evals} == {record.summary["eval_batches"]} == {20}  # one yardstick
     assert any(m["kind"] == "train" for m in record.metrics) and any(m["kind"] == "progress" for m in record.metrics)
     assert {e["kind"] for e in record.events} >= {"down", "up", "join", "merge"}
 

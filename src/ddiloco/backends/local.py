@@ -126,7 +126,7 @@ class LocalBackend:
             stopping=lambda: sup.stopping,
             ended=sup.interrupted,
         )
-        metrics = RunMetrics(view, task, log, config.eval_every, config.seed, config.token)
+        metrics = RunMetrics(view, task, log, config.eval_every, config.seed, config.token, config.eval_batches)
         board = self._dashboard(config, sup, metrics)
         if board is not None:
             url = board.start()  # with the read-only view credential, never the token

@@ -82,7 +82,13 @@ class SlurmRecord:
         self.log = self.record.metrics(sinks)
         if self.config.eval_every > 0:
             self.metrics = RunMetrics(
-                self.view, self.task(), self.log, self.config.eval_every, self.config.seed, self.config.token
+                self.view,
+                self.task(),
+                self.log,
+                self.config.eval_every,
+                self.config.seed,
+                self.config.token,
+                self.config.eval_batches,
             )
             self.metrics.start()
 

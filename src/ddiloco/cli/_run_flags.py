@@ -69,7 +69,10 @@ class RunFlags:
         rich_help_panel=RUN,
     )
     eval_batches: int = typer.Option(
-        20, min=1, help="Validation batches for the final evaluation.", rich_help_panel=RUN
+        20,
+        min=1,
+        help="Validation batches of every evaluation, along the way and final (one yardstick).",
+        rich_help_panel=RUN,
     )
     threads: int = options.in_panel(options.THREADS, RUN)
     min_step_seconds: float = typer.Option(

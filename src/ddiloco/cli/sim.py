@@ -136,7 +136,9 @@ class SimFlags:
         "as the quality benchmarks run.",
     )
     reconfigure_seconds: float = typer.Option(5.0, help="elastic-ddp: pause on every membership change.")
-    eval_batches: int = typer.Option(20, help="Validation batches for the final evaluation.")
+    eval_batches: int = typer.Option(
+        20, help="Validation batches of every evaluation, along the way and final (one yardstick)."
+    )
     threads: int = options.THREADS
     events: Path | None = typer.Option(
         None,

@@ -30,7 +30,7 @@ class CheckpointEvaluator:
     """Every `every` seconds, the eval loss of the newest checkpoint if it is new (a thread)."""
 
     def __init__(
-        self, task: Task, seed: int, directory: Path, metrics: MetricsLog, every: float, origin: float, batches: int = 4
+        self, task: Task, seed: int, directory: Path, metrics: MetricsLog, every: float, origin: float, batches: int
     ) -> None:
         self.task, self.seed, self.directory, self.metrics = task, seed, directory, metrics
         self.every, self.origin, self.batches = every, origin, batches

@@ -42,7 +42,7 @@ def run_data_parallel(
     record.write_config("run", config, clock_origin=launcher.start_wall)
     metrics = record.metrics(sinks)
     evaluator = CheckpointEvaluator(
-        task, config.seed, config.checkpoint_dir, metrics, config.eval_every, launcher.start_wall
+        task, config.seed, config.checkpoint_dir, metrics, config.eval_every, launcher.start_wall, config.eval_batches
     )
     previous = {}
     if threading.current_thread() is threading.main_thread():

@@ -45,7 +45,7 @@ class RunMetrics:
         every: float,
         seed: int,
         token: str | None,
-        eval_batches: int = 4,
+        eval_batches: int,  # the run's --eval-batches: the curve on the final evaluation's yardstick
     ) -> None:
         self.view, self.task, self.metrics, self.every = view, task, metrics, every
         self.seed, self.token, self.eval_batches = seed, token, eval_batches

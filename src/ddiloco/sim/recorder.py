@@ -59,7 +59,7 @@ class SimRecorder:
             return
         with torch.random.fork_rng(devices=[]):
             values = self.task.evaluate(self.driver.global_model(), max_batches=self.eval_batches)
-        self.metrics.write("eval", t, tokens, **values)
+        self.metrics.write("eval", t, tokens, **values, eval_batches=self.eval_batches)
         summary = self.driver.ledger.summary(t) if t > 0 else None
         if summary is not None:
             self.metrics.write(

@@ -50,7 +50,10 @@ def run_sim(
     stats = driver.run()
     if isinstance(progress, SimRecorder):
         progress.finish(stats["sim_seconds"], stats["tokens_trained"])
-    metrics = task.evaluate(driver.global_model(), max_batches=config.eval_batches)
+    metrics = {
+        **task.evaluate(driver.global_model(), max_batches=config.eval_batches),
+        "eval_batches": config.eval_batches,
+    }
     algorithm = config.effective_algorithm()
     result = {
         "method": config.method,
