@@ -4,16 +4,20 @@ DiLoCo scaling-law paper (Charles et al., arXiv 2503.09799) finds? Virtual clock
 Every size is trained for `ratio` tokens per parameter (20, and a second ratio at some sizes) by
 data-parallel (4 workers), synchronous DiLoCo with M = 1, 2, 4 and Decoupled DiLoCo with M = 4
 (P = 4, tau = 2, K = 1, gamma = 0.9), outer momentum 0.5, H the same for the whole family. Each method
-gets the same 2 x 3 grid at each size: a learning rate (data-parallel: the inner lr; the DiLoCo family:
-the outer lr, its inner lr fixed at data-parallel's best at that size) times the global batch G in
-sequences (G / M per learner; at equal G every method takes the same number of inner steps). The best
-point per method and size is reported with its settings; the two largest sizes of the first ratio
-are run again at those points with a second seed. Then loss(N) is fitted as a power law per method,
-and the gap to data-parallel as a trend in log N, with where that trend would reach parity. Last, at
-a few cheap cells, the grid is widened one step past its low edges (G = 4, outer lr 0.25): is each
-method's best grid point its best at all (`scaling_edges.py`)?
+tunes one learning rate per size (data-parallel: the inner lr; the DiLoCo family: the outer lr, its
+inner lr fixed at data-parallel's best at that size) against the global batch G in sequences (G / M
+per learner; at equal G every method takes the same number of inner steps): a rate's loss is its best
+G, and the rate is bracketed by benchmarks/tuning.py, from the configured rates (3e-3, 6e-3; 0.5, 1.0)
+widened by factors of 2 past the edge the best sits on until it is strictly inside (at most 4 times;
+one still on an edge is reported as not bracketed). The best point per method and size is reported
+with its settings; the two largest sizes of the first ratio are run again at those points with a
+second seed. (A results file made before the bracketing, without its `tuning`, keeps its fixed grid.)
+Then loss(N) is fitted as a power law per method, and the gap to data-parallel as a trend in log N,
+with where that trend would reach parity. Last, at a few cheap cells, the configured grid is widened
+one step past its low edges (G = 4, outer lr 0.25): is each method's best on that grid its best at
+all (`scaling_edges.py`; a fixed-grid probe, apart from the bracketing)?
 
-    python benchmarks/scaling.py --quick --json      # tiny models and budgets: 1-2 minutes on 2 cores
+    python benchmarks/scaling.py --quick --json      # tiny models and budgets: minutes on 2 cores
     python benchmarks/scaling.py --jobs 2 --out benchmarks/results/scaling.json   # hours: saved after
                                                       # every run, and started again it resumes from that file
     python benchmarks/scaling.py --load benchmarks/results/scaling.json  # the table and fits of a file
@@ -38,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scaling_batch import batch_penalties, print_batches  # noqa: E402
 from scaling_edges import edge_report, print_edges  # noqa: E402
 from scaling_fit import METHODS, choose, fits, print_report  # noqa: E402
+from tuning import Setting, Tuner, worst  # noqa: E402
 
 from ddiloco.core import AlgorithmConfig  # noqa: E402
 from ddiloco.sim.config import SimConfig  # noqa: E402
@@ -190,8 +195,10 @@ class Runner:
     written to the file as soon as it ends (atomically). `--jobs N` trains up to N independent jobs (one
     grid) at a time in worker processes, one per core; the results do not depend on N."""
 
-    def __init__(self, cfg: dict, args: argparse.Namespace, rows: list[dict]) -> None:
+    def __init__(self, cfg: dict, args: argparse.Namespace, rows: list[dict], tuning: list[dict] | None = None) -> None:
         self.cfg, self.args, self.rows = cfg, args, rows
+        # each cell's bracketing, by (ratio, size, method), once done: what the grid of the table is
+        self.tuning = {(t["ratio"], t["size"], t["method"]): t for t in tuning or []}
         self.done = {ident(r): r for r in rows}
         self.started = time.perf_counter()
         self.pool: ProcessPoolExecutor | None = None
@@ -232,24 +239,49 @@ class Runner:
             file=sys.stderr,
             flush=True,
         )
-        save(self.args.out, self.cfg, self.args.quick, self.args.data, self.rows, time.perf_counter() - self.started)
+        self.save()
+
+    def save(self) -> None:
+        wall = time.perf_counter() - self.started
+        save(self.args.out, self.cfg, self.args.quick, self.args.data, self.rows, wall, list(self.tuning.values()))
 
 
-def in_grid(rows: list[dict], cfg: dict) -> list[dict]:
-    """The rows on the configured grid. Runs of an earlier, wider grid (G = 64 before the grid moved down)
-    stay in the results file but are not grid points now, so that every cell has the same grid and a
-    cell's grid is complete when it holds all of it."""
-    return [
-        r
-        for r in rows
-        if r["global_batch"] in cfg["global_batches"]
-        and (r["inner_lr"] in cfg["inner_lrs"] if r["method"] == "ddp" else r["outer_lr"] in cfg["outer_lrs"])
-    ]
+def in_grid(rows: list[dict], cfg: dict, tuning: list[dict] | None = None) -> list[dict]:
+    """The rows on the grid: the configured batches, and the rates a cell's bracketing tried (`tuning`)
+    or, for a cell not bracketed yet (or a file from before the bracketing), the configured rates. Runs
+    of an earlier, wider grid (G = 64 before the grid moved down) and of the edge probes stay in the
+    results file but are not grid points now."""
+    grids = {(t["ratio"], t["size"], t["method"]): t["grid"] for t in tuning or []}
+
+    def on(r: dict) -> bool:
+        rate = "inner_lr" if r["method"] == "ddp" else "outer_lr"
+        rates = grids.get((r["ratio"], r["size"], r["method"]), {}).get(rate, cfg[rate + "s"])
+        return r["global_batch"] in cfg["global_batches"] and r[rate] in rates
+
+    return [r for r in rows if on(r)]
 
 
-def save(path: Path, cfg: dict, quick: bool, data: str | None, rows: list[dict], wall: float) -> None:
-    grid = in_grid(rows, cfg)
-    chosen = choose(grid)
+def table(rows: list[dict], cfg: dict, tuning: list[dict] | None) -> list[dict]:
+    """`choose` on the grid's rows. With a bracketing on record (`tuning` not None), each cell says
+    whether its rate is `bracketed` and whether it is `complete` (bracketed or given up on, every rate
+    run at every batch; the fits leave out the others); without, the fits count grid points."""
+    chosen = choose(in_grid(rows, cfg, tuning))
+    if tuning is None:
+        return chosen
+    done = {(t["ratio"], t["size"], t["method"]): t for t in tuning}
+    for c in chosen:
+        t = done.get((c["ratio"], c["size"], c["method"]))
+        rate = "inner_lr" if c["method"] == "ddp" else "outer_lr"
+        c["bracketed"] = bool(t and t["bracketed"][rate])
+        c["complete"] = bool(t) and c["grid_points"] == len(t["grid"][rate]) * len(cfg["global_batches"])
+    return chosen
+
+
+def save(
+    path: Path, cfg: dict, quick: bool, data: str | None, rows: list[dict], wall: float, tuning: list[dict]
+) -> None:
+    grid = in_grid(rows, cfg, tuning)
+    chosen = table(rows, cfg, tuning)
     report = {
         "quick": quick,
         "config": {
@@ -259,6 +291,7 @@ def save(path: Path, cfg: dict, quick: bool, data: str | None, rows: list[dict],
             "sizes": {s: SIZES[s] for s in SIZES},
         },
         "rows": rows,
+        "tuning": tuning,
         "chosen": chosen,
         "fits": fits(chosen),
         "batch": batch_penalties(grid),
@@ -283,19 +316,11 @@ def sweep(cfg: dict, run: Runner) -> None:
         key=lambda rs: rs[0] * parameters(rs[1], seq) ** 2,
     )
     for ratio, size in cells:
-        grid = [(lr, g) for lr in cfg["inner_lrs"] for g in cfg["global_batches"]]
-        ddp = run.many([job(cfg, ratio, size, "ddp", 0, lr, None, g) for lr, g in grid])
-        inner = min(ddp, key=lambda r: r["eval_loss"])["inner_lr"]
-        run.many(
-            [
-                job(cfg, ratio, size, method, 0, inner, olr, g)
-                for method in METHODS[1:]
-                for olr in cfg["outer_lrs"]
-                for g in cfg["global_batches"]
-            ]
-        )
+        bracket(cfg, run, ratio, size)
         if ratio == seed_ratio and size in seeded:
-            seed0 = [r for r in in_grid(run.rows, cfg) if r["ratio"] == ratio and r["size"] == size and r["seed"] == 0]
+            tuning = list(run.tuning.values())
+            mine = in_grid(run.rows, cfg, tuning)
+            seed0 = [r for r in mine if r["ratio"] == ratio and r["size"] == size and r["seed"] == 0]
             run.many(
                 [
                     job(cfg, ratio, size, c["method"], seed, c["inner_lr"], c["outer_lr"], c["global_batch"])
@@ -303,6 +328,36 @@ def sweep(cfg: dict, run: Runner) -> None:
                     for seed in cfg["extra_seeds"]
                 ]
             )
+
+
+def point(cfg: dict, ratio: float, size: str, method: str, rates: dict[str, float]) -> list[dict]:
+    """One grid point's jobs (seed 0): its rates at every configured global batch."""
+    inner, outer = rates["inner_lr"], rates.get("outer_lr")
+    return [job(cfg, ratio, size, method, 0, inner, outer, g) for g in cfg["global_batches"]]
+
+
+def bracket(cfg: dict, run: Runner, ratio: float, size: str) -> None:
+    """One cell's rates bracketed (tuning.py), a rate's loss its best global batch: data-parallel's inner
+    lr, then each DiLoCo method's outer lr at data-parallel's choice. The configured rates go first, in
+    one batch of jobs (in parallel with --jobs); each widening's jobs after; all kept by the runner."""
+
+    def loss(method: str, rates: dict[str, float]) -> float:
+        return min(worst(r["eval_loss"]) for r in run.many(point(cfg, ratio, size, method, rates)))
+
+    tuner = Tuner(loss, max_widenings=cfg.get("widenings", 4))
+    inner_lr = Setting("inner_lr", cfg["inner_lrs"][0], start=tuple(cfg["inner_lrs"]))
+    outer_lr = Setting("outer_lr", cfg["outer_lrs"][0], start=tuple(cfg["outer_lrs"]))
+    run.many([j for lr in cfg["inner_lrs"] for j in point(cfg, ratio, size, "ddp", {"inner_lr": lr})])
+    report = {"ddp": tuner.tune("ddp", [inner_lr])}
+    inner = report["ddp"]["chosen"]["inner_lr"]
+    family = [(m, {"inner_lr": inner, "outer_lr": olr}) for m in METHODS[1:] for olr in cfg["outer_lrs"]]
+    run.many([j for m, rates in family for j in point(cfg, ratio, size, m, rates)])
+    for method in METHODS[1:]:
+        report[method] = tuner.tune(method, [outer_lr], fixed={"inner_lr": inner})
+    for method, r in report.items():
+        entry = {k: r[k] for k in ("grid", "chosen", "bracketed", "at_domain_edge")}
+        run.tuning[(ratio, size, method)] = {"ratio": ratio, "size": size, "method": method, **entry}
+    run.save()
 
 
 def sweep_edges(cfg: dict, run: Runner) -> None:
@@ -335,43 +390,49 @@ def main(argv: list[str] | None = None) -> int:
     if args.load:
         report = json.loads(args.load.read_text())
         runs, every, cfg = len(report["rows"]), report["rows"], report.get("config", {})
-        rows = in_grid(every, cfg) if "config" in report else every
+        tuning = report.get("tuning")
+        rows = in_grid(every, cfg, tuning) if "config" in report else every
     else:
         cfg = QUICK if args.quick else FULL
         args.out = args.out or ROOT / "benchmarks" / "results" / (
             "scaling-quick.json" if args.quick else "scaling.json"
         )
-        rows = []
+        rows, tuning = [], None
         if args.out.exists():
             old = json.loads(args.out.read_text())
             same = {k: old["config"].get(k) for k in RESUME_KEYS} == {k: cfg[k] for k in RESUME_KEYS}
             if not same or old["config"].get("data") != args.data:
                 parser.error(f"{args.out} holds runs of another configuration: give another --out")
-            rows = old["rows"]
+            rows, tuning = old["rows"], old.get("tuning")
             print(f"resuming from {args.out}: {len(rows)} runs done", file=sys.stderr, flush=True)
         torch.set_num_threads(args.threads)
         if args.jobs < 1 or args.threads < 1:
             parser.error("--jobs and --threads take 1 or more")
-        runner = Runner(cfg, args, rows)
+        runner = Runner(cfg, args, rows, tuning)
         try:
             sweep(cfg, runner)
             sweep_edges(cfg, runner)
         finally:
             runner.close()
-        save(args.out, cfg, args.quick, args.data, rows, time.perf_counter() - runner.started)
-        runs, every, rows = len(rows), rows, in_grid(rows, cfg)
-    chosen = choose(rows)
+        runner.save()
+        tuning = list(runner.tuning.values())
+        runs, every, rows = len(rows), rows, in_grid(rows, cfg, tuning)
+    chosen = table(every, cfg, tuning) if "inner_lrs" in cfg else choose(rows)
     fitted = fits(chosen)
     batch = batch_penalties(rows)
     edges = edge_report(every, cfg) if "inner_lrs" in cfg else []
     print_report(chosen, fitted)
+    loose = [c for c in chosen if c.get("bracketed") is False]
+    for c in loose:
+        rate = "inner lr" if c["method"] == "ddp" else "outer lr"
+        print(f"not bracketed: {c['ratio']:g} tok/param {c['size']} {c['method']}: {rate} on its grid's edge")
     print()
     print_batches(batch)
     if edges:
         print()
         print_edges(edges, cfg)
     if args.json:
-        report = {"runs": runs, "chosen": chosen, "fits": fitted, "batch": batch, "edges": edges}
+        report = {"runs": runs, "chosen": chosen, "fits": fitted, "batch": batch, "edges": edges, "tuning": tuning}
         print(json.dumps(report, sort_keys=True))
     return 0
 

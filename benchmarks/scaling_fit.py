@@ -138,10 +138,12 @@ def choose(rows: list[dict]) -> list[dict]:
 
 def fits(chosen: list[dict]) -> list[dict]:
     """Per ratio and method: the power law of loss(N) and (not for ddp) the gap's trend. A cell whose
-    grid is not complete (fewer points than the fullest cell: a run still going) is left out."""
+    grid is not complete is left out: one marked `complete: false` (scaling.py's bracketing not done),
+    or, where no cell is marked (a file from before the bracketing), one with fewer points than the
+    fullest cell (a run still going)."""
     out = []
     full = max((c["grid_points"] for c in chosen), default=0)
-    done = {(c["ratio"], c["size"], c["method"]) for c in chosen if c["grid_points"] == full}
+    done = {key(c) for c in chosen if c.get("complete", c["grid_points"] == full)}
     for ratio in sorted({c["ratio"] for c in chosen}, reverse=True):
         at = [c for c in chosen if c["ratio"] == ratio]
         for method in [m for m in METHODS if any(c["method"] == m for c in at)]:

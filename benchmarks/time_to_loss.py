@@ -27,10 +27,18 @@ schedule of requeues, offsets from each run's submission):
 Every run is capped at --cap times the time the budget takes without failures or waits (a run that
 reaches the cap stops there: `--duration`; its schedule decays over the cap, as for a time budget).
 
-Every method is tuned the same way: its learning rate (3e-3, 6e-3, 1.2e-2, 2.4e-2) swept on the
-virtual clock without failures at the scenarios' budget, the lowest final eval loss kept (elastic-ddp
-takes ddp's; DDP's global batch is M times a learner's, and a short budget favours a high rate for
-every method alike). --no-sweep: every method at --inner-lr.
+Every method is tuned the same way, on the virtual clock without failures at the scenarios' budget
+and model size, by the bracketing tuner of benchmarks/tuning.py (lowest final eval loss): the inner
+lr of every method (elastic-ddp takes ddp's: it is the same optimisation), then for the DiLoCo
+family the outer lr at that inner lr, then the outer momentum at both.
+The lrs start from 3 points a factor 2 apart around 6e-3 (inner) and 0.7 (outer), the momentum from
+0.3, 0.5, 0.7 (steps of 0.2 in [0, 0.95]); while the best sits on an edge, the grid gets one more
+point past it (at most 4 times). The chosen values go to the real runs and the scenarios' virtual
+clock runs alike. The JSON's `tuning` holds every method's grid, choice, and whether the choice is
+strictly inside its grid (`bracketed`; one at the domain's edge, e.g. momentum 0, cannot be).
+Every tuning run is saved in the run directory's tuning.json: a rerun with the same --run-dir
+resumes. --tune-only: tune, print the JSON line (with --json) and stop. --no-sweep: no tuning, every
+method at --inner-lr and the default outer lr and momentum.
 
 Per scenario it prints the wall seconds each method needs to reach the best baseline's final loss
 (to within --tolerance, 0.01: at equal tokens the methods end within hundredths of each other; the
@@ -43,6 +51,7 @@ start-up before it are the same fixed cost for every method and nothing next to 
 
     python benchmarks/time_to_loss.py --quick --json   # all four scenarios, smaller
     python benchmarks/time_to_loss.py --scenarios cross_site mixed_hardware
+    python benchmarks/time_to_loss.py --quick --tune-only --json --run-dir runs/ttl  # tuning alone
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ from runs import ROOT, ddiloco_run, parse_run_arguments
 from time_to_loss_curves import loss_at, read_curve, seconds_to_target, sim_run, window
 from time_to_loss_show import console, plot, show
 from time_to_loss_slurm import preempted_run, slurm_or_local
+from tuning import DATA_PARALLEL, DILOCO_FAMILY, Tuner
 
 from ddiloco.chaos.injector import ChaosSettings, learner_trace
 from ddiloco.chaos.trace import FailureTrace, Outage
@@ -71,7 +81,7 @@ SCENARIOS = ("one_site", "cross_site", "mixed_hardware", "preemptible")
 METHODS = ("ddp", "elastic-ddp", "diloco", "streaming", "decoupled")
 BASELINES = METHODS[:4]
 SYNCHRONOUS = ("diloco", "streaming")  # the synchronous DiLoCo rivals
-LR_CANDIDATES = (3e-3, 6e-3, 1.2e-2, 2.4e-2)
+FAMILY = ("diloco", "streaming", "decoupled")  # with an outer step: outer lr and momentum tuned too
 REAL = {"params": 1e9, "step_seconds": 1.0, "gbit_per_s": 1.0, "latency_ms": 35.0}
 
 
@@ -129,11 +139,11 @@ def scenarios(args: argparse.Namespace, base: Path, params: int, slurm: tuple[di
     return out
 
 
-def run_real(args: argparse.Namespace, sc: Scenario, method: str, lr: float, run_dir: Path) -> dict:
+def run_real(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[str, float], run_dir: Path) -> dict:
     flags = ["--method", method, "--learners", str(args.learners), "--model-size", args.model_size]
     flags += ["--data", str(args.data), "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size)]
     flags += ["--tokens", str(args.tokens), "--duration", f"{args.cap_seconds:.1f}", "--seed", str(args.seed)]
-    flags += ["--min-step-seconds", str(args.min_step_seconds), "--inner-lr", repr(lr), "--no-dashboard"]
+    flags += ["--min-step-seconds", str(args.min_step_seconds), *tuned_flags(tuned), "--no-dashboard"]
     flags += ["--eval-every", str(args.eval_every), "--eval-batches", str(args.eval_batches)]
     if sc.trace is not None and sc.slurm is None:  # on Slurm, requeues instead (`preempted_run`)
         flags += ["--chaos-trace", str(sc.trace)]
@@ -156,10 +166,15 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, lr: float, run
     return {"summary": summary, "curve": read_curve(run_dir, span), "finish": span[1] - span[0], "start": span[0]}
 
 
-def sim_flags(args: argparse.Namespace, sc: Scenario, method: str, lr: float) -> list[str]:
+def tuned_flags(tuned: dict[str, float]) -> list[str]:
+    """`--inner-lr X` and, as given (the DiLoCo family), `--outer-lr`, `--outer-momentum`."""
+    return [f for name, value in tuned.items() for f in ("--" + name.replace("_", "-"), repr(value))]
+
+
+def sim_flags(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[str, float]) -> list[str]:
     flags = ["--method", method, "--learners", str(args.learners), "--model-size", args.model_size]
     flags += ["--data", str(args.data), "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size)]
-    flags += ["--tokens", str(args.tokens), "--seed", str(args.seed), "--inner-lr", repr(lr)]
+    flags += ["--tokens", str(args.tokens), "--seed", str(args.seed), *tuned_flags(tuned)]
     flags += ["--step-time", str(args.min_step_seconds), "--eval-batches", str(args.eval_batches)]
     flags += ["--reconfigure-seconds", str(args.reconfigure_seconds)]
     if sc.link is not None:
@@ -173,22 +188,39 @@ def sim_flags(args: argparse.Namespace, sc: Scenario, method: str, lr: float) ->
     return flags
 
 
-def sweep_lr(args: argparse.Namespace, base: Path) -> tuple[dict[str, float], dict]:
-    """Each method's learning rate: the one with the lowest final eval loss on the virtual clock, no
-    failures, the scenarios' budget (elastic-ddp takes ddp's: it is the same optimisation)."""
-    plain = Scenario("sweep")
-    losses: dict[str, dict[str, float]] = {}
-    for method in ("ddp", "diloco", "streaming", "decoupled"):
-        losses[method] = {}
-        for lr in LR_CANDIDATES:
-            r = sim_run(sim_flags(args, plain, method, lr), base / f"sweep-{method}-{lr:g}")
-            losses[method][f"{lr:g}"] = r["summary"]["eval_loss"]
-            console.print(
-                f"lr sweep ({method}, virtual clock): inner lr {lr:g} -> eval loss {r['summary']['eval_loss']:.4f}"
-            )
-    best = {m: min(LR_CANDIDATES, key=lambda lr, m=m: losses[m][f"{lr:g}"]) for m in losses}
-    best["elastic-ddp"] = best["ddp"]
-    return best, losses
+def tune(args: argparse.Namespace, base: Path) -> tuple[dict[str, dict[str, float]], dict]:
+    """Every method's settings bracketed on the virtual clock, no failures, the scenarios' budget
+    (benchmarks/tuning.py), saved to and resumed from BASE/tuning.json; elastic-ddp takes ddp's (the
+    same optimisation). (settings per method, the `tuning` report)."""
+    plain = Scenario("tuning")
+
+    def objective(method: str, settings: dict[str, float]) -> float:
+        run_dir = base / "tuning" / "-".join([method, *(f"{v:g}" for v in settings.values())])
+        return sim_run(sim_flags(args, plain, method, settings), run_dir)["summary"]["eval_loss"]
+
+    tuner = Tuner(objective, base / "tuning.json", tuning_context(args), say=console.print)
+    report = {m: tuner.tune(m, DILOCO_FAMILY if m in FAMILY else DATA_PARALLEL) for m in ("ddp", *FAMILY)}
+    ddp = {k: v for k, v in report["ddp"].items() if k != "losses"}
+    report = {"ddp": report["ddp"], "elastic-ddp": {**ddp, "takes": "ddp"}, **report}
+    for entry in report.values():
+        entry["tuned"] = True
+    console.print(f"tuning: {tuner.evaluated} new runs on the virtual clock, {len(tuner.memo)} in {tuner.path}")
+    return {m: dict(report[m]["chosen"]) for m in METHODS}, report
+
+
+def tuning_context(args: argparse.Namespace) -> dict:
+    """What the tuning runs depend on besides the method and tuned settings: a tuning.json made with
+    other values is refused."""
+    keys = ("model_size", "data", "tokens", "learners", "seq_len", "batch_size", "seed")
+    keys += ("min_step_seconds", "eval_batches", "reconfigure_seconds")
+    return {k: str(getattr(args, k)) if k == "data" else getattr(args, k) for k in keys}
+
+
+def untuned(args: argparse.Namespace) -> tuple[dict[str, dict[str, float]], dict]:
+    """--no-sweep: every method at --inner-lr, the DiLoCo family at the default outer lr and momentum."""
+    note = f"--no-sweep: not tuned; every method at --inner-lr {args.inner_lr:g}, outer settings at their defaults"
+    chosen = {m: {"inner_lr": args.inner_lr} for m in METHODS}
+    return chosen, {m: {"tuned": False, "chosen": chosen[m], "note": note} for m in METHODS}
 
 
 def compare(runs: dict[str, dict], tolerance: float = 0.0) -> dict:
@@ -227,13 +259,13 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b not in (None, 0) else None
 
 
-def one_scenario(args: argparse.Namespace, sc: Scenario, lrs: dict[str, float], base: Path) -> dict:
+def one_scenario(args: argparse.Namespace, sc: Scenario, tuned: dict[str, dict[str, float]], base: Path) -> dict:
     real, sim = {}, {}
     for method in METHODS:
-        real[method] = run_real(args, sc, method, lrs[method], base / sc.name / method)
+        real[method] = run_real(args, sc, method, tuned[method], base / sc.name / method)
     if not args.no_sim:
         for method in METHODS:
-            sim[method] = sim_run(sim_flags(args, sc, method, lrs[method]), base / sc.name / f"sim-{method}")
+            sim[method] = sim_run(sim_flags(args, sc, method, tuned[method]), base / sc.name / f"sim-{method}")
     c, cs = compare(real, args.tolerance), compare(sim, args.tolerance) if sim else None
     rows = []
     for m in METHODS:
@@ -250,7 +282,7 @@ def one_scenario(args: argparse.Namespace, sc: Scenario, lrs: dict[str, float], 
             "reached_budget": s["tokens_merged"] >= args.tokens * 0.999 or s["tokens"] >= args.tokens,
             "tokens_merged": s["tokens_merged"],
             "tokens_trained": s["tokens_trained"],
-            "inner_lr": lrs[m],
+            **tuned[m],  # inner_lr, and the DiLoCo family's outer_lr and outer_momentum when tuned
             "requeues": s.get("requeues"),  # on Slurm: preemptions done (a job not running is skipped)
         }
         if cs is not None:
@@ -312,7 +344,8 @@ def main() -> None:
     p.add_argument("--reconfigure-seconds", type=float, default=1.0, help="virtual clock: elastic-ddp regroup")
     p.add_argument("--tolerance", type=float, default=0.01, help="a loss within this of the target reaches it")
     p.add_argument("--no-sim", action="store_true", help="real processes only")
-    p.add_argument("--no-sweep", action="store_true", help="no learning-rate sweep: every method --inner-lr")
+    p.add_argument("--no-sweep", action="store_true", help="no tuning: every method at --inner-lr")
+    p.add_argument("--tune-only", action="store_true", help="tune (resumable in --run-dir), print, and stop")
     p.add_argument("--run-dir", type=Path, default=None)
     p.add_argument("--preemptible-backend", choices=("local", "slurm"), default=None, help="default: slurm if it can")
     args = parse_run_arguments(p, tokens=3_000_000)
@@ -328,19 +361,28 @@ def main() -> None:
 
     task = make_task("gpt", str(args.data), seq_len=args.seq_len, model_size=args.model_size)
     params = count_parameters(task.build_model(args.seed))
-    lrs, sweep = ({m: args.inner_lr for m in METHODS}, {}) if args.no_sweep else sweep_lr(args, base)
+    tuned, tuning = untuned(args) if args.no_sweep else tune(args, base)
+    if args.tune_only:
+        report(args, {}, params, tuned, tuning)
+        return
     results = {}
     wanted = args.preemptible_backend if "preemptible" in args.scenarios else "local"
     with slurm_or_local(wanted, console) as slurm:
         for sc in scenarios(args, base, params, slurm):
-            results[sc.name] = one_scenario(args, sc, lrs, base)
+            results[sc.name] = one_scenario(args, sc, tuned, base)
             show(sc.name, results[sc.name])
             (base / "time_to_loss.json").write_text(json.dumps({"scenarios": results}, default=float))
     console.print(f"run directory and plots: {base}")
+    report(args, results, params, tuned, tuning)
+
+
+def report(args: argparse.Namespace, results: dict, params: int, tuned: dict, tuning: dict) -> None:
+    """With --json, the last line: the scenarios' figures, the settings and every method's tuning."""
     if args.json:
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        out = {"scenarios": results, "settings": settings, "params": params, "inner_lr": lrs, "lr_sweep": sweep}
-        print(json.dumps(out, sort_keys=True, default=float))
+        inner = {m: tuned[m]["inner_lr"] for m in tuned}
+        out = {"scenarios": results, "settings": settings, "params": params, "inner_lr": inner, "tuned": tuned}
+        print(json.dumps({**out, "tuning": tuning}, sort_keys=True, default=float))
 
 
 if __name__ == "__main__":

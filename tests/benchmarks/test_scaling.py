@@ -154,6 +154,66 @@ def test_choose_leaves_out_diloco_runs_at_an_inner_lr_that_is_no_longer_ddps_bes
     assert ("s1", "diloco-m4") not in {(c["size"], c["method"]) for c in choose(rows)}
 
 
+def test_a_cells_bracketed_rates_are_its_grid_and_a_cell_not_bracketed_yet_is_left_out_of_the_fits():
+    import scaling
+
+    cfg = {"global_batches": [8], "inner_lrs": [3e-3, 6e-3], "outer_lrs": [0.5, 1.0]}
+    rows = [row("s0", 10_000, "ddp", loss, lr=lr, batch=8) for lr, loss in ((3e-3, 2.0), (6e-3, 1.9), (1.2e-2, 1.8))]
+    rows += [row("s0", 10_000, "ddp", 1.85, lr=2.4e-2, batch=8), row("s0", 10_000, "ddp", 1.0, lr=4.8e-2, batch=8)]
+    rows += [row("s1", 100_000, "ddp", loss, lr=lr, batch=8) for lr, loss in ((3e-3, 1.5), (6e-3, 1.4), (1.2e-2, 1.3))]
+    grid = {"inner_lr": [3e-3, 6e-3, 1.2e-2, 2.4e-2]}  # s0 bracketed (4.8e-2 is no grid point); s1 not yet
+    tuning = [{"ratio": 20.0, "size": "s0", "method": "ddp", "grid": grid, "bracketed": {"inner_lr": True}}]
+    chosen = {c["size"]: c for c in scaling.table(rows, cfg, tuning)}
+    assert (chosen["s0"]["inner_lr"], chosen["s0"]["grid_points"]) == (1.2e-2, 4)
+    assert chosen["s0"]["complete"] and chosen["s0"]["bracketed"]
+    assert (chosen["s1"]["inner_lr"], chosen["s1"]["grid_points"]) == (6e-3, 2)  # the configured rates only
+    assert not chosen["s1"]["complete"] and not chosen["s1"]["bracketed"]
+    [ddp] = fits(list(chosen.values()))
+    assert (ddp["sizes"], ddp["incomplete"]) == (1, 1)
+    old = {c["size"]: c for c in scaling.table(rows, cfg, None)}  # a file from before the bracketing
+    assert old["s0"]["inner_lr"] == 6e-3 and "complete" not in old["s0"]
+
+
+class FakeRunner:
+    """scaling.Runner's interface with a loss made up from the job: lowest at inner lr 0.02 (G 8) and
+    outer lr 0.2; every batch of jobs asked for is kept."""
+
+    def __init__(self) -> None:
+        self.tuning: dict = {}
+        self.calls: list[list[dict]] = []
+
+    def many(self, jobs: list[dict]) -> list[dict]:
+        self.calls.append(jobs)
+        return [{**j, "eval_loss": self.loss(j)} for j in jobs]
+
+    @staticmethod
+    def loss(j: dict) -> float:
+        inner = math.log2(j["inner_lr"] / 0.02) ** 2 + (0.0 if j["global_batch"] == 8 else 0.1)
+        return 2.0 + inner + (0.0 if j["outer_lr"] is None else math.log2(j["outer_lr"] / 0.2) ** 2)
+
+    def save(self) -> None:
+        pass
+
+
+def test_bracket_widens_ddps_inner_lr_then_each_diloco_methods_outer_lr_at_it():
+    import scaling
+
+    cfg = {**scaling.QUICK, "global_batches": [8, 16]}
+    run = FakeRunner()
+    scaling.bracket(cfg, run, 4.0, "12k")
+    assert {(r, s) for r, s, _ in run.tuning} == {(4.0, "12k")} and {m for *_, m in run.tuning} == set(METHODS)
+    ddp = run.tuning[(4.0, "12k", "ddp")]
+    assert ddp["grid"] == {"inner_lr": [3e-3, 6e-3, 1.2e-2, 2.4e-2, 4.8e-2]} and ddp["chosen"] == {"inner_lr": 2.4e-2}
+    for m in METHODS[1:]:
+        t = run.tuning[(4.0, "12k", m)]
+        assert t["grid"] == {"outer_lr": [0.125, 0.25, 0.5, 1.0]} and t["chosen"]["outer_lr"] == 0.25
+        assert t["bracketed"] == {"outer_lr": True} and t["chosen"]["inner_lr"] == 2.4e-2
+    every = [j for call in run.calls for j in call]
+    assert all(j["inner_lr"] == 2.4e-2 for j in every if j["method"] != "ddp")  # at ddp's choice
+    assert {j["global_batch"] for j in every} == {8, 16} and len(run.calls[0]) == 4  # 2 rates x 2 G at once
+    assert len(run.calls[-1]) == 2  # a widening: one rate at both batches
+
+
 def test_fits_leave_out_a_cell_whose_grid_is_unfinished():
     rows = hand_rows() + [row("s3", 10_000_000, "ddp", 1.0, lr=6e-3, batch=64)]  # 1 of 2 points done
     [ddp, m4] = fits(choose(rows))
@@ -192,8 +252,13 @@ def test_quick_run_has_every_method_at_every_size_and_resumes(tmp_path, shakespe
     report = json.loads(out.stdout.strip().splitlines()[-1])
     cells = {(c["ratio"], c["size"], c["method"]) for c in report["chosen"]}
     assert cells == {(r, s, m) for r, sizes in ((4.0, ("12k", "25k")), (2.0, ("12k",))) for s in sizes for m in METHODS}
+    tuning = {(t["ratio"], t["size"], t["method"]): t for t in report["tuning"]}
     for c in report["chosen"]:
-        assert c["eval_loss"] > 0 and c["grid_points"] == 2
+        t = tuning[(c["ratio"], c["size"], c["method"])]
+        rate = "inner_lr" if c["method"] == "ddp" else "outer_lr"
+        # bracketed: at least one rate past the configured two; the table's choice is the bracketing's
+        assert c["eval_loss"] > 0 and c["grid_points"] == len(t["grid"][rate]) >= 3 and c["complete"]
+        assert c[rate] == t["chosen"][rate] and c["bracketed"] == t["bracketed"][rate]
         assert c["per_learner_batch"] * LEARNERS[c["method"]] == c["global_batch"]
         assert c["seeds"] == (2 if (c["ratio"], c["size"]) in {(4.0, "12k"), (4.0, "25k")} else 1)
     saved = json.loads((tmp_path / "q.json").read_text())
