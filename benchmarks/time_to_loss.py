@@ -68,7 +68,7 @@ from pathlib import Path
 
 from chaos_slurm import schedule
 from runs import ROOT, ddiloco_run, parse_run_arguments
-from time_to_loss_curves import loss_at, read_curve, seconds_to_target, sim_run, window
+from time_to_loss_curves import eval_batches, loss_at, read_curve, seconds_to_target, sim_run, window
 from time_to_loss_show import console, plot, show
 from time_to_loss_slurm import preempted_run, slurm_or_local
 from tuning import DATA_PARALLEL, DILOCO_FAMILY, Tuner
@@ -163,7 +163,14 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[st
     finally:
         os.environ.pop(STEP_SLOWDOWN_ENV, None)
     span = window(run_dir, summary)
-    return {"summary": summary, "curve": read_curve(run_dir, span), "finish": span[1] - span[0], "start": span[0]}
+    curve = read_curve(run_dir, span)
+    return {
+        "summary": summary,
+        "curve": curve,
+        "finish": span[1] - span[0],
+        "start": span[0],
+        "eval_batches": eval_batches(run_dir),
+    }
 
 
 def tuned_flags(tuned: dict[str, float]) -> list[str]:
@@ -282,6 +289,7 @@ def one_scenario(args: argparse.Namespace, sc: Scenario, tuned: dict[str, dict[s
             "reached_budget": s["tokens_merged"] >= args.tokens * 0.999 or s["tokens"] >= args.tokens,
             "tokens_merged": s["tokens_merged"],
             "tokens_trained": s["tokens_trained"],
+            "eval_batches": real[m]["eval_batches"],  # every evaluation's, curve and target alike
             **tuned[m],  # inner_lr, and the DiLoCo family's outer_lr and outer_momentum when tuned
             "requeues": s.get("requeues"),  # on Slurm: preemptions done (a job not running is skipped)
         }

@@ -40,6 +40,17 @@ def read_curve(run_dir: Path, span: tuple[float, float] | None = None) -> Curve:
     return [*during, (max(stop - start, during[-1][0] if during else 0.0), final[1])]
 
 
+def eval_batches(run_dir: Path) -> int | None:
+    """The validation batches every evaluation of the run used (its curve's and its final one): one
+    count, or ValueError when they differ (a curve and a target on different sets are no comparison);
+    None for a run that recorded none."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    counts = {e.get("eval_batches") for e in map(json.loads, lines) if e.get("kind") == "eval"}
+    if len(counts) > 1 or None in counts and counts != {None}:
+        raise ValueError(f"{run_dir}: its evaluations used different validation batches: {counts}")
+    return counts.pop() if counts else None
+
+
 def seconds_to_target(curve: Curve, target: float) -> float | None:
     """The first second the curve is at or below `target`, linear between two evaluations; None if never."""
     previous = None

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import time_to_loss as ttl  # noqa: E402
-from time_to_loss_curves import loss_at, read_curve, seconds_to_target, window  # noqa: E402
+from time_to_loss_curves import eval_batches, loss_at, read_curve, seconds_to_target, window  # noqa: E402
 
 CURVE = [(2.0, 3.0), (4.0, 2.6), (6.0, 2.2), (10.0, 2.0)]
 
@@ -124,4 +124,27 @@ def test_the_smallest_real_path_prints_every_field(shakespeare: str, tmp_path: P
         assert {"method", "seconds_to_target", "loss_at_first_finish", "goodput", "eval_loss"} <= set(r)
         # (not <= 1: the runtime's goodput of a run this short can read a little above 1, e.g. 1.011)
         assert 0 < r["goodput"] < 1.1 and r["eval_loss"] < 5.6  # the initial model's loss is 5.53
+        assert r["eval_batches"] == report["settings"]["eval_batches"] == 8  # curve and target alike
     assert (tmp_path / "time-to-loss-mixed_hardware.png").is_file()
+
+
+def test_a_rows_eval_batches_is_one_count_for_curve_and_target_or_an_error(tmp_path):
+    def metrics(*counts: int | None) -> Path:
+        lines = [{"kind": "train", "t": 0.5, "tokens": 1, "train_loss": 3.0}]
+        lines += [
+            {"kind": "eval", "t": float(i), "tokens": i, "eval_loss": 2.0, "eval_batches": c}
+            for i, c in enumerate(counts)
+        ]
+        d = tmp_path / str(len(list(tmp_path.iterdir())))
+        d.mkdir()
+        (d / "metrics.jsonl").write_text(
+            "\n".join(json.dumps({k: v for k, v in e.items() if v is not None}) for e in lines)
+        )
+        return d
+
+    assert eval_batches(metrics(8, 8, 8)) == 8
+    assert eval_batches(metrics(None, None)) is None  # a run from before the count was recorded
+    with pytest.raises(ValueError, match="different validation batches"):
+        eval_batches(metrics(4, 4, 8))  # the curve on 4, the target on 8: the defect this guards
+    with pytest.raises(ValueError, match="different validation batches"):
+        eval_batches(metrics(None, 8))
