@@ -149,6 +149,7 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
     from ..api.model import fit_fragments
     from ..launch.config import NetworkConfig, RunConfig
     from ..learner.wan import LinkConfig
+    from ..train.inner import InnerConfig
     from ..wire import auth
     from .synchronizer import algorithm_for
 
@@ -168,8 +169,7 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
         algorithm=algorithm_for(
             method, flags.learners, fragments=fragments, merge=merge, **options.algorithm_knobs(flags)
         ),
-        inner_lr=flags.inner_lr,
-        batch_size=flags.batch_size,
+        inner=InnerConfig(lr=flags.inner_lr, batch_size=flags.batch_size),
         seed=flags.seed,
         tokens=_tokens(flags),
         duration=flags.duration,
