@@ -1,11 +1,19 @@
-"""The inner optimizer every driver uses: AdamW with linear warm-up and cosine decay over the run."""
+"""The inner optimizer every driver uses: AdamW with linear warm-up and cosine decay over the run,
+or one of its options (`InnerConfig`; each off by default, none measured yet: docs/algorithm.md,
+"Inner-optimizer options"): Muon for the hidden matrices (`optimizers.MuonWithAdamW`)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import torch
+
+from .optimizers import MuonWithAdamW, muon_matrices
+
+InnerOptimizer = Literal["adamw", "muon"]
+INNER_OPTIMIZERS: tuple[InnerOptimizer, ...] = ("adamw", "muon")
 
 
 @dataclass(frozen=True)
@@ -18,24 +26,33 @@ class InnerConfig:
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
     batch_size: int = 16
+    # adamw: torch.optim.AdamW on every parameter; muon: torch.optim.Muon on the hidden 2-D matrices,
+    # AdamW on the rest (MuLoCo, arXiv 2505.23725; `optimizers.muon_matrices` says which are which)
+    optimizer: InnerOptimizer = "adamw"
 
     def __post_init__(self) -> None:
         if not self.lr > 0 or self.batch_size < 1 or self.warmup_steps < 0:
             raise ValueError("inner lr must be > 0, batch_size >= 1, warmup_steps >= 0")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("min_lr_ratio must be in [0, 1]")
+        if self.optimizer not in INNER_OPTIMIZERS:
+            raise ValueError(f"inner optimizer must be one of {', '.join(INNER_OPTIMIZERS)}, got {self.optimizer!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def make_inner_optimizer(model: torch.nn.Module, config: InnerConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(
-        model.parameters(),
-        lr=config.lr,
-        betas=(config.beta1, config.beta2),
-        weight_decay=config.weight_decay,
-    )
+def make_inner_optimizer(model: torch.nn.Module, config: InnerConfig) -> torch.optim.Optimizer:
+    """The inner optimizer `config` asks for, over `model`'s parameters: by default torch.optim.AdamW.
+    Public (`ddiloco.make_inner_optimizer`): a training loop of one's own builds the same one."""
+    betas = (config.beta1, config.beta2)
+    if config.optimizer == "muon":
+        matrices = muon_matrices(model)
+        taken = {id(p) for p in matrices}
+        others = [p for p in model.parameters() if id(p) not in taken]
+        if matrices:  # else (a model without hidden matrices: SmallCNN) AdamW takes everything, as by default
+            return MuonWithAdamW(matrices, others, lr=config.lr, weight_decay=config.weight_decay, betas=betas)
+    return torch.optim.AdamW(model.parameters(), lr=config.lr, betas=betas, weight_decay=config.weight_decay)
 
 
 def lr_at(config: InnerConfig, step: int, progress: float) -> float:
