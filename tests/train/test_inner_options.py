@@ -1,6 +1,7 @@
 """The inner-optimizer options (`train.inner.InnerConfig`, issue #47 item 1), each by hand: the default is
 exactly the AdamW it always was; Muon takes the hidden matrices and AdamW the rest, as one optimizer
-that the schedule, a learner's saved state and peer recovery all read."""
+that the schedule, a learner's saved state and peer recovery all read; MT-DAO's slow momentum moves a
+parameter by the numbers worked out here."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ddiloco.learner import peerstate
 from ddiloco.learner.state import load_optimizer, optimizer_state, save_optimizer
 from ddiloco.train.gpt import GPT, GPTConfig
 from ddiloco.train.inner import InnerConfig, inner_step, make_inner_optimizer, set_lr
-from ddiloco.train.optimizers import MuonWithAdamW, muon_matrices
+from ddiloco.train.optimizers import MuonWithAdamW, SlowFastAdamW, muon_matrices
 
 HIDDEN = {
     "blocks.0.attn.qkv.weight",
@@ -148,3 +149,76 @@ def test_peer_recovery_carries_both_states():
 def test_an_unknown_inner_optimizer_is_refused():
     with pytest.raises(ValueError, match="adamw, muon"):
         InnerConfig(optimizer="sgd")  # type: ignore[arg-type]
+
+
+def slow_fast_steps(grads: list[float], **config: float) -> list[float]:
+    """The 1-element parameter (starting at 1.0) after each step of `SlowFastAdamW` on these gradients."""
+    theta = torch.nn.Parameter(torch.tensor([1.0]))
+    defaults = {"lr": 0.1, "betas": (0.5, 0.75), "slow_beta": 0.9, "slow_weight": 0.5, "weight_decay": 0.0}
+    optimizer = SlowFastAdamW([theta], **{**defaults, **config})  # type: ignore[arg-type]
+    out = []
+    for g in grads:
+        theta.grad = torch.tensor([g])
+        optimizer.step()
+        out.append(float(theta.detach()))
+    return out
+
+
+def test_the_slow_momentum_moves_a_parameter_by_the_hand_computed_amounts():
+    """lr 0.1, beta1 0.5, beta2 0.75, beta_s 0.9, w 0.5; gradients 2 then -1.
+    Step 1: m_f = 1, m_s = 0.2, v = 1; bias-corrected 2, 2, 4: theta = 1 - 0.1 * 2 / 2 = 0.9.
+    Step 2: m_f = 0.5 - 0.5 = 0, m_s = 0.18 - 0.1 = 0.08, v = 0.75 + 0.25 = 1; corrected 0, 0.08 / 0.19,
+    1 / 0.4375: theta = 0.9 - 0.1 * 0.5 * (0.08 / 0.19) / sqrt(1 / 0.4375) = 0.886075.
+    AdamW (w 0) stops at 0.9: its fast momentum cancelled, the slow one remembers the first gradient."""
+    got = slow_fast_steps([2.0, -1.0])
+    assert got == pytest.approx([0.9, 0.9 - 0.1 * 0.5 * (0.08 / 0.19) / (1 / 0.4375) ** 0.5], abs=1e-6)
+    assert got[1] == pytest.approx(0.886075, abs=1e-6)
+    assert slow_fast_steps([2.0, -1.0], slow_weight=0.0) == pytest.approx([0.9, 0.9], abs=1e-6)
+    # decoupled weight decay, as AdamW's: theta (1 - lr * lambda) first, 1 * 0.99 - 0.1 = 0.89
+    assert slow_fast_steps([2.0], weight_decay=0.1) == pytest.approx([0.89], abs=1e-6)
+
+
+def test_slow_weight_zero_is_adamw():
+    a, b = tiny_gpt(), tiny_gpt()
+    config = InnerConfig(slow_momentum=0.99, slow_weight=0.0)
+    opt_a, opt_b = make_inner_optimizer(a, config), make_inner_optimizer(b, InnerConfig())
+    assert isinstance(opt_a, SlowFastAdamW)
+    for seed in range(3):
+        one_step(a, opt_a, seed)
+        one_step(b, opt_b, seed)
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6), name
+
+
+def test_the_slow_momentum_is_an_option_of_the_config_and_its_state_saves(tmp_path):
+    a, b = tiny_gpt(), tiny_gpt()
+    config = InnerConfig(slow_momentum=0.99)
+    opt_a = make_inner_optimizer(a, config)
+    assert isinstance(opt_a, SlowFastAdamW) and opt_a.param_groups[0]["slow_beta"] == 0.99
+    one_step(a, opt_a)
+    tensors, _ = peerstate.snapshot(opt_a, dict(a.named_parameters()))
+    assert "head.weight/exp_avg_slow" in tensors
+    save_optimizer(tmp_path, *optimizer_state(opt_a, 1))
+    with torch.no_grad():
+        for p, q in zip(b.parameters(), a.parameters(), strict=True):
+            p.copy_(q)
+    opt_b = make_inner_optimizer(b, config)
+    assert load_optimizer(tmp_path, opt_b) == 1
+    one_step(a, opt_a, seed=2)
+    one_step(b, opt_b, seed=2)
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"slow_momentum": 0.5},
+        {"slow_momentum": 1.0},
+        {"slow_weight": 1.5},
+        {"slow_momentum": 0.99, "optimizer": "muon"},
+    ],
+)
+def test_a_slow_momentum_that_is_not_slower_or_is_mixed_with_muon_is_refused(bad):
+    with pytest.raises(ValueError, match="slow"):
+        InnerConfig(**bad)

@@ -1,6 +1,7 @@
 """The inner optimizer every driver uses: AdamW with linear warm-up and cosine decay over the run,
 or one of its options (`InnerConfig`; each off by default, none measured yet: docs/algorithm.md,
-"Inner-optimizer options"): Muon for the hidden matrices (`optimizers.MuonWithAdamW`)."""
+"Inner-optimizer options"): Muon for the hidden matrices (`optimizers.MuonWithAdamW`), a slow momentum
+beside AdamW's fast one (`optimizers.SlowFastAdamW`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Literal
 
 import torch
 
-from .optimizers import MuonWithAdamW, muon_matrices
+from .optimizers import MuonWithAdamW, SlowFastAdamW, muon_matrices
 
 InnerOptimizer = Literal["adamw", "muon"]
 INNER_OPTIMIZERS: tuple[InnerOptimizer, ...] = ("adamw", "muon")
@@ -29,6 +30,10 @@ class InnerConfig:
     # adamw: torch.optim.AdamW on every parameter; muon: torch.optim.Muon on the hidden 2-D matrices,
     # AdamW on the rest (MuLoCo, arXiv 2505.23725; `optimizers.muon_matrices` says which are which)
     optimizer: InnerOptimizer = "adamw"
+    # MT-DAO (arXiv 2510.05361): beta_s of a slow first moment AdamW's step mixes with its fast one
+    # (beta1), with weight slow_weight (`optimizers.SlowFastAdamW`); 0: off, plain AdamW
+    slow_momentum: float = 0.0
+    slow_weight: float = 0.5
 
     def __post_init__(self) -> None:
         if not self.lr > 0 or self.batch_size < 1 or self.warmup_steps < 0:
@@ -37,6 +42,14 @@ class InnerConfig:
             raise ValueError("min_lr_ratio must be in [0, 1]")
         if self.optimizer not in INNER_OPTIMIZERS:
             raise ValueError(f"inner optimizer must be one of {', '.join(INNER_OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.slow_momentum and not self.beta1 < self.slow_momentum < 1:
+            raise ValueError(
+                f"slow_momentum must be 0 (off) or between beta1 = {self.beta1} and 1, got {self.slow_momentum}"
+            )
+        if not 0 <= self.slow_weight <= 1:
+            raise ValueError(f"slow_weight must be in [0, 1], got {self.slow_weight}")
+        if self.slow_momentum and self.optimizer != "adamw":
+            raise ValueError("slow_momentum is AdamW's (MT-DAO); Muon keeps its own momentum: use one or the other")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -46,6 +59,15 @@ def make_inner_optimizer(model: torch.nn.Module, config: InnerConfig) -> torch.o
     """The inner optimizer `config` asks for, over `model`'s parameters: by default torch.optim.AdamW.
     Public (`ddiloco.make_inner_optimizer`): a training loop of one's own builds the same one."""
     betas = (config.beta1, config.beta2)
+    if config.slow_momentum:
+        return SlowFastAdamW(
+            model.parameters(),
+            lr=config.lr,
+            betas=betas,
+            slow_beta=config.slow_momentum,
+            slow_weight=config.slow_weight,
+            weight_decay=config.weight_decay,
+        )
     if config.optimizer == "muon":
         matrices = muon_matrices(model)
         taken = {id(p) for p in matrices}

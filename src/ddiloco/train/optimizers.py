@@ -1,5 +1,6 @@
 """The inner optimizers other than plain AdamW (`inner.make_inner_optimizer` picks one, `InnerConfig`
-says which): Muon for the hidden weight matrices with AdamW for the rest (MuLoCo's inner optimizer).
+says which): Muon for the hidden weight matrices with AdamW for the rest (MuLoCo's inner optimizer),
+and AdamW with a slow momentum beside its fast one (MT-DAO's).
 
 Each is one `torch.optim.Optimizer`: one `param_groups` list the learning-rate schedule sets
 (`inner.set_lr`), one `state` keyed by parameter (peer recovery reads and writes it: `learner.peerstate`),
@@ -9,6 +10,7 @@ one `state_dict` a learner saves and loads (`learner.state`), one `step` the ste
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 import torch
@@ -109,3 +111,89 @@ def fill_adamw_state(state: dict, p: torch.Tensor) -> None:
     state["step"] = torch.tensor(0.0)
     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+class SlowFastAdamW(torch.optim.Optimizer):
+    """AdamW whose step follows a fast and a slow first moment together (MT-DAO, arXiv 2510.05361).
+
+    MT-DAO's diagnosis: between two syncs of H steps an inner momentum of beta1 = 0.9 (a half-life of
+    6.6 steps) forgets the direction the learners shared at the last sync; a slow momentum
+    (beta_s ~ 0.99-0.999) keeps it. Its update is a convex combination of the gradient and N momenta
+    over Adam's second moment, Delta = [(1 - sum_j w_j) g + sum_j w_j u_j] / (sqrt(v) + eps). Ours is
+    the member with N = 2, the fast momentum (beta1) and a slow one (beta_s), and no gradient term:
+
+        m_f <- beta1 m_f + (1 - beta1) g          m_s <- beta_s m_s + (1 - beta_s) g
+        v   <- beta2 v   + (1 - beta2) g^2
+        theta <- theta (1 - lr lambda)                                   (decoupled weight decay)
+        theta <- theta - lr [(1 - w) m_f / (1 - beta1^t) + w m_s / (1 - beta_s^t)]
+                            / (sqrt(v / (1 - beta2^t)) + eps)
+
+    w = 0 is AdamW. Our reading: the rule above is the paper's family as its abstract and a summary
+    of its method give it (we could not read its method section itself, and its code is not public);
+    both momenta are bias-corrected as Adam's m is (the paper builds on ADOPT, we on AdamW); and each
+    learner keeps its momenta to itself, never averaged with other learners' (MT-DAO also averages
+    them every K_j steps; Decoupled DiLoCo's learners send parameters only).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        slow_beta: float,
+        slow_weight: float,
+        weight_decay: float,
+        eps: float = 1e-8,
+    ) -> None:
+        if not 0 <= slow_beta < 1 or not 0 <= slow_weight <= 1:
+            raise ValueError(f"slow_beta must be in [0, 1), slow_weight in [0, 1]; got {slow_beta}, {slow_weight}")
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "slow_beta": slow_beta,
+            "slow_weight": slow_weight,
+            "weight_decay": weight_decay,
+            "eps": eps,
+        }
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+            slow_beta, slow_weight = group["slow_beta"], group["slow_weight"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad
+                state = self.state[p]
+                if not state:
+                    self._fill(state, p)
+                state["step"] += 1
+                t = float(state["step"])
+                fast, slow, second = state["exp_avg"], state["exp_avg_slow"], state["exp_avg_sq"]
+                p.mul_(1 - lr * group["weight_decay"])
+                fast.lerp_(grad, 1 - beta1)
+                slow.lerp_(grad, 1 - slow_beta)
+                second.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                direction = fast * ((1 - slow_weight) / (1 - beta1**t)) + slow * (slow_weight / (1 - slow_beta**t))
+                denom = (second.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
+                p.addcdiv_(direction, denom, value=-lr)
+        return loss
+
+    @staticmethod
+    def _fill(state: dict, p: torch.Tensor) -> None:
+        fill_adamw_state(state, p)
+        state["exp_avg_slow"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    def fill_state(self) -> None:
+        """Every parameter's state as its first step makes it (zeros): see `MuonWithAdamW.fill_state`."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not self.state[p]:
+                    self._fill(self.state[p], p)
