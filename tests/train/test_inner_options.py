@@ -1,7 +1,7 @@
 """The inner-optimizer options (`train.inner.InnerConfig`, issue #47 item 1), each by hand: the default is
 exactly the AdamW it always was; Muon takes the hidden matrices and AdamW the rest, as one optimizer
 that the schedule, a learner's saved state and peer recovery all read; MT-DAO's slow momentum moves a
-parameter by the numbers worked out here."""
+parameter by the numbers worked out here; the learning rate warms up again after each adoption."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from ddiloco.learner import peerstate
 from ddiloco.learner.state import load_optimizer, optimizer_state, save_optimizer
 from ddiloco.train.gpt import GPT, GPTConfig
-from ddiloco.train.inner import InnerConfig, inner_step, make_inner_optimizer, set_lr
+from ddiloco.train.inner import InnerConfig, inner_step, lr_at, make_inner_optimizer, set_lr
 from ddiloco.train.optimizers import MuonWithAdamW, SlowFastAdamW, muon_matrices
 
 HIDDEN = {
@@ -222,3 +222,19 @@ def test_the_slow_momentum_is_an_option_of_the_config_and_its_state_saves(tmp_pa
 def test_a_slow_momentum_that_is_not_slower_or_is_mixed_with_muon_is_refused(bad):
     with pytest.raises(ValueError, match="slow"):
         InnerConfig(**bad)
+
+
+def test_the_learning_rate_warms_up_again_linearly_after_an_adoption():
+    """R = 4 re-warm steps on a flat schedule (no warm-up, no decay): lr x (since + 1) / 4 up to lr."""
+    flat = InnerConfig(lr=1.0, warmup_steps=0, min_lr_ratio=1.0, rewarm_steps=4)
+    assert [lr_at(flat, 100, 0.5, since) for since in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert lr_at(flat, 100, 0.5, None) == 1.0  # never adopted (data-parallel training): no re-warm-up
+    off = InnerConfig(lr=1.0, warmup_steps=0, min_lr_ratio=1.0)
+    assert lr_at(off, 100, 0.5, 0) == 1.0  # rewarm_steps 0: adoptions leave the schedule alone
+    # with the first warm-up (10 steps) and the cosine decay: the lower warm-up factor, times the decay
+    full = InnerConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.0, rewarm_steps=4)
+    assert lr_at(full, 0, 0.0, 3) == pytest.approx(0.1)  # step 1 of 10: the first warm-up is lower
+    assert lr_at(full, 9, 0.0, 0) == pytest.approx(0.25)  # warmed up, just adopted: 1 / 4
+    assert lr_at(full, 50, 0.5, 1) == pytest.approx(0.5 * 0.5)  # 2 / 4 of the cosine's half at mid-run
+    with pytest.raises(ValueError, match="rewarm_steps"):
+        InnerConfig(rewarm_steps=-1)

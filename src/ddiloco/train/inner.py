@@ -1,7 +1,7 @@
 """The inner optimizer every driver uses: AdamW with linear warm-up and cosine decay over the run,
 or one of its options (`InnerConfig`; each off by default, none measured yet: docs/algorithm.md,
 "Inner-optimizer options"): Muon for the hidden matrices (`optimizers.MuonWithAdamW`), a slow momentum
-beside AdamW's fast one (`optimizers.SlowFastAdamW`)."""
+beside AdamW's fast one (`optimizers.SlowFastAdamW`), a re-warm-up after each adoption (`lr_at`)."""
 
 from __future__ import annotations
 
@@ -34,10 +34,13 @@ class InnerConfig:
     # (beta1), with weight slow_weight (`optimizers.SlowFastAdamW`); 0: off, plain AdamW
     slow_momentum: float = 0.0
     slow_weight: float = 0.5
+    # the schedule across adoptions (the paper leaves it undefined): after a learner adopts a global
+    # fragment value its learning rate warms up again, linearly over this many steps (`lr_at`); 0: off
+    rewarm_steps: int = 0
 
     def __post_init__(self) -> None:
-        if not self.lr > 0 or self.batch_size < 1 or self.warmup_steps < 0:
-            raise ValueError("inner lr must be > 0, batch_size >= 1, warmup_steps >= 0")
+        if not self.lr > 0 or self.batch_size < 1 or self.warmup_steps < 0 or self.rewarm_steps < 0:
+            raise ValueError("inner lr must be > 0, batch_size >= 1, warmup_steps and rewarm_steps >= 0")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("min_lr_ratio must be in [0, 1]")
         if self.optimizer not in INNER_OPTIMIZERS:
@@ -77,13 +80,20 @@ def make_inner_optimizer(model: torch.nn.Module, config: InnerConfig) -> torch.o
     return torch.optim.AdamW(model.parameters(), lr=config.lr, betas=betas, weight_decay=config.weight_decay)
 
 
-def lr_at(config: InnerConfig, step: int, progress: float) -> float:
+def lr_at(config: InnerConfig, step: int, progress: float, since_adoption: int | None = None) -> float:
     """Warm-up over the learner's own first steps, cosine decay over the run's token progress in [0, 1].
 
     Decaying by global progress rather than by the learner's step count gives every method the same
     learning rate per token, which is what a comparison at equal tokens needs.
+
+    `since_adoption`: the learner's steps since it last adopted a global value (joined, or took a
+    merged fragment: 0 for the first step after it; None: never, as in data-parallel training). With
+    `rewarm_steps` R > 0 the warm-up factor is at most (since_adoption + 1) / R: a linear re-warm-up
+    over R steps after each adoption, the whole learner's learning rate at once whichever fragment came.
     """
     warm = min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps > 0 else 1.0
+    if config.rewarm_steps > 0 and since_adoption is not None:
+        warm = min(warm, (since_adoption + 1) / config.rewarm_steps)
     progress = min(1.0, max(0.0, progress))
     cosine = config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
     return config.lr * warm * cosine
