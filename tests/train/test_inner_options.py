@@ -12,7 +12,7 @@ from ddiloco.learner import peerstate
 from ddiloco.learner.state import load_optimizer, optimizer_state, save_optimizer
 from ddiloco.train.gpt import GPT, GPTConfig
 from ddiloco.train.inner import InnerConfig, inner_step, lr_at, make_inner_optimizer, set_lr
-from ddiloco.train.optimizers import MuonWithAdamW, SlowFastAdamW, muon_matrices
+from ddiloco.train.optimizers import MuonWithAdamW, SlowFastAdamW, fill_state, muon_matrices
 
 HIDDEN = {
     "blocks.0.attn.qkv.weight",
@@ -238,3 +238,20 @@ def test_the_learning_rate_warms_up_again_linearly_after_an_adoption():
     assert lr_at(full, 50, 0.5, 1) == pytest.approx(0.5 * 0.5)  # 2 / 4 of the cosine's half at mid-run
     with pytest.raises(ValueError, match="rewarm_steps"):
         InnerConfig(rewarm_steps=-1)
+
+
+@pytest.mark.parametrize("inner", [{}, {"optimizer": "muon"}, {"slow_momentum": 0.99}])
+def test_an_empty_optimizer_gets_the_state_its_first_step_makes(inner):
+    """What a data-parallel job's ranks receive rank 0's state into (`dataparallel.replicated`)."""
+    empty, trained = tiny_gpt(), tiny_gpt()
+    opt_empty = make_inner_optimizer(empty, InnerConfig(**inner))
+    opt_trained = make_inner_optimizer(trained, InnerConfig(**inner))
+    fill_state(opt_empty)
+    one_step(trained, opt_trained)
+    for (name, p), q in zip(empty.named_parameters(), trained.parameters(), strict=True):
+        mine, theirs = opt_empty.state[p], opt_trained.state[q]
+        assert sorted(mine) == sorted(theirs), name
+        assert all(mine[k].shape == theirs[k].shape and mine[k].dtype == theirs[k].dtype for k in mine), name
+    one_step(empty, opt_empty)  # the prepared state is taken as the optimizer's own: the same first step
+    for (name, p), q in zip(empty.named_parameters(), trained.parameters(), strict=True):
+        assert torch.equal(p, q), name

@@ -175,7 +175,15 @@ class RunConfig:
 
     def inner_settings(self) -> dict[str, object]:
         """The inner optimizer as `ddiloco learner`'s flags (the rest of `InnerConfig` is its defaults)."""
-        return {"batch_size": self.inner.batch_size, "inner_lr": self.inner.lr}
+        i = self.inner
+        return {
+            "batch_size": i.batch_size,
+            "inner_lr": i.lr,
+            "inner_optimizer": i.optimizer,
+            "slow_momentum": i.slow_momentum,
+            "slow_weight": i.slow_weight,
+            "rewarm_steps": i.rewarm_steps,
+        }
 
     def learner_settings(self, m: int) -> dict[str, object]:
         """Learner `m`'s settings, keyed by `ddiloco learner`'s flags (None: not given)."""

@@ -106,6 +106,21 @@ class MuonWithAdamW(torch.optim.Optimizer):
                     fill_adamw_state(state, p)
 
 
+def fill_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give every parameter the state its optimizer's first step makes (zeros): torch.optim.AdamW's, or
+    ours (`fill_state` of each). A data-parallel job's ranks receive rank 0's state into these."""
+    own = getattr(optimizer, "fill_state", None)
+    if callable(own):
+        own()
+        return
+    if not isinstance(optimizer, torch.optim.AdamW):
+        raise TypeError(f"no first-step state known for {type(optimizer).__name__}")
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not optimizer.state[p]:
+                fill_adamw_state(optimizer.state[p], p)
+
+
 def fill_adamw_state(state: dict, p: torch.Tensor) -> None:
     """torch.optim.AdamW's state for `p` before its first step (non-fused, non-capturable: a host step)."""
     state["step"] = torch.tensor(0.0)
