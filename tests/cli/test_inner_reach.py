@@ -140,3 +140,11 @@ def test_a_bad_combination_is_the_command_s_error(tmp_path):
     flags = parse(RunFlags, ["--inner-optimizer", "muon", "--slow-momentum", "0.99", "--run-dir", str(tmp_path)])
     with pytest.raises(ValueError, match="slow_momentum"):
         run_cli._run_config(flags, FakeTask(), run_cli._chaos(flags))  # type: ignore[arg-type]
+
+
+def test_sim_refuses_the_re_warm_up_where_nothing_is_adopted(monkeypatch):
+    monkeypatch.setattr("ddiloco.sim.run.build_task", lambda config: FakeTask())
+    config, _ = sim_cli._sim_config(parse(sim_cli.SimFlags, ["--method", "ddp", "--inner-optimizer", "muon"]))
+    assert config.inner.optimizer == "muon"  # data-parallel takes Muon (and the slow momentum) ...
+    with pytest.raises(typer.BadParameter, match="--rewarm-steps"):  # ... but no adoption to warm up after
+        sim_cli._sim_config(parse(sim_cli.SimFlags, ["--method", "ddp", "--rewarm-steps", "3"]))

@@ -195,6 +195,8 @@ def _sim_config(flags: SimFlags) -> tuple[SimConfig, Task]:
             )
             fragments = fit_fragments(len(list(probe.build_model(flags.seed).parameters())), None, flags.sync_every)
         algorithm = _algorithm(flags, method, fragments or 1)
+        if flags.rewarm_steps and method not in methods.DILOCO_METHODS:
+            raise ValueError(f"--method {method}: --rewarm-steps follows adoptions of a global model; there are none")
         speeds = parse_speeds(flags.speeds, flags.learners, flags.hetero)
         steps = StepTimeModel(flags.step_time, speeds, flags.jitter, flags.straggle_prob, flags.straggle_factor)
         # A generous horizon for random failures: the run cannot take longer than this at speed 1.
