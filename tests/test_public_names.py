@@ -16,6 +16,10 @@ def test_public_names_at_the_top():
 
     assert ddiloco.LearnerClient is LearnerClient and ddiloco.AlgorithmConfig is AlgorithmConfig
     assert ddiloco.SynchronizerServer is SynchronizerServer and ddiloco.build_service is build_service
+    from ddiloco.train.inner import InnerConfig, lr_at, make_inner_optimizer
+
+    assert ddiloco.InnerConfig is InnerConfig and ddiloco.make_inner_optimizer is make_inner_optimizer
+    assert ddiloco.lr_at is lr_at  # the inner optimizer and schedule `ddiloco learner` builds, for one's own loop
     for name in ddiloco.__all__:
         assert getattr(ddiloco, name) is not None, name
     with pytest.raises(AttributeError):

@@ -22,6 +22,9 @@ _PUBLIC = {
     "Timeouts": "ddiloco.wire.timeouts",
     "AlgorithmConfig": "ddiloco.core.config",
     "make_task": "ddiloco.train.tasks",
+    "InnerConfig": "ddiloco.train.inner",
+    "make_inner_optimizer": "ddiloco.train.inner",
+    "lr_at": "ddiloco.train.inner",
     "read_corpus": "ddiloco.train.text",
     "EventLog": "ddiloco.records.events",
     "read_events": "ddiloco.records.events",
@@ -43,6 +46,7 @@ __all__ = [
     "AlgorithmConfig",
     "BackgroundSaver",
     "EventLog",
+    "InnerConfig",
     "LearnerClient",
     "load_optimizer",
     "ResumableIterable",
@@ -59,6 +63,8 @@ __all__ = [
     "fetch_global",
     "load_global",
     "log_to_stderr",
+    "lr_at",
+    "make_inner_optimizer",
     "make_task",
     "read_corpus",
     "read_events",
@@ -80,6 +86,7 @@ if TYPE_CHECKING:
     from .records.logsetup import log_to_stderr
     from .synchronizer.server import SynchronizerServer, build_service
     from .synchronizer.settings import ServiceSettings
+    from .train.inner import InnerConfig, lr_at, make_inner_optimizer
     from .train.tasks import make_task
     from .train.text import read_corpus
     from .wire.timeouts import Timeouts

@@ -81,6 +81,21 @@ def test_ddp_restarts_the_job_from_its_checkpoint_after_a_kill(clean_ddp, shakes
     assert result["eval_loss"] == clean_ddp[1]["eval_loss"]
 
 
+def test_ddp_trains_with_the_inner_optimizer_options_a_learner_has(shakespeare: str, tmp_path: Path):
+    """Muon reaches the workers (`ddiloco run --method ddp --inner-optimizer muon`: a fair comparison),
+    whose ranks start from rank 0's Muon and AdamW state (`replicated.broadcast_state`) and checkpoint it."""
+    run_dir = tmp_path / "ddp-muon"
+    tokens = 2 * TOKENS_PER_WORKER_STEP * 30
+    with running(run_dir, shakespeare, "ddp", tokens, "--inner-optimizer", "muon") as launcher:
+        result = finish(launcher, run_dir)
+    check_accounting(result, tokens)
+    assert math.isfinite(result["eval_loss"]) and result["eval_loss"] < initial_loss(shakespeare)
+    manifest = read_manifest(run_dir / "checkpoint")
+    assert manifest is not None
+    meta = json.loads((run_dir / "checkpoint" / manifest["folder"] / "inner.json").read_text())
+    assert {g["kind"] for g in meta["param_groups"]} == {"muon", "adamw"}
+
+
 ELASTIC_TOKENS = TOKENS_PER_WORKER_STEP * 500  # room for the survivor alone while the replacement starts
 
 

@@ -36,7 +36,11 @@ class LearnerFlags:
     seq_len: int = options.SEQ_LEN
     seed: int = typer.Option(0, help="Seed of the data order (the model comes from the synchronizer).")
     batch_size: int = typer.Option(16, min=1, help="Sequences (or images) per step and rank.")
-    inner_lr: float = typer.Option(3e-3, min=0.0, help="Peak inner AdamW learning rate.")
+    inner_lr: float = typer.Option(3e-3, min=0.0, help="Peak inner learning rate.")
+    inner_optimizer: options.InnerOptimizer = options.INNER_OPTIMIZER
+    slow_momentum: float = options.SLOW_MOMENTUM
+    slow_weight: float = options.SLOW_WEIGHT
+    rewarm_steps: int = options.REWARM_STEPS
     codec: options.Codec = options.CODEC
     token: str | None = typer.Option(None, help="Shared secret (or $DDILOCO_TOKEN).")
     tls_ca: Path | None = typer.Option(None, help="CA certificate to verify a TLS synchronizer.")
@@ -141,7 +145,6 @@ def learner_settings(flags: LearnerFlags) -> LearnerSettings:
     from ..learner.trainer import LearnerSettings
     from ..learner.wan import LinkConfig
     from ..train.device import resolve_device, step_slowdown
-    from ..train.inner import InnerConfig
     from ..wire import auth
 
     model, model_size = options.plain(flags.model, flags.model_size)
@@ -154,7 +157,7 @@ def learner_settings(flags: LearnerFlags) -> LearnerSettings:
         data=flags.data,
         seq_len=flags.seq_len,
         seed=flags.seed,
-        inner=InnerConfig(lr=flags.inner_lr, batch_size=flags.batch_size),
+        inner=options.inner_config(flags),
         codec=options.Codec(flags.codec).value,
         token=auth.resolve_token(flags.token),
         credentials=auth.channel_credentials(flags.tls_ca),

@@ -15,8 +15,10 @@ from typer.models import OptionInfo
 
 from ..core.config import AlgorithmConfig
 from ..learner.ending import DEFAULT_ORPHAN_TIMEOUT
+from ..train.inner import InnerConfig
 
 _D = AlgorithmConfig()
+_I = InnerConfig()
 
 # The panels a command's --help groups its options in (typer's rich_help_panel); the options below name
 # theirs where it is the same in every command that takes them (`in_panel` places one for one command).
@@ -311,6 +313,57 @@ class Arrival(str, enum.Enum):  # core.config.ArrivalMode
 class Late(str, enum.Enum):  # core.config.LateMode
     merge = "merge"
     refuse = "refuse"
+
+
+class InnerOptimizer(str, enum.Enum):  # train.inner.INNER_OPTIMIZERS
+    adamw = "adamw"
+    muon = "muon"
+
+
+# The inner optimizer's options (`train.inner.InnerConfig`; docs/algorithm.md, "Inner-optimizer options"):
+# the same flags in `ddiloco sim`, `ddiloco run` (its Run panel, beside --inner-lr) and `ddiloco learner`.
+INNER_OPTIMIZER = typer.Option(
+    _I.optimizer,
+    "--inner-optimizer",
+    help="adamw, or muon: Muon on the hidden weight matrices, AdamW on embeddings, head and the rest "
+    "(MuLoCo; adamw stays the default until measured).",
+)
+SLOW_MOMENTUM = typer.Option(
+    _I.slow_momentum,
+    "--slow-momentum",
+    min=0.0,
+    max=0.999999,
+    help="MT-DAO: beta of a slow inner momentum mixed into AdamW's step beside its fast one, e.g. 0.99 "
+    "(0: off, the default until measured).",
+)
+SLOW_WEIGHT = typer.Option(
+    _I.slow_weight,
+    "--slow-weight",
+    min=0.0,
+    max=1.0,
+    help="MT-DAO: the slow momentum's share of AdamW's step, the fast one's the rest (with --slow-momentum).",
+)
+REWARM_STEPS = typer.Option(
+    _I.rewarm_steps,
+    "--rewarm-steps",
+    min=0,
+    max=10**6,
+    help="After a learner adopts a global fragment, warm its inner lr up again linearly over this many "
+    "steps (0: off, the default until measured).",
+)
+
+
+def inner_config(flags: Any) -> InnerConfig:
+    """The `InnerConfig` a command's inner-optimizer flags give (--inner-lr, --batch-size and the options
+    above): one place for `sim`, `run` and `learner`."""
+    return InnerConfig(
+        lr=flags.inner_lr,
+        batch_size=flags.batch_size,
+        optimizer=plain(flags.inner_optimizer)[0],
+        slow_momentum=flags.slow_momentum,
+        slow_weight=flags.slow_weight,
+        rewarm_steps=flags.rewarm_steps,
+    )
 
 
 def parse_overlap(value: str | int) -> tuple[int, bool]:

@@ -168,8 +168,7 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
         algorithm=algorithm_for(
             method, flags.learners, fragments=fragments, merge=merge, **options.algorithm_knobs(flags)
         ),
-        inner_lr=flags.inner_lr,
-        batch_size=flags.batch_size,
+        inner=options.inner_config(flags),
         seed=flags.seed,
         tokens=_tokens(flags),
         duration=flags.duration,
@@ -214,6 +213,8 @@ def _dataparallel_config(flags: RunFlags, chaos: ChaosSettings) -> DataParallelC
         raise ValueError(f"--method {method} on slurm: the launcher holds the store; no --dry-run, --detach")
     if flags.net_delay:
         raise ValueError(f"--method {method}: --net-delay is not emulated here; use --net-latency")
+    if flags.rewarm_steps:
+        raise ValueError(f"--method {method}: --rewarm-steps follows adoptions of a global model; there are none")
     return DataParallelConfig(
         run_dir=_run_dir(flags),
         method=method,
@@ -224,6 +225,9 @@ def _dataparallel_config(flags: RunFlags, chaos: ChaosSettings) -> DataParallelC
         workers=flags.learners,
         batch_size=flags.batch_size,
         inner_lr=flags.inner_lr,
+        inner_optimizer=options.plain(flags.inner_optimizer)[0],
+        slow_momentum=flags.slow_momentum,
+        slow_weight=flags.slow_weight,
         seed=flags.seed,
         tokens=_tokens(flags),
         duration=flags.duration,

@@ -18,7 +18,6 @@ from ..records.rundir import MetricsLog, RunDir, jsonable
 from ..sim.config import SimConfig
 from ..sim.hardware import LinkModel, StepTimeModel, half_slow
 from ..sim.recorder import SimRecorder
-from ..train.inner import InnerConfig
 from . import app, options
 from ._flags import takes
 from .output import metric_sinks, print_summary, progress_bar, user_error
@@ -98,8 +97,12 @@ class SimFlags:
     outer_restart_every: int = options.OUTER_RESTART_EVERY
     outer_lr_per_learner: float = options.OUTER_LR_PER_LEARNER
     stale_correction: bool = options.STALE_CORRECTION
-    inner_lr: float = typer.Option(3e-3, help="Inner AdamW learning rate (peak; cosine decay over the run).")
+    inner_lr: float = typer.Option(3e-3, help="Inner learning rate (peak; cosine decay over the run).")
     batch_size: int = typer.Option(16, help="Sequences (or images) per learner step.")
+    inner_optimizer: options.InnerOptimizer = options.INNER_OPTIMIZER
+    slow_momentum: float = options.SLOW_MOMENTUM
+    slow_weight: float = options.SLOW_WEIGHT
+    rewarm_steps: int = options.REWARM_STEPS
     tokens: int = typer.Option(
         400_000, help="Token budget: training stops when the learners have trained on this many."
     )
@@ -194,6 +197,8 @@ def _sim_config(flags: SimFlags) -> tuple[SimConfig, Task]:
             )
             fragments = fit_fragments(len(list(probe.build_model(flags.seed).parameters())), None, flags.sync_every)
         algorithm = _algorithm(flags, method, fragments or 1)
+        if flags.rewarm_steps and method not in methods.DILOCO_METHODS:
+            raise ValueError(f"--method {method}: --rewarm-steps follows adoptions of a global model; there are none")
         speeds = parse_speeds(flags.speeds, flags.learners, flags.hetero)
         steps = StepTimeModel(flags.step_time, speeds, flags.jitter, flags.straggle_prob, flags.straggle_factor)
         # A generous horizon for random failures: the run cannot take longer than this at speed 1.
@@ -218,7 +223,7 @@ def _sim_config(flags: SimFlags) -> tuple[SimConfig, Task]:
             algorithm=algorithm
             if method in methods.DILOCO_METHODS
             else AlgorithmConfig(fragments=1, sync_every=max(2, flags.sync_every)),
-            inner=InnerConfig(lr=flags.inner_lr, batch_size=flags.batch_size),
+            inner=options.inner_config(flags),
             steps=steps,
             link=LinkModel(flags.net_latency / 1000.0, flags.net_bandwidth * 1e6 or math.inf),
             failures=failure_trace(

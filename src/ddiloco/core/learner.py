@@ -118,6 +118,9 @@ class LearnerCore:
         self.stage = stage
         self.at_snapshot: list[tuple[dict[str, torch.Tensor], FragmentCounters] | None] = [None] * num
         self.forced: set[int] = set()  # repairs always overwrite (the local value may be broken)
+        # the step at which a global value last came into the model (join or arrival): a driver's
+        # learning-rate schedule may warm up again from there (`train.inner.lr_at`, rewarm_steps)
+        self.adopted_at: int | None = None
 
     # --- arrivals -------------------------------------------------------------------------------
     def join(self, updates: list[FragmentUpdate]) -> None:
@@ -132,6 +135,7 @@ class LearnerCore:
         # first boundary (declined if we have not stepped, so a fresh learner never drags the model).
         self.inbox.clear()
         self.joined = True
+        self.adopted_at = self.step
 
     def receive(self, update: FragmentUpdate) -> None:
         """Queue a global fragment; it is applied at the next step boundary. Old versions are ignored."""
@@ -203,6 +207,8 @@ class LearnerCore:
                 # Align with the cadence of those who did contribute: as if we had sent tau steps ago.
                 self.anchors[fragment] = self.step - self.overlap
             applied.append(fragment)
+        if applied:
+            self.adopted_at = self.step
         return applied
 
     def _checked_names(self, update: FragmentUpdate) -> tuple[str, ...]:

@@ -23,6 +23,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--inner-lr", type=float, default=3e-3)
+    p.add_argument("--inner-optimizer", choices=("adamw", "muon"), default="adamw")
+    p.add_argument("--slow-momentum", type=float, default=0.0, help="MT-DAO's slow inner momentum (0: off)")
+    p.add_argument("--slow-weight", type=float, default=0.5, help="its share of the step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokens", type=int)
     p.add_argument("--duration", type=float)
@@ -101,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.learners,
         batch_size=args.batch_size,
         inner_lr=args.inner_lr,
+        inner_optimizer=args.inner_optimizer,
+        slow_momentum=args.slow_momentum,
+        slow_weight=args.slow_weight,
         seed=args.seed,
         tokens=args.tokens if args.tokens is not None or args.duration is not None else 400_000,
         duration=args.duration,

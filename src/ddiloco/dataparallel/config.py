@@ -2,7 +2,7 @@
 
 The model, data and inner-optimizer flags are those of `ddiloco run` (`launch.config.RunConfig`), so
 that a baseline and a ddiloco run given the same flags train the same model on the same shards with
-the same AdamW and schedule.
+the same optimizer (AdamW, or the options that have a meaning here: Muon, the slow momentum) and schedule.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..chaos.injector import ChaosSettings
 from ..learner.wan import LinkConfig
+from ..train.inner import InnerConfig
 
 METHODS = ("ddp", "elastic-ddp")
 
@@ -28,6 +29,9 @@ class DataParallelConfig:
     workers: int = 4  # M: the data is split into M shards, worker m trains shard m (as learner m does)
     batch_size: int = 16  # per worker and step, as per learner and step
     inner_lr: float = 3e-3
+    inner_optimizer: str = "adamw"  # `train.inner.InnerConfig`'s options that data-parallel training has too
+    slow_momentum: float = 0.0
+    slow_weight: float = 0.5
     seed: int = 0
     tokens: int | None = None
     duration: float | None = None
@@ -59,6 +63,18 @@ class DataParallelConfig:
             raise ValueError("checkpoint_every and batch_size must be >= 1, min_step_seconds >= 0")
         if not (self.collective_timeout > 0 and self.join_timeout > 0 and self.learner_down >= 0):
             raise ValueError("timeouts must be > 0 and learner_down >= 0")
+        _ = self.inner  # the workers' InnerConfig, checked here: a bad value is the launcher's error
+
+    @property
+    def inner(self) -> InnerConfig:
+        """Each worker's inner optimizer, as a learner's would be (`train.inner`)."""
+        return InnerConfig(
+            lr=self.inner_lr,
+            batch_size=self.batch_size,
+            optimizer=self.inner_optimizer,  # type: ignore[arg-type]  # checked by InnerConfig
+            slow_momentum=self.slow_momentum,
+            slow_weight=self.slow_weight,
+        )
 
     @property
     def elastic(self) -> bool:
@@ -107,6 +123,12 @@ class DataParallelConfig:
             str(self.batch_size),
             "--inner-lr",
             repr(self.inner_lr),
+            "--inner-optimizer",
+            self.inner_optimizer,
+            "--slow-momentum",
+            repr(self.slow_momentum),
+            "--slow-weight",
+            repr(self.slow_weight),
             "--seed",
             str(self.seed),
             "--checkpoint-every",

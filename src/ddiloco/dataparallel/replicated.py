@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..train.optimizers import fill_state
+
 SCALARS = ("step", "tokens_merged", "useful_seconds", "window_start", "last_commit", "covered_seconds", "longest_gap")
 
 
@@ -72,15 +74,9 @@ class Lineage:
 
 
 def ensure_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Give every parameter AdamW's state (zeros, as its first step would), so that every rank has
-    the same tensors to receive into, whether it has trained yet or not."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            state = optimizer.state[p]
-            if not state:
-                state["step"] = torch.tensor(0.0)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    """Give every parameter its optimizer's state (zeros, as its first step would: `train.optimizers.fill_state`),
+    so that every rank has the same tensors to receive into, whether it has trained yet or not."""
+    fill_state(optimizer)
 
 
 def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -58,6 +58,9 @@ class WorkerSettings:
     seq_len: int = 128
     batch_size: int = 16
     inner_lr: float = 3e-3
+    inner_optimizer: str = "adamw"
+    slow_momentum: float = 0.0
+    slow_weight: float = 0.5
     seed: int = 0
     tokens: int | None = None
     duration: float | None = None
@@ -73,6 +76,17 @@ class WorkerSettings:
     incarnation: int | None = None  # on Slurm: the job's restart count, so the launcher tells starts apart
     store_secret_file: Path | None = None  # the store's values are signed with the secret in it (`storeauth`)
 
+    @property
+    def inner(self) -> InnerConfig:
+        """This worker's inner optimizer and schedule, as a learner's would be (`train.inner`)."""
+        return InnerConfig(
+            lr=self.inner_lr,
+            batch_size=self.batch_size,
+            optimizer=self.inner_optimizer,  # type: ignore[arg-type]  # checked by InnerConfig
+            slow_momentum=self.slow_momentum,
+            slow_weight=self.slow_weight,
+        )
+
 
 class Worker:
     def __init__(self, s: WorkerSettings) -> None:
@@ -81,7 +95,7 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.task = make_task(s.model, s.data, seq_len=s.seq_len, model_size=s.model_size)
-        self.inner = InnerConfig(lr=s.inner_lr, batch_size=s.batch_size)
+        self.inner = s.inner
         self.model = self.task.build_model(s.seed).to(self.device)
         self.optimizer = make_inner_optimizer(self.model, self.inner)
         self.ckpt_dir = s.run_dir / "checkpoint"

@@ -13,6 +13,7 @@ from ..core.config import AlgorithmConfig
 from ..learner.ending import DEFAULT_ORPHAN_TIMEOUT
 from ..learner.wan import LinkConfig
 from ..records.atomic import atomic_write
+from ..train.inner import InnerConfig
 from ..wire.framing import DEFAULT_CHUNK_BYTES
 from ..wire.timeouts import Timeouts
 
@@ -32,9 +33,10 @@ class NetworkConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """One run's settings as a tree: the algorithm its synchronizers run (`core.config`), the network,
-    the faults (`chaos`), and the run's own (model, budget, processes). `algorithm` is what the
-    synchronizers build: `RunConfig` applies what `method` fixes (`core.methods.algorithm_for`)."""
+    """One run's settings as a tree: the algorithm its synchronizers run (`core.config`), the inner
+    optimizer its learners build (`train.inner`), the network, the faults (`chaos`), and the run's own
+    (model, budget, processes). `algorithm` is what the synchronizers build: `RunConfig` applies what
+    `method` fixes (`core.methods.algorithm_for`)."""
 
     run_dir: Path
     method: str = "decoupled"
@@ -45,8 +47,7 @@ class RunConfig:
     learners: int = 4
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     overlap_auto: bool = True  # --overlap auto: each learner widens tau by its link's steps (`learner.overlap`)
-    inner_lr: float = 3e-3
-    batch_size: int = 16
+    inner: InnerConfig = field(default_factory=InnerConfig)  # each learner's inner optimizer (`train.inner`)
     seed: int = 0
     tokens: int | None = None
     duration: float | None = None
@@ -172,14 +173,25 @@ class RunConfig:
         write_toml(path, settings)
         return ["synchronizer", "--config", str(path), *where]
 
+    def inner_settings(self) -> dict[str, object]:
+        """The inner optimizer as `ddiloco learner`'s flags (the rest of `InnerConfig` is its defaults)."""
+        i = self.inner
+        return {
+            "batch_size": i.batch_size,
+            "inner_lr": i.lr,
+            "inner_optimizer": i.optimizer,
+            "slow_momentum": i.slow_momentum,
+            "slow_weight": i.slow_weight,
+            "rewarm_steps": i.rewarm_steps,
+        }
+
     def learner_settings(self, m: int) -> dict[str, object]:
         """Learner `m`'s settings, keyed by `ddiloco learner`'s flags (None: not given)."""
         link = self.network.link
         return {
             "id": m,
             **self._model_settings(),
-            "batch_size": self.batch_size,
-            "inner_lr": self.inner_lr,
+            **self.inner_settings(),
             "codec": self.network.codec,
             "state_dir": str(self.learner_dir(m)),
             "threads": self.threads,

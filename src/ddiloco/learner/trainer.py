@@ -193,10 +193,11 @@ def train(settings: LearnerSettings) -> dict:
             inner_steps,
         )
         steps = 0
+        since_adoption = 0  # steps since the model last took a global value (it just joined)
         while not client.stopping and (settings.max_steps is None or steps < settings.max_steps):
             started = time.perf_counter()
             batch = stream.next()
-            set_lr(optimizer, lr_at(settings.inner, inner_steps, client.progress))
+            set_lr(optimizer, lr_at(settings.inner, inner_steps, client.progress, since_adoption))
             with autocast(settings.precision, device):
                 loss = task.loss(trained, batch)
             inner_step(trained, optimizer, loss, settings.inner.grad_clip)
@@ -205,7 +206,8 @@ def train(settings: LearnerSettings) -> dict:
             pad = settings.min_step_seconds - (time.perf_counter() - started)
             if pad > 0:  # the "chip" is busy for the whole step: the pad counts as compute time
                 time.sleep(pad)
-            client.step(batch.tokens, position=stream.position, loss=float(loss.detach()))
+            adopted = client.step(batch.tokens, position=stream.position, loss=float(loss.detach()))
+            since_adoption = 0 if adopted else since_adoption + 1
             if saver is not None and inner_steps % settings.checkpoint_every == 0:
                 saver.submit(optimizer, inner_steps)
         if saver is not None:

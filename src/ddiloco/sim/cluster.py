@@ -192,8 +192,11 @@ class DecoupledCluster:
         if incarnation != learner.incarnation or learner.state != "stepping":
             return
         batch = learner.stream.next()
+        core = learner.live_core
+        since = core.step - core.adopted_at if core.adopted_at is not None else None
         set_lr(
-            learner.optimizer, lr_at(self.config.inner, learner.inner_steps, self.tokens_trained / self.config.tokens)
+            learner.optimizer,
+            lr_at(self.config.inner, learner.inner_steps, self.tokens_trained / self.config.tokens, since),
         )
         loss = self.task.loss(learner.model, batch)
         inner_step(learner.model, learner.optimizer, loss, self.config.inner.grad_clip)
