@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ddiloco.dataparallel.config import DataParallelConfig
 from ddiloco.dataparallel.run import run_data_parallel
+from ddiloco.train.inner import InnerConfig
 
 from .runs import BATCH, LIMIT, SEQ, TOKENS_PER_WORKER_STEP
 
@@ -34,7 +35,7 @@ def test_the_sinks_get_every_eval_record_of_metrics_jsonl(tmp_path: Path, shakes
         data=shakespeare,
         seq_len=SEQ,
         workers=2,
-        batch_size=BATCH,
+        inner=InnerConfig(batch_size=BATCH),
         tokens=2 * TOKENS_PER_WORKER_STEP * 30,
         checkpoint_every=10,
         eval_every=0.5,

@@ -133,7 +133,9 @@ def test_bad_settings_are_refused_by_name(tmp_path: Path, changes: dict):
 
 
 def test_worker_command_carries_the_learners_model_and_optimizer_flags(tmp_path: Path):
-    config = DataParallelConfig(tmp_path, workers=2, tokens=1000, model_size="tiny", batch_size=4, inner_lr=1e-3)
+    config = DataParallelConfig(
+        tmp_path, workers=2, tokens=1000, model_size="tiny", inner=InnerConfig(lr=1e-3, batch_size=4)
+    )
     cmd = config.worker_command(1, 5555, 12.5)
     flags = dict(zip(cmd[4::2], cmd[5::2], strict=False))
     assert cmd[2:4] == ["ddiloco.dataparallel", "worker"]

@@ -213,8 +213,6 @@ def _dataparallel_config(flags: RunFlags, chaos: ChaosSettings) -> DataParallelC
         raise ValueError(f"--method {method} on slurm: the launcher holds the store; no --dry-run, --detach")
     if flags.net_delay:
         raise ValueError(f"--method {method}: --net-delay is not emulated here; use --net-latency")
-    if flags.rewarm_steps:
-        raise ValueError(f"--method {method}: --rewarm-steps follows adoptions of a global model; there are none")
     return DataParallelConfig(
         run_dir=_run_dir(flags),
         method=method,
@@ -223,11 +221,7 @@ def _dataparallel_config(flags: RunFlags, chaos: ChaosSettings) -> DataParallelC
         data=flags.data,
         seq_len=flags.seq_len,
         workers=flags.learners,
-        batch_size=flags.batch_size,
-        inner_lr=flags.inner_lr,
-        inner_optimizer=options.plain(flags.inner_optimizer)[0],
-        slow_momentum=flags.slow_momentum,
-        slow_weight=flags.slow_weight,
+        inner=options.inner_config(flags),
         seed=flags.seed,
         tokens=_tokens(flags),
         duration=flags.duration,

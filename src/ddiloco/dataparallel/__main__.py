@@ -13,6 +13,7 @@ from pathlib import Path
 from ..chaos.injector import ChaosSettings
 from ..learner.wan import LinkConfig
 from ..records import logsetup
+from ..train.inner import InnerConfig
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -102,11 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         data=args.data,
         seq_len=args.seq_len,
         workers=args.learners,
-        batch_size=args.batch_size,
-        inner_lr=args.inner_lr,
-        inner_optimizer=args.inner_optimizer,
-        slow_momentum=args.slow_momentum,
-        slow_weight=args.slow_weight,
+        inner=InnerConfig(
+            lr=args.inner_lr,
+            batch_size=args.batch_size,
+            optimizer=args.inner_optimizer,
+            slow_momentum=args.slow_momentum,
+            slow_weight=args.slow_weight,
+        ),
         seed=args.seed,
         tokens=args.tokens if args.tokens is not None or args.duration is not None else 400_000,
         duration=args.duration,

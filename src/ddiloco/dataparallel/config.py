@@ -27,11 +27,9 @@ class DataParallelConfig:
     data: str | None = None
     seq_len: int = 128
     workers: int = 4  # M: the data is split into M shards, worker m trains shard m (as learner m does)
-    batch_size: int = 16  # per worker and step, as per learner and step
-    inner_lr: float = 3e-3
-    inner_optimizer: str = "adamw"  # `train.inner.InnerConfig`'s options that data-parallel training has too
-    slow_momentum: float = 0.0
-    slow_weight: float = 0.5
+    # each worker's inner optimizer, as a learner's (batch per worker and step); of the inner options
+    # data-parallel training has the optimizer and the slow momentum, not the re-warm-up (no adoptions)
+    inner: InnerConfig = field(default_factory=InnerConfig)
     seed: int = 0
     tokens: int | None = None
     duration: float | None = None
@@ -59,22 +57,12 @@ class DataParallelConfig:
             raise ValueError("--tokens and --duration must be positive")
         if self.workers < 1 or not 1 <= self.min_workers <= self.workers:
             raise ValueError("need at least one worker, and 1 <= min_workers <= workers")
-        if self.checkpoint_every < 1 or self.batch_size < 1 or self.min_step_seconds < 0:
-            raise ValueError("checkpoint_every and batch_size must be >= 1, min_step_seconds >= 0")
+        if self.checkpoint_every < 1 or self.min_step_seconds < 0:
+            raise ValueError("checkpoint_every must be >= 1, min_step_seconds >= 0")
         if not (self.collective_timeout > 0 and self.join_timeout > 0 and self.learner_down >= 0):
             raise ValueError("timeouts must be > 0 and learner_down >= 0")
-        _ = self.inner  # the workers' InnerConfig, checked here: a bad value is the launcher's error
-
-    @property
-    def inner(self) -> InnerConfig:
-        """Each worker's inner optimizer, as a learner's would be (`train.inner`)."""
-        return InnerConfig(
-            lr=self.inner_lr,
-            batch_size=self.batch_size,
-            optimizer=self.inner_optimizer,  # type: ignore[arg-type]  # checked by InnerConfig
-            slow_momentum=self.slow_momentum,
-            slow_weight=self.slow_weight,
-        )
+        if self.inner.rewarm_steps:
+            raise ValueError("--rewarm-steps follows adoptions of a global model; data-parallel has none")
 
     @property
     def elastic(self) -> bool:
@@ -120,15 +108,15 @@ class DataParallelConfig:
             "--seq-len",
             str(self.seq_len),
             "--batch-size",
-            str(self.batch_size),
+            str(self.inner.batch_size),
             "--inner-lr",
-            repr(self.inner_lr),
+            repr(self.inner.lr),
             "--inner-optimizer",
-            self.inner_optimizer,
+            self.inner.optimizer,
             "--slow-momentum",
-            repr(self.slow_momentum),
+            repr(self.inner.slow_momentum),
             "--slow-weight",
-            repr(self.slow_weight),
+            repr(self.inner.slow_weight),
             "--seed",
             str(self.seed),
             "--checkpoint-every",
