@@ -165,13 +165,8 @@ class RunConfig:
             "--address-file",
             str(d / "address"),
         ]
-        settings = self.synchronizer_settings(shard)
-        if not settings_file:
-            return ["synchronizer", *where, *as_flags(settings)]
-        path = d / "synchronizer.toml"
-        d.mkdir(parents=True, exist_ok=True)
-        write_toml(path, settings)
-        return ["synchronizer", "--config", str(path), *where]
+        file = d / "synchronizer.toml" if settings_file else None
+        return child_args("synchronizer", where, self.synchronizer_settings(shard), file)
 
     def inner_settings(self) -> dict[str, object]:
         """The inner optimizer as `ddiloco learner`'s flags (the rest of `InnerConfig` is its defaults)."""
@@ -208,14 +203,8 @@ class RunConfig:
     def learner_args(self, m: int, addresses: list[str], settings_file: bool = True) -> list[str]:
         """`ddiloco learner`'s command line: whom it connects to, and its settings in a file of its own
         (`--config learner-M/learner.toml`, written here), or as flags (`settings_file=False`)."""
-        connect = ["--connect", ",".join(addresses)]
-        settings = self.learner_settings(m)
-        if not settings_file:
-            return ["learner", *connect, *as_flags(settings)]
-        path = self.learner_dir(m) / "learner.toml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_toml(path, settings)
-        return ["learner", "--config", str(path), *connect]
+        file = self.learner_dir(m) / "learner.toml" if settings_file else None
+        return child_args("learner", ["--connect", ",".join(addresses)], self.learner_settings(m), file)
 
     def as_dict(self) -> dict:
         """The settings the run's synchronizers use, what the user asked with what the method sets
@@ -234,6 +223,16 @@ class RunConfig:
             "grace": a.grace,
             "merge": a.merge,
         }
+
+
+def child_args(command: str, given: list[str], settings: dict[str, object], file: Path | None) -> list[str]:
+    """A child's command line: `given` flags, and its settings in `file` (written here; `--config`) or,
+    without a file, as flags."""
+    if file is None:
+        return [command, *given, *as_flags(settings)]
+    file.parent.mkdir(parents=True, exist_ok=True)
+    write_toml(file, settings)
+    return [command, "--config", str(file), *given]
 
 
 def as_flags(settings: dict[str, object]) -> list[str]:
