@@ -49,9 +49,19 @@ loss; and the same seconds on the virtual clock. Wall seconds count from the run
 start-up before it are the same fixed cost for every method and nothing next to a real run's hours
 (they are in the JSON as startup_seconds). Plots of loss against wall time go to the run directory.
 
+Seeds (--seeds 0 1 2; the claims are made on 3): every scenario runs once per seed (its failure trace
+and data order drawn from it), each seed against its own target; the tables and the JSON's `rows`
+give each method's mean +- standard deviation and every seed's seconds (`per_seed` holds each seed's
+whole result), the aim judged on the means and per seed. The settings are tuned once, at the first
+seed. Each seed's scenario is saved as it ends (RUN_DIR/seed-N/SCENARIO.json): a rerun with the same
+--run-dir and settings resumes. A quiet machine (benchmarks/runs.py): a real run during which other
+processes used more than 10 % of the CPU is redone (--reruns, default 1), then kept but left out of
+its method's means (`left_out`); every row says `quiet` and `others_cpu_share`.
+
     python benchmarks/time_to_loss.py --quick --json   # all four scenarios, smaller
     python benchmarks/time_to_loss.py --scenarios cross_site mixed_hardware
     python benchmarks/time_to_loss.py --quick --tune-only --json --run-dir runs/ttl  # tuning alone
+    flock /tmp/cpu.lock python benchmarks/time_to_loss.py --seeds 0 1 2 --run-dir runs/ttl-full --json
 """
 
 from __future__ import annotations
@@ -64,11 +74,13 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from chaos_slurm import schedule
 from runs import ROOT, ddiloco_run, parse_run_arguments
 from time_to_loss_curves import eval_batches, loss_at, read_curve, seconds_to_target, sim_run, window
+from time_to_loss_seeds import across_seeds, show_seeds
 from time_to_loss_show import console, plot, show
 from time_to_loss_slurm import preempted_run, slurm_or_local
 from tuning import DATA_PARALLEL, DILOCO_FAMILY, Tuner
@@ -82,6 +94,9 @@ METHODS = ("ddp", "elastic-ddp", "diloco", "streaming", "decoupled")
 BASELINES = METHODS[:4]
 SYNCHRONOUS = ("diloco", "streaming")  # the synchronous DiLoCo rivals
 FAMILY = ("diloco", "streaming", "decoupled")  # with an outer step: outer lr and momentum tuned too
+SOONER = "decoupled reaches the target sooner than elastic-ddp"
+HALF = "decoupled reaches the target in at most half the best baseline's time"
+AIMS = {"one_site": SOONER, "preemptible": SOONER, "cross_site": HALF, "mixed_hardware": HALF}
 REAL = {"params": 1e9, "step_seconds": 1.0, "gbit_per_s": 1.0, "latency_ms": 35.0}
 
 
@@ -120,7 +135,7 @@ def scenarios(args: argparse.Namespace, base: Path, params: int, slurm: tuple[di
             sc.trace = base / f"{name}-trace.csv"
             learner_trace(chaos, m, horizon=4 * 3600.0).save(sc.trace)
             sc.extra = {"kill_every_s": every / speed, "down_s": down / speed}
-            sc.aim = "decoupled reaches the target sooner than elastic-ddp"
+            sc.aim = AIMS[name]
         if name == "preemptible":
             sc.slurm, sc.note = slurm
             if sc.slurm is not None:  # the same rate per learner, as requeues from each run's submission
@@ -134,7 +149,7 @@ def scenarios(args: argparse.Namespace, base: Path, params: int, slurm: tuple[di
         if name == "mixed_hardware":
             sc.slowdown = tuple([1.0] * (m - 2) + [2.0, 1.3])
         if name in ("cross_site", "mixed_hardware"):
-            sc.aim = "decoupled reaches the target in at most half the best baseline's time"
+            sc.aim = AIMS[name]
         out.append(sc)
     return out
 
@@ -149,28 +164,44 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[st
         flags += ["--chaos-trace", str(sc.trace)]
     if sc.link is not None:
         flags += ["--net-latency", f"{sc.link[0]:.4g}", "--net-bandwidth", f"{sc.link[1]:.6g}"]
-    console.print(f"[bold]{sc.name} / {method}[/bold]: ddiloco run {' '.join(flags)}")
-    if sc.slowdown:
-        os.environ[STEP_SLOWDOWN_ENV] = ",".join(f"{f:g}" for f in sc.slowdown)
-    try:
-        if sc.slurm is not None:  # every job on this machine's cores: shared as the local launcher shares them
-            flags += ["--threads", str(max(1, (os.cpu_count() or 1) // (args.learners + 1)))]
-            what, limit = f"{sc.name} / {method}", args.cap_seconds + 300.0
-            wait = sc.extra["down_s"]  # held in the queue for the scenario's requeue wait
-            summary = preempted_run(flags, run_dir, what, sc.requeues, sc.slurm, console, limit, wait)
-        else:
-            summary = ddiloco_run(flags, run_dir, f"{sc.name} / {method}")
-    finally:
-        os.environ.pop(STEP_SLOWDOWN_ENV, None)
-    span = window(run_dir, summary)
-    curve = read_curve(run_dir, span)
+    what = f"{sc.name} / {method} / seed {args.seed}"
+    console.print(f"[bold]{what}[/bold]: ddiloco run {' '.join(flags)}")
+    if sc.slurm is not None:  # every job on this machine's cores: shared as the local launcher shares them
+        flags += ["--threads", str(max(1, (os.cpu_count() or 1) // (args.learners + 1)))]
+    for attempt in range(args.reruns + 1):  # a run made beside other work is redone, then left out
+        attempt_dir = run_dir if attempt == 0 else run_dir.with_name(f"{run_dir.name}-rerun{attempt}")
+        summary = one_real_run(args, sc, flags, attempt_dir, what)
+        load = summary.get("load", {})
+        if load.get("quiet") is not False:
+            break
+        later = "rerun" if attempt < args.reruns else "left out of the means across seeds"
+        console.print(f"{what}: other processes used {load['others_cpu_share']:.0%} of the CPU meanwhile: {later}")
+    span = window(attempt_dir, summary)
+    curve = read_curve(attempt_dir, span)
     return {
         "summary": summary,
         "curve": curve,
         "finish": span[1] - span[0],
         "start": span[0],
-        "eval_batches": eval_batches(run_dir),
+        "eval_batches": eval_batches(attempt_dir),
+        "quiet": summary.get("load", {}).get("quiet"),  # None on Slurm: its jobs are not this process's children
+        "others_cpu_share": summary.get("load", {}).get("others_cpu_share"),
+        "attempts": attempt + 1,
     }
+
+
+def one_real_run(args: argparse.Namespace, sc: Scenario, flags: list[str], run_dir: Path, what: str) -> dict:
+    """One `ddiloco run` of the scenario (on Slurm: preempted on its schedule); its summary."""
+    if sc.slowdown:
+        os.environ[STEP_SLOWDOWN_ENV] = ",".join(f"{f:g}" for f in sc.slowdown)
+    try:
+        if sc.slurm is not None:
+            limit = args.cap_seconds + 300.0
+            wait = sc.extra["down_s"]  # held in the queue for the scenario's requeue wait
+            return preempted_run(flags, run_dir, what, sc.requeues, sc.slurm, console, limit, wait)
+        return ddiloco_run(flags, run_dir, what)
+    finally:
+        os.environ.pop(STEP_SLOWDOWN_ENV, None)
 
 
 def tuned_flags(tuned: dict[str, float]) -> list[str]:
@@ -290,6 +321,9 @@ def one_scenario(args: argparse.Namespace, sc: Scenario, tuned: dict[str, dict[s
             "tokens_merged": s["tokens_merged"],
             "tokens_trained": s["tokens_trained"],
             "eval_batches": real[m]["eval_batches"],  # every evaluation's, curve and target alike
+            "quiet": real[m]["quiet"],  # False: others used > runs.QUIET_SHARE of the CPU, even after reruns
+            "others_cpu_share": real[m]["others_cpu_share"],
+            "attempts": real[m]["attempts"],
             **tuned[m],  # inner_lr, and the DiLoCo family's outer_lr and outer_momentum when tuned
             "requeues": s.get("requeues"),  # on Slurm: preemptions done (a job not running is skipped)
         }
@@ -345,7 +379,9 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--inner-lr", type=float, default=3e-3, help="every method's, with --no-sweep")
     p.add_argument("--min-step-seconds", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the tuning's seed, and the runs' without --seeds")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="run every scenario once per seed")
+    p.add_argument("--reruns", type=int, default=1, help="redo a run made beside other work this many times")
     p.add_argument("--cap", type=float, default=3.0, help="cap every run at this many times its ideal time")
     p.add_argument("--eval-every", type=float, default=4.0)
     p.add_argument("--eval-batches", type=int, default=8)
@@ -357,6 +393,8 @@ def main() -> None:
     p.add_argument("--run-dir", type=Path, default=None)
     p.add_argument("--preemptible-backend", choices=("local", "slurm"), default=None, help="default: slurm if it can")
     args = parse_run_arguments(p, tokens=3_000_000)
+    args.seeds = args.seeds or [args.seed]
+    args.seed = args.seeds[0]  # the tuning's
     args.failure_speedup = 1.0
     if args.quick:
         args.model_size, args.failure_speedup, args.eval_every = "tiny", 6.0, 2.0
@@ -375,13 +413,37 @@ def main() -> None:
         return
     results = {}
     wanted = args.preemptible_backend if "preemptible" in args.scenarios else "local"
+    per_seed: dict[str, dict[int, dict]] = {name: {} for name in args.scenarios}
     with slurm_or_local(wanted, console) as slurm:
-        for sc in scenarios(args, base, params, slurm):
-            results[sc.name] = one_scenario(args, sc, tuned, base)
-            show(sc.name, results[sc.name])
-            (base / "time_to_loss.json").write_text(json.dumps({"scenarios": results}, default=float))
+        for seed in args.seeds:
+            seed_args = argparse.Namespace(**{**vars(args), "seed": seed})
+            seed_base = base / f"seed-{seed}"
+            for sc in scenarios(seed_args, seed_base, params, slurm):
+                per_seed[sc.name][seed] = scenario_once(seed_args, sc, tuned, seed_base)
+                show(f"{sc.name}, seed {seed}", per_seed[sc.name][seed])
+    for name, runs in per_seed.items():
+        results[name] = {**across_seeds(runs, METHODS, BASELINES, partial(aim_met, name)), "aim": AIMS.get(name, "")}
+        results[name]["per_seed"] = {str(s): r for s, r in sorted(runs.items())}
+        show_seeds(name, results[name], results[name]["aim"])
+    (base / "time_to_loss.json").write_text(json.dumps({"scenarios": results}, default=float))
     console.print(f"run directory and plots: {base}")
     report(args, results, params, tuned, tuning)
+
+
+def scenario_once(args: argparse.Namespace, sc: Scenario, tuned: dict[str, dict[str, float]], base: Path) -> dict:
+    """One seed of one scenario, saved to BASE/SCENARIO.json as it ends; a rerun with the same
+    --run-dir and the same settings takes it from there (full-size seeds take hours)."""
+    path = base / f"{sc.name}.json"
+    keys = ("cap", "eval_every", "tolerance", "no_sim", "failure_speedup", "preemptible_backend")
+    context = {"settings": {**tuning_context(args), **{k: getattr(args, k) for k in keys}}, "tuned": tuned}
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("context") == json.loads(json.dumps(context)):
+            console.print(f"{sc.name}, seed {args.seed}: done before, read from {path}")
+            return saved["result"]
+    result = one_scenario(args, sc, tuned, base)
+    path.write_text(json.dumps({"context": context, "result": result}, default=float))
+    return result
 
 
 def report(args: argparse.Namespace, results: dict, params: int, tuned: dict, tuning: dict) -> None:

@@ -4,9 +4,11 @@ and, marked slow, its smallest real path. No timing is asserted."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -106,6 +108,8 @@ def test_the_smallest_real_path_prints_every_field(shakespeare: str, tmp_path: P
             "2",
             "--no-sweep",
             "--no-sim",
+            "--reruns",
+            "0",  # a test shares the machine: its runs are kept (and flagged), not redone
             "--data",
             shakespeare,
             "--run-dir",
@@ -118,14 +122,21 @@ def test_the_smallest_real_path_prints_every_field(shakespeare: str, tmp_path: P
     )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    rows = report["scenarios"]["mixed_hardware"]["rows"]
+    scenario = report["scenarios"]["mixed_hardware"]
+    rows = scenario["per_seed"]["0"]["rows"]  # the one seed's own figures
     assert [r["method"] for r in rows] == list(ttl.METHODS)
     for r in rows:
         assert {"method", "seconds_to_target", "loss_at_first_finish", "goodput", "eval_loss"} <= set(r)
         # (not <= 1: the runtime's goodput of a run this short can read a little above 1, e.g. 1.011)
         assert 0 < r["goodput"] < 1.1 and r["eval_loss"] < 5.6  # the initial model's loss is 5.53
         assert r["eval_batches"] == report["settings"]["eval_batches"] == 8  # curve and target alike
-    assert (tmp_path / "time-to-loss-mixed_hardware.png").is_file()
+        assert 0 <= r["others_cpu_share"] <= 1 and r["attempts"] == 1
+    for r in scenario["rows"]:  # over the seeds: a run beside other work (a loaded test machine) is left out
+        assert r["seeds"] + r["left_out"] == [0] and r["eval_batches"] == 8
+        kept = {m["method"]: m for m in rows}[r["method"]]["quiet"]
+        assert (r["eval_loss"] is None) == (kept is False)
+    assert (tmp_path / "seed-0" / "time-to-loss-mixed_hardware.png").is_file()
+    assert set(report["scenarios"]["mixed_hardware"]["per_seed"]) == {"0"}
 
 
 def test_a_rows_eval_batches_is_one_count_for_curve_and_target_or_an_error(tmp_path):
@@ -148,3 +159,101 @@ def test_a_rows_eval_batches_is_one_count_for_curve_and_target_or_an_error(tmp_p
         eval_batches(metrics(4, 4, 8))  # the curve on 4, the target on 8: the defect this guards
     with pytest.raises(ValueError, match="different validation batches"):
         eval_batches(metrics(None, 8))
+
+
+def _seed(target: float, aim: bool, rows: dict[str, dict]) -> dict:
+    out = []
+    for m, r in rows.items():
+        out.append({"method": m, "eval_batches": 8, "goodput": 0.9, "inner_lr": 0.01, "quiet": True, **r})
+    return {"rows": out, "target": target, "aim_met": aim}
+
+
+def test_across_seeds_gives_mean_and_sd_per_method_and_leaves_out_a_run_made_beside_other_work():
+    from time_to_loss_seeds import across_seeds
+
+    per_seed = {
+        0: _seed(
+            2.0,
+            True,
+            {
+                "ddp": {"seconds_to_target": 100.0, "eval_loss": 2.0},
+                "elastic-ddp": {"seconds_to_target": 120.0, "eval_loss": 2.1},
+                "decoupled": {"seconds_to_target": 60.0, "eval_loss": 2.05},
+            },
+        ),
+        1: _seed(
+            2.2,
+            False,
+            {
+                "ddp": {"seconds_to_target": 110.0, "eval_loss": 2.2},
+                "elastic-ddp": {"seconds_to_target": None, "eval_loss": 2.4},  # never reached in this seed
+                "decoupled": {"seconds_to_target": 90.0, "eval_loss": 2.25},
+            },
+        ),
+        2: _seed(
+            2.1,
+            True,
+            {
+                "ddp": {"seconds_to_target": 105.0, "eval_loss": 2.1},
+                "elastic-ddp": {"seconds_to_target": 130.0, "eval_loss": 2.2},
+                "decoupled": {"seconds_to_target": 500.0, "eval_loss": 2.15, "quiet": False},  # beside other work
+            },
+        ),
+    }
+    s = across_seeds(
+        per_seed, ("ddp", "elastic-ddp", "decoupled"), ("ddp", "elastic-ddp"), partial(ttl.aim_met, "one_site")
+    )
+    rows = {r["method"]: r for r in s["rows"]}
+    assert rows["ddp"]["seconds_to_target"] == pytest.approx(105.0) and rows["ddp"][
+        "seconds_to_target_sd"
+    ] == pytest.approx(5.0)
+    assert rows["ddp"]["eval_loss"] == pytest.approx(2.1) and rows["ddp"]["eval_loss_sd"] == pytest.approx(0.1)
+    assert rows["decoupled"]["left_out"] == [2] and rows["decoupled"]["seeds"] == [0, 1]
+    assert rows["decoupled"]["seconds_to_target"] == pytest.approx(75.0)  # 60 and 90; seed 2's 500 left out
+    assert rows["decoupled"]["seconds_to_target_sd"] == pytest.approx(21.2132, abs=1e-3)
+    assert rows["elastic-ddp"]["reached"] == 2 and rows["elastic-ddp"]["seconds_to_target"] is None  # never in seed 1
+    assert rows["elastic-ddp"]["seconds_to_target_per_seed"] == {"0": 120.0, "1": None, "2": 130.0}
+    assert s["best_baseline"] == "ddp" and s["target"] == pytest.approx(2.1)
+    assert s["aim_met"] is True  # 75 s against elastic-ddp's "never in some seed"
+    assert s["aim_met_per_seed"] == {"0": True, "1": False, "2": True}
+    one = {0: per_seed[0]}
+    assert (
+        across_seeds(one, ("ddp",), ("ddp",), partial(ttl.aim_met, "one_site"))["rows"][0]["seconds_to_target_sd"]
+        is None
+    )
+    per_seed[1]["rows"][0]["eval_batches"] = 4
+    with pytest.raises(ValueError, match="different validation batches"):
+        across_seeds(per_seed, ("ddp",), ("ddp",), partial(ttl.aim_met, "one_site"))
+
+
+def test_a_scenarios_seed_is_read_back_when_run_again_with_the_same_settings(tmp_path, monkeypatch):
+    calls = []
+
+    def fake(args, sc, tuned, base):
+        calls.append(args.seed)
+        return {"rows": [], "target": 1.0 + args.seed}
+
+    monkeypatch.setattr(ttl, "one_scenario", fake)
+    args = argparse.Namespace(
+        model_size="tiny",
+        data=Path("d.txt"),
+        tokens=1000,
+        learners=2,
+        seq_len=8,
+        batch_size=2,
+        seed=1,
+        min_step_seconds=0.1,
+        eval_batches=8,
+        reconfigure_seconds=1.0,
+        cap=3.0,
+        eval_every=2.0,
+        tolerance=0.01,
+        no_sim=True,
+        failure_speedup=6.0,
+        preemptible_backend=None,
+    )
+    tuned = {"ddp": {"inner_lr": 0.01}}
+    sc = ttl.Scenario("one_site")
+    assert ttl.scenario_once(args, sc, tuned, tmp_path)["target"] == 2.0
+    assert ttl.scenario_once(args, sc, tuned, tmp_path)["target"] == 2.0 and calls == [1]  # read back
+    assert ttl.scenario_once(args, sc, {"ddp": {"inner_lr": 0.02}}, tmp_path) and calls == [1, 1]  # other settings: run
