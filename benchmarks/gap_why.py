@@ -9,8 +9,8 @@ averaging where they went (the outer gradient). This measures how good that aver
    global batch B = 16 sequences, AdamW at its bracketed inner lr (benchmarks/tuning.py, seed 0);
 2. at 10 %, 50 % and 90 % of the run, from the model theta0 and the optimizer's state there, for each
    H and M: data-parallel takes H more steps (batches b_1..b_H of B sequences) and goes to theta_dp;
-   M learners, each from theta0 with an optimizer state of its own batch size (DP's state after 10
-   steps at batch B / M on other data, parameters put back), take H steps, learner m on rows
+   M learners, each from theta0 with an optimizer state of its own batch size (DP's state after
+   --state-steps steps, 10, at batch B / M on other data, parameters put back), take H steps, learner m on rows
    m B/M .. (m+1) B/M of the same b_1..b_H, and go to theta_m. The outer gradient is
    delta = theta0 - mean_m theta_m; data-parallel's step is delta_dp = theta0 - theta_dp;
 3. reported per cell: `cos` (delta against delta_dp), `norm_ratio` (|delta| / |delta_dp|),
@@ -52,13 +52,12 @@ from ddiloco.train.inner import InnerConfig, inner_step, lr_at, make_inner_optim
 from ddiloco.train.streams import Batch  # noqa: E402
 from ddiloco.train.tasks import LanguageModelTask  # noqa: E402
 
-FULL = dict(sizes=["84k", "148k", "237k"], ratio=20.0, seq_len=64, batch=16, eval_batches=20, seeds=3)
-QUICK = dict(sizes=["25k"], ratio=4.0, seq_len=32, batch=8, eval_batches=4, seeds=2)
+FULL = dict(sizes=["84k", "148k", "237k"], ratio=20.0, seq_len=64, batch=16, eval_batches=20, seeds=3, state_steps=10)
+QUICK = dict(sizes=["25k"], ratio=4.0, seq_len=32, batch=8, eval_batches=4, seeds=2, state_steps=10)
 AT = (0.1, 0.5, 0.9)  # of the data-parallel run: where the rounds start
 H_VALUES = (1, 4, 16, 64)
 M_VALUES = (1, 2, 4, 8)
 OUTER_LRS = (0.5, 0.7, 1.0, 1.4, 2.0)  # widened past an edge while the best sits on it
-STATE_STEPS = 10  # steps at the learner's batch that give its optimizer a state of its own batch size
 
 
 def flat(model: torch.nn.Module) -> torch.Tensor:
@@ -217,7 +216,7 @@ class Study:
             at = round(step / self.total_steps(size), 2)
             for h in H_VALUES:
                 batches = [other.batch_at(step * 997 + h * 131 + i) for i in range(h)]
-                own = [other.batch_at(10**7 + step * 997 + i) for i in range(STATE_STEPS)]
+                own = [other.batch_at(10**7 + step * 997 + i) for i in range(self.cfg["state_steps"])]
                 for m in M_VALUES:
                     cell = probe(task, model, opt, batches, own, m, self.cfg["eval_batches"], self.inner(lr))
                     out.append({"size": size, "seed": seed, "at": at, "H": h, "M": m, "dp_inner_lr": lr, **cell})
@@ -260,14 +259,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", nargs="+", default=None)
     p.add_argument("--seeds", type=int, default=None)
     p.add_argument("--data", default=None, help="a text file (default: the package's bundled corpus)")
+    p.add_argument(
+        "--state-steps", type=int, default=None, help="steps that give a learner's optimizer its own batch's state"
+    )
     p.add_argument("--out", type=Path, default=None, help="results file: written as cells end, resumed from")
     args = p.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     cfg["sizes"] = args.sizes or cfg["sizes"]
     cfg["seeds"] = args.seeds or cfg["seeds"]
+    cfg["state_steps"] = cfg["state_steps"] if args.state_steps is None else args.state_steps
     torch.set_num_threads(1)
     saved = json.loads(args.out.read_text()) if args.out and args.out.is_file() else {}
-    same = saved.get("config", {}) == {k: cfg[k] for k in cfg if k not in ("sizes", "seeds")} | {"data": args.data}
+    config = {k: cfg[k] for k in cfg if k not in ("sizes", "seeds")} | {"data": args.data}
+    same = {"state_steps": 10, **saved.get("config", {})} == config  # (files before --state-steps: 10)
     cells: list[dict] = saved.get("cells", []) if same else []
     study = Study(cfg, args.data, args.out)
     for size in cfg["sizes"]:
@@ -276,7 +280,6 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             cells += study.cells(size, seed)
             if args.out:
-                config = {k: cfg[k] for k in cfg if k not in ("sizes", "seeds")} | {"data": args.data}
                 tmp = args.out.with_suffix(".tmp")
                 tmp.write_text(json.dumps({"config": config, "cells": cells}, indent=1))
                 tmp.replace(args.out)
