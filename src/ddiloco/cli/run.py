@@ -155,6 +155,8 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
     method, model, model_size, merge, backend = options.plain(
         flags.method, flags.model, flags.model_size, flags.merge, flags.backend
     )
+    if options.plain(flags.allreduce_precision)[0] != "bf16":
+        raise ValueError("--allreduce-precision: for --method ddp or elastic-ddp (there is no all-reduce here)")
     fragments = fit_fragments(len(list(task.build_model(flags.seed).parameters())), flags.fragments, flags.sync_every)
     config = RunConfig(
         run_dir=_run_dir(flags),
@@ -233,6 +235,7 @@ def _dataparallel_config(flags: RunFlags, chaos: ChaosSettings) -> DataParallelC
         threads=options.shared_threads(flags.threads, flags.learners),
         chaos=chaos,
         link=LinkConfig(flags.net_latency, flags.net_bandwidth, flags.net_jitter),  # the all-reduce pays it
+        allreduce_precision=options.plain(flags.allreduce_precision)[0],
     )
 
 

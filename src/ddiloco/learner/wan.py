@@ -84,7 +84,7 @@ class TokenBucket:
         self._last = clock()
         self.waited = 0.0  # seconds slept in total
 
-    def take(self, n: int) -> None:
+    def take(self, n: float) -> None:
         with self._lock:  # one sender at a time per direction, as on one link
             now = self._clock()
             self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
@@ -139,11 +139,11 @@ class WanLink:
             self.sent(len(frame))
             yield frame
 
-    def sent(self, nbytes: int) -> None:
+    def sent(self, nbytes: float) -> None:
         if self.up is not None:
             self.up.take(nbytes)
 
-    def received(self, nbytes: int) -> None:
+    def received(self, nbytes: float) -> None:
         if self.down is not None:
             self.down.take(nbytes)
 
