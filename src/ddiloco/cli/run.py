@@ -43,7 +43,8 @@ def run(flags: RunFlags) -> None:
     logsetup.configure("run", "warning")
     try:  # before anything is built: a bad --link or a machine that cannot make hosts fails at once
         emulated = flags.net_latency or flags.net_bandwidth or flags.net_jitter
-        hosts = hosts_plan(options.plain(flags.network)[0], flags.link, flags.learners, flags.sync_shards, emulated)
+        shards = 0 if method in DATA_PARALLEL else flags.sync_shards  # the data-parallel workers have no shards
+        hosts = hosts_plan(options.plain(flags.network)[0], flags.link, flags.learners, shards, emulated)
     except ValueError as exc:
         raise user_error(exc) from None
     config: RunConfig | DataParallelConfig
@@ -67,10 +68,8 @@ def run(flags: RunFlags) -> None:
 def _checked(flags: RunFlags) -> list[str]:
     """Refuse the flags that do not go together; returns the Slurm-only flags given (`check_backend_flags`)."""
     method, backend, network = options.plain(flags.method, flags.backend, flags.network)
-    if network == "hosts" and (backend != "local" or method in DATA_PARALLEL):
-        raise user_error(
-            ValueError("--network hosts: with --backend local and --method decoupled, diloco or streaming only")
-        )
+    if network == "hosts" and backend != "local":
+        raise user_error(ValueError("--network hosts: with --backend local only"))
     sinks = flags.tensorboard is not None or flags.wandb
     f = flags
     sky_given = bool(f.store or f.infra or f.accelerators or not f.spot or f.tls is not None or f.sky_port != 7070)
@@ -250,7 +249,8 @@ def _backend(
     if method in DATA_PARALLEL:
         from ..backends.dataparallel import DataParallelBackend
 
-        return DataParallelBackend(output, _slurm_flags(flags) if backend == "slurm" else None, _sinks(flags))
+        slurm = _slurm_flags(flags) if backend == "slurm" else None
+        return DataParallelBackend(output, slurm, _sinks(flags), hosts)
     if backend == "local":
         from ..backends.local import LocalBackend, LocalOptions
 
