@@ -7,8 +7,9 @@ Per bucket, on the hook's future chain:
     wire      = the bucket / W, cast to the all-reduce's precision (bf16 by default, as
                 `bf16_compress_hook`; fp32 possible), all-reduced for real (gloo or NCCL)
     the link  = the ring all-reduce's 2 (W - 1) hops (reduce-scatter, then all-gather); each hop
-                sends one chunk of wire / W and receives one (the two token buckets of `WanLink`,
-                one per direction), then waits one way's latency (+ jitter)
+                sends one chunk of wire / W and receives one, both at once (the two token buckets
+                of `WanLink`, one per direction, in small pieces), then waits one way's latency
+                (+ jitter)
     the end   = the reduced wire copied back into the fp32 bucket: DDP sees the bucket done
 
 So each worker sends (and receives) 2 (W - 1) / W x the bucket's wire bytes, paced at the link's
@@ -78,7 +79,9 @@ class AllReduceLink:
         self.buckets = 0
         self.last_hook_at = 0.0  # (clock) when DDP last handed a bucket over: backward's gradients were ready
         self._queue: queue.Queue[_Reduced] = queue.Queue()
-        self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
+        if settings.active:  # the link's one thread: buckets cross it in turn
+            threading.Thread(target=self._run, name="ddiloco-allreduce-link", daemon=True).start()
 
     def register(self, model: torch.nn.parallel.DistributedDataParallel) -> None:
         """Every bucket of `model`'s backward goes through this link."""
@@ -107,14 +110,18 @@ class AllReduceLink:
         if not self.settings.active:
             self._finish(r, 0.0)
             return
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="ddiloco-allreduce-link", daemon=True)
-            self._thread.start()
         self._queue.put(r)
 
+    def close(self) -> None:
+        """Stop the link's thread (a bucket still on its way is dropped: its step is not committed)."""
+        self._closing.set()
+
     def _run(self) -> None:
-        while True:
-            r = self._queue.get()
+        while not self._closing.is_set():
+            try:
+                r = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
             try:
                 t0 = self._clock()
                 self.cross(r.wire.numel() * r.wire.element_size(), r.world)

@@ -278,6 +278,7 @@ class Worker:
         except RuntimeError as exc:
             log.warning("worker %d: not every rank reached the end: %s", self.s.slot, str(exc)[:200])
         leave_group()
+        self.link.close()
         self.journal.close()
 
 

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 class LinkConfig:
     """An emulated wide-area link, in the units of every command's flags (`--net-latency` and
     `--net-jitter` in milliseconds, `--net-bandwidth` in MB/s): the learner's link layer (`WanLink`)
-    and the data-parallel baselines' all-reduce (`dataparallel.link`) charge the same link."""
+    and the data-parallel baselines' all-reduce (`dataparallel.link`) pace their real bytes on the same link."""
 
     latency_ms: float = 0.0  # one way, per message
     bandwidth_mb_s: float = 0.0  # megabytes per second in each direction; 0: no cap
