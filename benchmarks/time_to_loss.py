@@ -160,6 +160,8 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[st
     flags += ["--tokens", str(args.tokens), "--duration", f"{args.cap_seconds:.1f}", "--seed", str(args.seed)]
     flags += ["--min-step-seconds", str(args.min_step_seconds), *tuned_flags(tuned), "--no-dashboard"]
     flags += ["--eval-every", str(args.eval_every), "--eval-batches", str(args.eval_batches)]
+    if method in ("ddp", "elastic-ddp"):  # the gradients' all-reduce, through the same emulated link
+        flags += ["--allreduce-precision", args.allreduce_precision]
     if sc.trace is not None and sc.slurm is None:  # on Slurm, requeues instead (`preempted_run`)
         flags += ["--chaos-trace", str(sc.trace)]
     if sc.link is not None:
@@ -386,6 +388,7 @@ def main() -> None:
     p.add_argument("--eval-every", type=float, default=4.0)
     p.add_argument("--eval-batches", type=int, default=8)
     p.add_argument("--reconfigure-seconds", type=float, default=1.0, help="virtual clock: elastic-ddp regroup")
+    p.add_argument("--allreduce-precision", choices=("bf16", "fp32"), default="bf16", help="ddp's all-reduce")
     p.add_argument("--tolerance", type=float, default=0.01, help="a loss within this of the target reaches it")
     p.add_argument("--no-sim", action="store_true", help="real processes only")
     p.add_argument("--no-sweep", action="store_true", help="no tuning: every method at --inner-lr")

@@ -67,6 +67,11 @@ def test_a_folder_that_holds_no_run_and_a_missing_folder_are_one_line(tmp_path):
         (["sim", "--data", "/nonexistent/corpus.txt", "--tokens", "100"], ["/nonexistent/corpus.txt"]),
         (["synchronizer", "--port", "70000"], ["--port"]),
         (["report"], ["RUN_DIR"]),
+        (["run", "--allreduce-precision", "fp16"], ["--allreduce-precision"]),
+        (
+            ["run", "--method", "decoupled", "--allreduce-precision", "fp32", "--tokens", "100"],
+            ["--allreduce-precision"],
+        ),
     ],
 )
 def test_a_wrong_flag_or_value_is_one_line_naming_it(args, names):

@@ -125,6 +125,7 @@ def eventually(check, seconds: float = 5.0) -> bool:  # noqa: ANN001
         {"min_workers": 3},
         {"checkpoint_every": 0},
         {"collective_timeout": 0.0},
+        {"allreduce_precision": "fp16"},
     ],
 )
 def test_bad_settings_are_refused_by_name(tmp_path: Path, changes: dict):
@@ -141,4 +142,7 @@ def test_worker_command_carries_the_learners_model_and_optimizer_flags(tmp_path:
     assert cmd[2:4] == ["ddiloco.dataparallel", "worker"]
     assert flags["--slot"] == "1" and flags["--store-port"] == "5555" and flags["--model-size"] == "tiny"
     assert float(flags["--inner-lr"]) == 1e-3 and flags["--batch-size"] == "4" and flags["--tokens"] == "1000"
+    assert flags["--allreduce-precision"] == "bf16"  # the default: what users run
+    fp32 = DataParallelConfig(tmp_path, workers=2, tokens=1000, allreduce_precision="fp32").worker_command(0, 1, 0.0)
+    assert fp32[fp32.index("--allreduce-precision") + 1] == "fp32"
     assert config.as_dict()["quorum"] == 2 and config.worker_dir(1).name == "learner-1"

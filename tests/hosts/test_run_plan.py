@@ -65,5 +65,8 @@ def test_the_cli_refuses_hosts_with_an_emulated_link_or_another_backend(tmp_path
     assert code == 2 and "emulate" in out
     code, out = _run("--network", "hosts", "--backend", "slurm", "--run-dir", str(tmp_path / "b"))
     assert code == 2 and "--backend local" in out
-    code, out = _run("--network", "hosts", "--method", "ddp", "--run-dir", str(tmp_path / "c"))
-    assert code == 2 and "--method decoupled, diloco or streaming" in out
+    code, out = _run("--network", "hosts", "--method", "ddp", "--backend", "slurm", "--run-dir", str(tmp_path / "c"))
+    assert code == 2 and "--backend local" in out
+    # the data-parallel workers run on hosts learner0.. (docs/dataparallel.md); there is no synchronizer host
+    with pytest.raises(ValueError, match=r"no host 'sync0'; hosts are learner0..learner3 \(or"):
+        HostsPlan.parse(["sync0=rate=1mbit"], 4, 0)

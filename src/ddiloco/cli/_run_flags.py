@@ -139,6 +139,11 @@ class RunFlags:
         "(ddiloco synchronizer --bulk-socket); --no-bulk-socket: over gRPC.",
         rich_help_panel=NETWORK,
     )
+    allreduce_precision: options.AllreducePrecision = typer.Option(
+        options.AllreducePrecision.bf16,
+        help="--method ddp|elastic-ddp: what the gradients' all-reduce sends and sums in (fp32: DDP's own).",
+        rich_help_panel=NETWORK,
+    )
     heartbeat: float = options.HEARTBEAT
     min_bandwidth: float | None = options.MIN_BANDWIDTH
     orphan_timeout: float = options.ORPHAN_TIMEOUT

@@ -204,6 +204,11 @@ class CodecDown(str, enum.Enum):
     int4 = "int4"
 
 
+class AllreducePrecision(str, enum.Enum):  # ddiloco run --method ddp|elastic-ddp --allreduce-precision
+    bf16 = "bf16"
+    fp32 = "fp32"
+
+
 CODEC = typer.Option(Codec.bf16, help="Outer-gradient codec.", rich_help_panel=NETWORK)
 NET_LATENCY = typer.Option(
     0.0,

@@ -43,7 +43,8 @@ def run(flags: RunFlags) -> None:
     logsetup.configure("run", "warning")
     try:  # before anything is built: a bad --link or a machine that cannot make hosts fails at once
         emulated = flags.net_latency or flags.net_bandwidth or flags.net_jitter
-        hosts = hosts_plan(options.plain(flags.network)[0], flags.link, flags.learners, flags.sync_shards, emulated)
+        shards = 0 if method in DATA_PARALLEL else flags.sync_shards  # the data-parallel workers have no shards
+        hosts = hosts_plan(options.plain(flags.network)[0], flags.link, flags.learners, shards, emulated)
     except ValueError as exc:
         raise user_error(exc) from None
     config: RunConfig | DataParallelConfig
@@ -67,10 +68,8 @@ def run(flags: RunFlags) -> None:
 def _checked(flags: RunFlags) -> list[str]:
     """Refuse the flags that do not go together; returns the Slurm-only flags given (`check_backend_flags`)."""
     method, backend, network = options.plain(flags.method, flags.backend, flags.network)
-    if network == "hosts" and (backend != "local" or method in DATA_PARALLEL):
-        raise user_error(
-            ValueError("--network hosts: with --backend local and --method decoupled, diloco or streaming only")
-        )
+    if network == "hosts" and backend != "local":
+        raise user_error(ValueError("--network hosts: with --backend local only"))
     sinks = flags.tensorboard is not None or flags.wandb
     f = flags
     sky_given = bool(f.store or f.infra or f.accelerators or not f.spot or f.tls is not None or f.sky_port != 7070)
@@ -155,6 +154,8 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
     method, model, model_size, merge, backend = options.plain(
         flags.method, flags.model, flags.model_size, flags.merge, flags.backend
     )
+    if options.plain(flags.allreduce_precision)[0] != "bf16":
+        raise ValueError("--allreduce-precision: for --method ddp or elastic-ddp (there is no all-reduce here)")
     fragments = fit_fragments(len(list(task.build_model(flags.seed).parameters())), flags.fragments, flags.sync_every)
     config = RunConfig(
         run_dir=_run_dir(flags),
@@ -233,6 +234,7 @@ def _dataparallel_config(flags: RunFlags, chaos: ChaosSettings) -> DataParallelC
         threads=options.shared_threads(flags.threads, flags.learners),
         chaos=chaos,
         link=LinkConfig(flags.net_latency, flags.net_bandwidth, flags.net_jitter),  # the all-reduce pays it
+        allreduce_precision=options.plain(flags.allreduce_precision)[0],
     )
 
 
@@ -247,7 +249,8 @@ def _backend(
     if method in DATA_PARALLEL:
         from ..backends.dataparallel import DataParallelBackend
 
-        return DataParallelBackend(output, _slurm_flags(flags) if backend == "slurm" else None, _sinks(flags))
+        slurm = _slurm_flags(flags) if backend == "slurm" else None
+        return DataParallelBackend(output, slurm, _sinks(flags), hosts)
     if backend == "local":
         from ..backends.local import LocalBackend, LocalOptions
 

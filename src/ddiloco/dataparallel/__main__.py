@@ -14,6 +14,7 @@ from ..chaos.injector import ChaosSettings
 from ..learner.wan import LinkConfig
 from ..records import logsetup
 from ..train.inner import InnerConfig
+from .config import PRECISIONS
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -39,6 +40,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--net-latency", type=float, default=0.0, help="ms one way per hop of the all-reduce's ring")
     p.add_argument("--net-bandwidth", type=float, default=0.0, help="MB/s each way per worker; 0: no cap")
     p.add_argument("--net-jitter", type=float, default=0.0, help="ms: a uniform 0..J added to each hop")
+    p.add_argument("--allreduce-precision", choices=PRECISIONS, default="bf16", help="what it sends and sums in")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         join_timeout=args.join_timeout,
         time_limit=args.time_limit,
         link=LinkConfig(args.net_latency, args.net_bandwidth, args.net_jitter),
+        allreduce_precision=args.allreduce_precision,
         chaos=chaos,
     )
     result = run_data_parallel(config)

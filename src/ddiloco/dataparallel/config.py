@@ -16,6 +16,7 @@ from ..learner.wan import LinkConfig
 from ..train.inner import InnerConfig
 
 METHODS = ("ddp", "elastic-ddp")
+PRECISIONS = ("bf16", "fp32")  # of the all-reduce (`link.DTYPES`: their torch dtypes)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ class DataParallelConfig:
     time_limit: float = 24 * 3600.0  # the launcher ends a run that has not finished by then (an error)
     # the emulated link under the ring all-reduce (`link`): per hop and per worker, as the learners' link
     link: LinkConfig = field(default_factory=LinkConfig)
+    # what the all-reduce sends and sums in: bf16 (what users run; the optimizer's gradients are fp32
+    # again after it) or fp32 (DDP's own)
+    allreduce_precision: str = "bf16"
     chaos: ChaosSettings = field(default_factory=ChaosSettings)
 
     def __post_init__(self) -> None:
@@ -61,6 +65,10 @@ class DataParallelConfig:
             raise ValueError("checkpoint_every must be >= 1, min_step_seconds >= 0")
         if not (self.collective_timeout > 0 and self.join_timeout > 0 and self.learner_down >= 0):
             raise ValueError("timeouts must be > 0 and learner_down >= 0")
+        if self.allreduce_precision not in PRECISIONS:
+            raise ValueError(
+                f"--allreduce-precision is one of {', '.join(PRECISIONS)}, got {self.allreduce_precision!r}"
+            )
         if self.inner.rewarm_steps:
             raise ValueError("--rewarm-steps follows adoptions of a global model; data-parallel has none")
 
@@ -131,6 +139,8 @@ class DataParallelConfig:
             repr(self.collective_timeout),
             "--join-timeout",
             repr(self.join_timeout),
+            "--allreduce-precision",
+            self.allreduce_precision,
         ]
         if self.data is not None:
             args += ["--data", self.data]

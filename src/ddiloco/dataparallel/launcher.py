@@ -66,11 +66,11 @@ class WorkerSlot:
 class Launcher:
     backend = "local"  # where the workers run (`slurm.SlurmLauncher`: Slurm jobs)
 
-    def __init__(self, config: DataParallelConfig, store_host: str = HOST) -> None:
-        self.config = config
+    def __init__(self, config: DataParallelConfig, store_host: str = HOST, env: dict[str, str] | None = None) -> None:
+        self.config, self.store_host = config, store_host
         config.run_dir.mkdir(parents=True, exist_ok=True)
         # gloo's own sockets: on loopback for a local run (by default it binds what the host name resolves to)
-        self.procs = ProcessTable(local_env() if store_host == HOST else None)
+        self.procs = ProcessTable(env if env is not None else local_env() if store_host == HOST else None)
         self.events = EventLog(config.run_dir / "events.jsonl")
         self.log = open(config.run_dir / "dataparallel.jsonl", "a", buffering=1)
         self.secret_file = write_secret(config.run_dir)  # the store's values are signed with it
@@ -102,6 +102,8 @@ class Launcher:
         d = self.config.worker_dir(slot.id)
         d.mkdir(parents=True, exist_ok=True)
         cmd = self.config.worker_command(slot.id, self.coordinator.port, self.start_wall, self.secret_file)
+        if self.store_host != HOST:  # the store listens on another address (`hosted`: the launcher's host)
+            cmd += ["--store-host", self.store_host]
         slot.child = self.procs.start(f"worker-{slot.id}", cmd, d / "stderr.log", d / "stdout.log")
         slot.state, slot.restart_at, slot.started_at = "running", None, self.elapsed()
         self.events.write("learner_started", learner=slot.id, pid=slot.child.pid, restarts=slot.restarts)

@@ -49,10 +49,11 @@ def summarize(config: DataParallelConfig, launcher: Launcher, params: int, end_w
     allocated = config.workers * window
     steps = sum(int(j.get("steps", 0)) for j in journals)
     link_waited = sum(float(j.get("link_seconds", 0.0)) for j in journals)
-    link_model = sum(float(j.get("link_model_seconds", 0.0)) for j in journals)
+    link_busy = sum(float(j.get("link_busy_seconds", 0.0)) for j in journals)
+    sent = sum(float(j.get("allreduce_bytes_sent", 0.0)) for j in journals)  # each worker's ring bytes, booked
     m = config.workers
-    ring_fp32 = 2 * (m - 1) / m * params * 4  # DDP all-reduces fp32 gradients: each worker sends and receives this
-    ring_bf16 = ring_fp32 / 2
+    ring_bf16 = 2 * (m - 1) / m * params * 2  # a bf16 ring all-reduce among M: each worker sends and receives this
+    up = sent / max(1, steps)  # per worker and step, each way (the ring receives what it sends)
     downtime = sum(
         launcher.injector.downtime(w, stop - launcher.start_wall)
         - launcher.injector.downtime(w, max(0.0, start - launcher.start_wall))
@@ -100,15 +101,18 @@ def summarize(config: DataParallelConfig, launcher: Launcher, params: int, end_w
         "window_start": start,
         "window_stop": stop,
         "params": params,
-        "bytes_up_per_step": ring_fp32,
-        "bytes_down_per_step": ring_fp32,
+        "bytes_up_per_step": up,
+        "bytes_down_per_step": up,
         "allreduce_bf16_bytes_per_step": ring_bf16,
         "allreduce_workers": m,
-        "bandwidth_ratio_up": ring_bf16 / ring_fp32 if ring_fp32 else None,
-        "bandwidth_ratio_down": ring_bf16 / ring_fp32 if ring_fp32 else None,
-        "bandwidth_ratio_both_ways": ring_bf16 / ring_fp32 if ring_fp32 else None,
-        # the emulated link under the all-reduce (`link`): seconds each worker waited for it per step
-        # (measured), and the all-reduce's whole time on the link by the ring model (part hidden by backward)
+        "allreduce_precision": config.allreduce_precision,
+        "allreduce_bytes_sent": sent,
+        "bandwidth_ratio_up": ring_bf16 / up if up else None,
+        "bandwidth_ratio_down": ring_bf16 / up if up else None,
+        "bandwidth_ratio_both_ways": ring_bf16 / up if up else None,
+        # the emulated link under the all-reduce (`link`): seconds backward waited for it after its last
+        # gradient (measured, per worker-step), and the link's own busy seconds (pacing and latency of
+        # every bucket, part of it overlapped with backward)
         "link": {
             "latency_ms": config.link.latency_ms,
             "bandwidth_MBps": config.link.bandwidth_mb_s,
@@ -116,6 +120,6 @@ def summarize(config: DataParallelConfig, launcher: Launcher, params: int, end_w
         },
         "link_seconds_waited": link_waited,
         "link_seconds_per_step": link_waited / max(1, steps),
-        "allreduce_link_seconds_per_step": link_model / max(1, steps),
+        "link_busy_seconds_per_step": link_busy / max(1, steps),
         "run_dir": str(config.run_dir),
     }

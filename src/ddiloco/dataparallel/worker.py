@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import hashlib
 import logging
 import os
 import time
@@ -72,6 +73,7 @@ class WorkerSettings:
     net_latency: float = 0.0  # ms (`link`: the all-reduce's emulated link)
     net_bandwidth: float = 0.0  # MB/s
     net_jitter: float = 0.0  # ms
+    allreduce_precision: str = "bf16"  # what the all-reduce sends and sums in (`link.PRECISIONS`)
     store_host: str = "127.0.0.1"  # where the launcher's store listens (on Slurm: --sync-host)
     incarnation: int | None = None  # on Slurm: the job's restart count, so the launcher tells starts apart
     store_secret_file: Path | None = None  # the store's values are signed with the secret in it (`storeauth`)
@@ -101,9 +103,8 @@ class Worker:
         self.ckpt_dir = s.run_dir / "checkpoint"
         self.lineage = Lineage(s.workers)  # rank 0 reads the checkpoint when it forms a generation
         self.stream = self.task.stream(s.slot, s.workers, s.batch_size, s.seed)
-        grad_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
         link = LinkConfig(s.net_latency, s.net_bandwidth, s.net_jitter)
-        self.link = AllReduceLink(link, grad_bytes, seed=s.seed * 1000 + s.slot)
+        self.link = AllReduceLink(link, s.allreduce_precision, seed=s.seed * 1000 + s.slot)
         self.pad_to = s.min_step_seconds * step_slowdown(s.slot)  # this worker's emulated accelerator
         secret = read_secret(s.store_secret_file) if s.store_secret_file is not None else None
         self.membership = Membership(
@@ -113,7 +114,9 @@ class Worker:
         # this process's journal: what it computed (tokens, seconds, steps), how much of it was merged
         self.books: dict[str, Any] = {"slot": s.slot, "pid": os.getpid(), "tokens": 0, "seconds": 0.0, "steps": 0}
         self.books.update(merged_steps=0, failed_steps=0, generation=0, start_step=None)
-        self.books.update(link_seconds=0.0, link_model_seconds=0.0)  # waited for the link; its model's total
+        # the all-reduce (`link`): seconds backward waited for it after its last gradient, the link's busy
+        # seconds (pacing and latency, partly hidden behind backward), the ring bytes each way
+        self.books.update(link_seconds=0.0, link_busy_seconds=0.0, allreduce_bytes_sent=0.0)
         self.generation, self.rank, self.carried = 0, 0, False  # carried: state from a formed generation
         self.writer: checkpoint.Writer | None = None
         self.metrics: MetricsLog | None = None
@@ -166,6 +169,7 @@ class Worker:
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
             forward_sync_buffers=False,  # buffers do not change in training; init syncs all from rank 0
         )
+        self.link.register(model)  # every gradient bucket: all-reduced in its precision, over the link
         self.rank, self.carried = rank, True
         if self.books["start_step"] is None:  # where this process's training began: a checkpoint, or a peer
             self.books["start_step"] = self.lineage.step
@@ -207,7 +211,9 @@ class Worker:
             set_lr(self.optimizer, lr_at(self.inner, self.lineage.step, self._progress()))
             try:
                 loss = self.task.loss(model, batch)
-                loss.backward()  # DDP all-reduces the gradients here
+                loss.backward()  # DDP all-reduces the gradients here, bucket by bucket (`link`)
+                # after its last gradient, backward waited for what of the all-reduce it did not overlap
+                waited = max(0.0, time.perf_counter() - max(t0, self.link.last_hook_at))
             finally:  # the compute was spent whether its all-reduce went through or not
                 self.books["tokens"] += batch.tokens
                 self.books["steps"] += 1
@@ -215,14 +221,14 @@ class Worker:
                 self.journal.write(self.books)
             if self.inner.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.inner.grad_clip)
-            pad = self.pad_to - (time.perf_counter() - t0)
-            if pad > 0:  # the emulated accelerator is busy for the whole step
+            pad = self.pad_to - (time.perf_counter() - t0 - waited)
+            if pad > 0:  # the emulated accelerator is busy for the step's compute
                 time.sleep(pad)
-            seconds = time.perf_counter() - t0  # compute: the useful seconds of the step
-            model_seconds, waited = self.link.pay(world, seconds)  # the all-reduce on the emulated link
+            seconds = time.perf_counter() - t0 - waited  # compute: the useful seconds of the step
             self.books["seconds"] += seconds
             self.books["link_seconds"] += waited
-            self.books["link_model_seconds"] += model_seconds
+            self.books["link_busy_seconds"] = self.link.busy_seconds
+            self.books["allreduce_bytes_sent"] = self.link.bytes_sent
             self.journal.write(self.books)
             newest = self.membership.newest() if self.rank == 0 else 0
             mine = torch.tensor([batch.tokens, seconds, newest, float(loss.detach())], dtype=torch.float64)
@@ -254,7 +260,10 @@ class Worker:
             self._log.update(at=time.monotonic(), loss=0.0, n=0)
 
     def _finish(self) -> None:
-        """Rank 0 makes the final state durable, then says the run is over; all leave together."""
+        """Rank 0 makes the final state durable, then says the run is over; all leave together. Each
+        worker's journal keeps a digest of its final parameters: every rank's must be the same."""
+        self.books["final_params_sha256"] = params_digest(self.model)
+        self.journal.write(self.books)
         if self.rank == 0 and self.writer is not None:
             self.writer.submit(checkpoint.snapshot(self.model, self.optimizer, self.lineage, final=True))
             self.writer.close()
@@ -269,4 +278,13 @@ class Worker:
         except RuntimeError as exc:
             log.warning("worker %d: not every rank reached the end: %s", self.s.slot, str(exc)[:200])
         leave_group()
+        self.link.close()
         self.journal.close()
+
+
+def params_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of the parameters' bytes (fp32, on the CPU, in `named_parameters` order)."""
+    digest = hashlib.sha256()
+    for _, p in model.named_parameters():
+        digest.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()

@@ -70,9 +70,10 @@ class HostsPlan:
             m = HOST_RE.fullmatch(host)
             limit = learners if m and m.group(1) == "learner" else shards
             if not m or int(m.group(2)) >= limit:
+                syncs = f" and sync0..sync{shards - 1}" if shards else ""
                 raise ValueError(
-                    f"--link {value!r}: no host {host!r}; hosts are learner0..learner{learners - 1} "
-                    f"and sync0..sync{shards - 1} (or give SPEC alone for every learner)"
+                    f"--link {value!r}: no host {host!r}; hosts are learner0..learner{learners - 1}{syncs} "
+                    "(or give SPEC alone for every learner)"
                 )
             if host in own:
                 raise ValueError(f"--link {value!r}: host {host}'s link is given twice")
@@ -108,6 +109,7 @@ class HostsRun:
         self.started = time.time()
         try:
             self.probes = self._measure(probe_seconds)
+            self.before_run = {name: self.net.counters(name) for name in plan.names}  # the probes' bytes
         except BaseException:
             self.net.close()
             raise
@@ -150,26 +152,26 @@ class HostsRun:
 
     # --- measuring ------------------------------------------------------------------------------
     def _measure(self, seconds: float) -> dict[str, dict]:
-        """Each learner's link to shard 0, one after the other (so no two share a link)."""
+        """Each learner's link to shard 0 (to the launcher's host in a run without shards: the
+        data-parallel workers'), one after the other (so no two share a link)."""
         py = [sys.executable, "-m", "ddiloco.hosts.probe"]
-        sync = self.net.address("sync0")
-        server = self.net.popen(
-            "sync0", [*py, "serve", sync, "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
+        to = "sync0" if self.plan.shards else "launcher"
+        sync = self.net.address(to)
+        server = self.net.popen(to, [*py, "serve", sync, "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             assert server.stdout is not None
             ready, _, _ = select.select([server.stdout], [], [], PROBE_TIMEOUT_S)
             port = server.stdout.readline().strip() if ready else ""
             if not port.isdigit():
-                raise HostsUnavailable(f"the link probe did not start in host sync0 (it said {port!r})")
+                raise HostsUnavailable(f"the link probe did not start in host {to} (it said {port!r})")
             out = {}
             for m in range(self.plan.learners):
                 host = f"learner{m}"
                 probe = self.net.popen(host, [*py, "measure", sync, port, str(seconds)], stdout=subprocess.PIPE)
                 text, _ = probe.communicate(timeout=PROBE_TIMEOUT_S)
                 if probe.returncode != 0:
-                    raise HostsUnavailable(f"the link probe from {host} to sync0 failed (code {probe.returncode})")
-                out[host] = {"to": "sync0", **json.loads(text)}
+                    raise HostsUnavailable(f"the link probe from {host} to {to} failed (code {probe.returncode})")
+                out[host] = {"to": to, **json.loads(text)}
             return out
         finally:
             if server.stdin is not None:
@@ -177,7 +179,8 @@ class HostsRun:
 
     def hosts(self, carried: bool) -> dict[str, dict]:
         """Per host: its address and link, what it measured before the run, and (`carried`) the
-        bytes and drops its link carried since the hosts were made, with their average rate."""
+        bytes and drops its link carried since the hosts were made, with their average rate, and the
+        bytes it carried after the measuring (`run_sent_bytes`, `run_received_bytes`: the run's own)."""
         seconds = max(1e-9, time.time() - self.started)
         out = {}
         for name in self.plan.names:
@@ -187,6 +190,9 @@ class HostsRun:
                 row.update(c)
                 row["sent_mbit_s_avg"] = round(c["sent_bytes"] * 8 / seconds / 1e6, 3)
                 row["received_mbit_s_avg"] = round(c["received_bytes"] * 8 / seconds / 1e6, 3)
+                before = self.before_run[name]
+                row["run_sent_bytes"] = c["sent_bytes"] - before["sent_bytes"]
+                row["run_received_bytes"] = c["received_bytes"] - before["received_bytes"]
             out[name] = row
         return out
 

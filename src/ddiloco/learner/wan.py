@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 class LinkConfig:
     """An emulated wide-area link, in the units of every command's flags (`--net-latency` and
     `--net-jitter` in milliseconds, `--net-bandwidth` in MB/s): the learner's link layer (`WanLink`)
-    and the data-parallel baselines' all-reduce (`dataparallel.link`) charge the same link."""
+    and the data-parallel baselines' all-reduce (`dataparallel.link`) pace their real bytes on the same link."""
 
     latency_ms: float = 0.0  # one way, per message
     bandwidth_mb_s: float = 0.0  # megabytes per second in each direction; 0: no cap
@@ -84,7 +84,7 @@ class TokenBucket:
         self._last = clock()
         self.waited = 0.0  # seconds slept in total
 
-    def take(self, n: int) -> None:
+    def take(self, n: float) -> None:
         with self._lock:  # one sender at a time per direction, as on one link
             now = self._clock()
             self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
@@ -139,11 +139,11 @@ class WanLink:
             self.sent(len(frame))
             yield frame
 
-    def sent(self, nbytes: int) -> None:
+    def sent(self, nbytes: float) -> None:
         if self.up is not None:
             self.up.take(nbytes)
 
-    def received(self, nbytes: int) -> None:
+    def received(self, nbytes: float) -> None:
         if self.down is not None:
             self.down.take(nbytes)
 
