@@ -33,6 +33,11 @@ Everything runs on this machine's cores: the learners' pushes and the synchroniz
     python benchmarks/synchronizer_scale.py                  # 1M..150M, M = 2, 4, 8 (~15 minutes)
     python benchmarks/synchronizer_scale.py --quick --json   # 1M and 10M, M = 2 and 4
     python benchmarks/synchronizer_scale.py --plane grpc     # pushes over gRPC instead of the bulk socket
+    python benchmarks/synchronizer_scale.py --sizes 1e9 --learners 4 --json   # 4 shards of 250M (~4 minutes)
+
+From 1e9 parameters (or with `--shards N`) the model is sharded over N synchronizer processes with M
+learner stand-in processes (`synchronizer_scale_shards.py`): the same figures per shard, and the
+worst of them per row.
 """
 
 from __future__ import annotations
