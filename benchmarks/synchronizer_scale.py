@@ -33,6 +33,11 @@ Everything runs on this machine's cores: the learners' pushes and the synchroniz
     python benchmarks/synchronizer_scale.py                  # 1M..150M, M = 2, 4, 8 (~15 minutes)
     python benchmarks/synchronizer_scale.py --quick --json   # 1M and 10M, M = 2 and 4
     python benchmarks/synchronizer_scale.py --plane grpc     # pushes over gRPC instead of the bulk socket
+    python benchmarks/synchronizer_scale.py --sizes 1e9 --learners 4 --json   # 4 shards of 250M (~4 minutes)
+
+From 1e9 parameters (or with `--shards N`) the model is sharded over N synchronizer processes with M
+learner stand-in processes (`synchronizer_scale_shards.py`): the same figures per shard, and the
+worst of them per row.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from ddiloco.launch.procs import ProcessTable
 from ddiloco.records.events import read_events
 
 console = Console(stderr=True, width=180)
+SHARDED_FROM, SHARDED_FROM_SHARDS = int(1e9), 4  # from this size, by default, the model over this many shards
 IDLE_RSS = (
     "import ddiloco.synchronizer.server, ddiloco.cli.synchronizer, torch, grpc, re; "
     "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
@@ -114,6 +120,7 @@ def peak_rss(pid: int) -> int:
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synchronizer_scale_run import FRAGMENTS, Run, start_probe  # noqa: E402
+from synchronizer_scale_shards import measure_sharded  # noqa: E402
 
 
 def measure(
@@ -205,6 +212,45 @@ def _fragment_names(params: dict[str, torch.Tensor]) -> list[list[str]]:
     return [list(names) for names in plan_for_model(dict(sorted(params.items())), FRAGMENTS).names]
 
 
+def shard_table(row: dict, memcpy: float) -> Table:
+    """A sharded run's figures, one line per shard."""
+    table = Table(
+        title=f"{row['params'] / 1e6:.0f}M parameters over {row['shards']} shards (P = {row['fragments']}), "
+        f"M = {row['learners']}; memcpy {memcpy:.1f} GB/s, raw write {row['raw_write_ms']:.0f} ms; "
+        f"the machine gave {row['machine_used_gb']:.1f} GB; an idle synchronizer's heartbeats meanwhile: "
+        f"p50 {row['idle_heartbeat_p50_ms']:.1f} / p99 {row['idle_heartbeat_p99_ms']:.1f} ms"
+    )
+    for col in (
+        "shard",
+        "fragment MB",
+        "round ms",
+        "x limit",
+        "merged ms",
+        "delivered ms",
+        "checkpoint ms",
+        "heartbeat p50 / p99 ms",
+        "peak RSS MB",
+        "need MB",
+        "RSS / need",
+    ):
+        table.add_column(col, justify="right")
+    for s in row["per_shard"]:
+        table.add_row(
+            str(s["shard"]),
+            f"{s['fragment_mb']:.0f}",
+            f"{s['round_ms']:.0f}",
+            f"{s['round_vs_limit']:.2f}",
+            f"{s['merged_ms']:.0f}",
+            f"{s['delivered_ms']:.0f}",
+            f"{s['checkpoint_ms']:.0f}",
+            f"{s['heartbeat_p50_ms']:.1f} / {s['heartbeat_p99_ms']:.1f}",
+            f"{s['peak_rss_mb']:.0f}",
+            f"{s['need_mb']:.0f}",
+            f"{s['peak_rss_over_need']:.2f}",
+        )
+    return table
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="1e6,1e7,5e7,1.5e8", help="model sizes in parameters")
@@ -216,6 +262,14 @@ def main() -> None:
         default="socket",
         help="how the learners push: the bulk socket plane (the default) or gRPC",
     )
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=None,
+        help="shard the model over N synchronizer processes, with M learner stand-in processes "
+        "(synchronizer_scale_shards.py); default: 4 from 1e9 parameters, else one synchronizer driven from here",
+    )
+    p.add_argument("--keep", type=Path, default=None, help="with --shards: keep the raw timings in this folder")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -230,8 +284,25 @@ def main() -> None:
     rows = []
     for size in (int(float(s)) for s in args.sizes.split(",")):
         for m in (int(x) for x in args.learners.split(",")):
-            console.log(f"{size / 1e6:.0f}M parameters, M = {m}")
-            rows.append(measure(size, m, args.rounds, memcpy, idle_rss, args.plane == "socket"))
+            shards = args.shards if args.shards is not None else (SHARDED_FROM_SHARDS if size >= SHARDED_FROM else None)
+            console.log(f"{size / 1e6:.0f}M parameters, M = {m}" + (f", {shards} shards" if shards else ""))
+            if shards:
+                rows.append(
+                    measure_sharded(
+                        size,
+                        m,
+                        shards,
+                        args.rounds,
+                        memcpy,
+                        idle_rss,
+                        raw_write_seconds,
+                        peak_rss,
+                        args.plane == "socket",
+                        args.keep / f"{size:.0e}-M{m}" if args.keep else None,
+                    )
+                )
+            else:
+                rows.append(measure(size, m, args.rounds, memcpy, idle_rss, args.plane == "socket"))
     table = Table(title=f"synchronizer rounds (P = {FRAGMENTS}, K = M, write-ahead on); memcpy {memcpy:.1f} GB/s")
     for col in (
         "params",
@@ -251,7 +322,7 @@ def main() -> None:
         "RSS / fp32",
     ):
         table.add_column(col, justify="right")
-    for r in rows:
+    for r in (r for r in rows if "shards" not in r):
         table.add_row(
             f"{r['params'] / 1e6:.0f}M",
             str(r["learners"]),
@@ -269,7 +340,10 @@ def main() -> None:
             f"{r['peak_rss_over_need']:.2f}",
             f"{r['peak_rss_over_fp32']:.2f}",
         )
-    console.print(table)
+    if any("shards" not in r for r in rows):
+        console.print(table)
+    for r in (r for r in rows if "shards" in r):
+        console.print(shard_table(r, memcpy))
     console.print(
         "aims: round within 4x memcpy of the bytes it touches (x memcpy; x limit adds the raw durable "
         "write of its checkpoint); heartbeat p99 < 50 ms; "

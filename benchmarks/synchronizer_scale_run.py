@@ -23,6 +23,65 @@ LOG_LEVEL = "error"
 CHUNK = framing.DEFAULT_CHUNK_BYTES
 
 
+def sync_every(fragments: int) -> int:
+    """H: 4, or P where P is larger (each fragment needs its own offset in 0..H-1)."""
+    return max(4, fragments)
+
+
+def synchronizer_command(
+    init: Path,
+    folder: Path,
+    learners: int,
+    bulk_socket: bool,
+    fragments: int = FRAGMENTS,
+    shard: int = 0,
+    shards: int = 1,
+    threads: int = 0,
+) -> list[str]:
+    """Shard `shard` of `shards` (P = `fragments`, K = M, no grace, write-ahead checkpoints every
+    merge), its address, checkpoints and events in `folder`; `threads`: torch's (0: its default)."""
+    return ddiloco_command(
+        "synchronizer",
+        "--port",
+        "0",
+        "--address-file",
+        str(folder / "address"),
+        "--init",
+        str(init),
+        "--fragments",
+        str(fragments),
+        "--shard",
+        str(shard),
+        "--num-shards",
+        str(shards),
+        "--sync-every",
+        str(sync_every(fragments)),
+        "--overlap",
+        "1",
+        "--quorum",
+        str(learners),
+        "--grace",
+        "0",
+        "--learners",
+        str(learners),
+        "--max-learners",
+        str(learners),
+        "--heartbeat",
+        "5",
+        "--checkpoint-dir",
+        str(folder / "ckpt"),
+        "--event-log",
+        str(folder / "events.jsonl"),
+        "--log-level",
+        LOG_LEVEL,
+        "--no-exit-when-done",
+        "--no-dashboard",
+        "--threads",
+        str(threads),
+        *([] if bulk_socket else ["--no-bulk-socket"]),
+    )
+
+
 class Run:
     """One synchronizer process and M registered sessions with their subscriber streams."""
 
@@ -30,40 +89,7 @@ class Run:
         self, procs: ProcessTable, tmp: Path, params: dict[str, torch.Tensor], learners: int, bulk_socket: bool = True
     ) -> None:
         save_file(params, str(tmp / "init.safetensors"))
-        cmd = ddiloco_command(
-            "synchronizer",
-            "--port",
-            "0",
-            "--address-file",
-            str(tmp / "address"),
-            "--init",
-            str(tmp / "init.safetensors"),
-            "--fragments",
-            str(FRAGMENTS),
-            "--sync-every",
-            "4",
-            "--overlap",
-            "1",
-            "--quorum",
-            str(learners),
-            "--grace",
-            "0",
-            "--learners",
-            str(learners),
-            "--max-learners",
-            str(learners),
-            "--heartbeat",
-            "5",
-            "--checkpoint-dir",
-            str(tmp / "ckpt"),
-            "--event-log",
-            str(tmp / "events.jsonl"),
-            "--log-level",
-            LOG_LEVEL,
-            "--no-exit-when-done",
-            "--no-dashboard",
-            *([] if bulk_socket else ["--no-bulk-socket"]),
-        )
+        cmd = synchronizer_command(tmp / "init.safetensors", tmp, learners, bulk_socket)
         self.child = procs.start("sync", cmd, tmp / "sync.log")
         deadline = time.monotonic() + 300
         while not (tmp / "address").is_file():

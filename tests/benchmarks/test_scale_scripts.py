@@ -36,6 +36,26 @@ def test_synchronizer_scale_reports_rounds_heartbeats_and_memory_of_a_real_synch
 
 
 @pytest.mark.slow
+def test_synchronizer_scale_shards_the_model_over_real_shards_and_reports_each():
+    report = bench(
+        "synchronizer_scale.py", "--sizes", "1e6", "--learners", "2", "--shards", "2", "--rounds", "1", timeout=300
+    )
+    [row] = report["rows"]
+    assert row["shards"] == 2 and row["fragments"] == 8 and row["learners"] == 2 and row["rounds"] == 1
+    per_shard = row["per_shard"]
+    assert [s["shard"] for s in per_shard] == [0, 1]
+    assert sum(s["owned_params"] for s in per_shard) == row["params"] >= 1_000_000  # the model, split, once
+    for s in per_shard:
+        assert 0 < s["merged_ms"] <= s["round_ms"] and s["delivered_ms"] > 0 and s["checkpoint_ms"] > 0
+        assert s["heartbeats"] > 0 and 0 < s["heartbeat_p50_ms"] <= s["heartbeat_p99_ms"] <= s["heartbeat_max_ms"]
+        assert s["peak_rss_mb"] > s["need_mb"] > 0
+    assert row["round_vs_limit"] == max(s["round_vs_limit"] for s in per_shard)
+    assert row["heartbeat_p99_ms"] == max(s["heartbeat_p99_ms"] for s in per_shard)
+    assert row["peak_rss_over_need"] == max(s["peak_rss_over_need"] for s in per_shard)
+    assert 0 < row["idle_heartbeat_p50_ms"] <= row["idle_heartbeat_p99_ms"] and row["machine_used_gb"] > 0
+
+
+@pytest.mark.slow
 def test_bandwidth_rows_count_bytes_both_ways_for_every_upload_and_download_codec(shakespeare):
     # --quick (about 150 steps a run, 75 at half the budget): fewer tokens and a short run's overshoot
     # (a tiny model's steps outrun the budget's report by tens of steps) can equal the half run's steps

@@ -91,18 +91,18 @@ def save_initial(model: torch.nn.Module, path: str | Path) -> Path:
     return path
 
 
-def load_initial(path: str | Path) -> tuple[dict[str, torch.Tensor], frozenset[str] | None]:
-    """Parameters (and plain names, when recorded) from a safetensors file or a Hugging Face model folder."""
+def load_initial(path: str | Path, lazy: bool = False) -> tuple[Mapping[str, torch.Tensor], frozenset[str] | None]:
+    """Parameters (and plain names, when recorded) from a safetensors file or a Hugging Face model folder.
+    `lazy`: a safetensors file comes as a `TensorFile`, each tensor read when looked up (a shard reads
+    only its own; its `shapes` serve the rest)."""
     path = Path(path)
     if path.is_dir():
         return _load_hf_folder(path)
-    from safetensors import safe_open
+    from ..synchronizer.initial import TensorFile
 
-    from ..synchronizer.checkpoint import load_tensors
-
-    tensors = load_tensors(path, "--init file")
-    with safe_open(str(path), "pt") as f:
-        recorded = (f.metadata() or {}).get(PLAIN_NAMES_KEY)
+    file = TensorFile(path)
+    recorded = file.metadata.get(PLAIN_NAMES_KEY)
+    tensors = file if lazy else dict(file.items())
     return tensors, (frozenset(n for n in recorded.split(",") if n) if recorded is not None else None)
 
 

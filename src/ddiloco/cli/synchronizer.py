@@ -18,6 +18,8 @@ from ._flags import takes
 from .output import user_error
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ..core.config import AlgorithmConfig
     from ..launch.dashboard import Dashboard
     from ..synchronizer.server import SynchronizerServer
@@ -165,12 +167,13 @@ class SynchronizerFlags:
     log_level: options.LogLevel = options.LOG_LEVEL
 
 
-def _initial(flags: SynchronizerFlags, model: str, model_size: str) -> tuple[dict, frozenset[str]]:
-    """The initial global parameters (--init, else the model's), and the tensors merged by plain averaging."""
+def _initial(flags: SynchronizerFlags, model: str, model_size: str) -> tuple[Mapping[str, Any], frozenset[str]]:
+    """The initial global parameters (--init, else the model's), and the tensors merged by plain averaging.
+    An --init safetensors file is read lazily (`synchronizer.initial`): the shard reads only its own."""
     from ..api.model import check_plain_names, load_initial
 
     if flags.init is not None:
-        params, recorded = load_initial(flags.init)
+        params, recorded = load_initial(flags.init, lazy=True)
         given = flags.plain_names.split(",") if flags.plain_names is not None else None
         plain = check_plain_names(given if given is not None else (recorded or ()), params)
         if given is None and recorded is None:
@@ -190,12 +193,14 @@ def _initial(flags: SynchronizerFlags, model: str, model_size: str) -> tuple[dic
 def _service(flags: SynchronizerFlags) -> SynchronizerService:
     """The shard's service: its initial parameters, the method's algorithm, the settings, the checkpoint."""
     from ..api.model import balance_note
+    from ..synchronizer.initial import TensorFile
     from ..synchronizer.server import build_service
     from ..synchronizer.settings import ServiceSettings
     from ..wire.timeouts import Timeouts
 
     model, model_size = options.plain(flags.model, flags.model_size)
-    params, plain = _initial(flags, model, model_size)
+    values, plain = _initial(flags, model, model_size)
+    params = values.shapes if isinstance(values, TensorFile) else values  # shapes only: nothing read yet
     algorithm = algorithm_of(flags, len(params))
     note = balance_note(params, algorithm.fragments)
     if note:
@@ -217,7 +222,7 @@ def _service(flags: SynchronizerFlags) -> SynchronizerService:
         keep_versions=flags.keep_versions,
         budget_counts=options.plain(flags.budget_counts)[0],
     )
-    return build_service(params, algorithm, settings, plain, flags.checkpoint_dir, flags.event_log)
+    return build_service(params, algorithm, settings, plain, flags.checkpoint_dir, flags.event_log, values=values)
 
 
 def _dashboard(

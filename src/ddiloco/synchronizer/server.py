@@ -38,11 +38,14 @@ def build_service(
     checkpoint_dir: str | Path | None = None,
     event_log: str | Path | None = None,
     fragment_names: Sequence[Sequence[str]] | None = None,
+    values: Mapping[str, torch.Tensor] | None = None,
 ) -> SynchronizerService:
     """The service for shard settings.shard of settings.num_shards, restored from checkpoint_dir if it
     holds a checkpoint. Only the owned fragments are kept; the rest of `params` can be dropped.
     `fragment_names`: the fragments by parameter name (e.g. layer-wise, from module names) instead of
-    the balanced split; as many as `algorithm.fragments`. Learners take the plan from the shard."""
+    the balanced split; as many as `algorithm.fragments`. Learners take the plan from the shard.
+    `values`: where the owned tensors are read from, each once, when `params` gives only the shapes
+    (meta tensors; e.g. a `TensorFile` and its `shapes`): the default is `params` itself."""
     if fragment_names is None:
         plan = plan_for_model(params, algorithm.fragments)
     else:
@@ -53,7 +56,7 @@ def build_service(
     core = SynchronizerCore(
         algorithm,
         plan,
-        params,
+        params if values is None else values,
         owned=owned,
         plain_names=plain_names & set(params),
         defer_merges=True,
