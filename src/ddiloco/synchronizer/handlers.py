@@ -21,6 +21,7 @@ import grpc
 import torch
 
 from ..core import RejectCode
+from ..core.round_sum import StreamedNorms
 from ..wire import framing, reassembly
 from ..wire.buffers import BufferPool
 from ..wire.headers import CONTRIBUTION, ContributionHeader, session_of
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 # What malformed client input can raise while it is taken apart; anything else is our bug.
 CLIENT_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError)
+FLOAT_CODECS = ("bf16", "fp32")  # codecs whose values a push's norms may be taken from as they arrive
 UNKNOWN_SESSION = "unknown session: the synchronizer restarted or declared this learner gone; register again"
 
 
@@ -50,6 +52,8 @@ class Handlers:
         self.streams = StreamGuard(service.settings.timeouts, service.refuse_rpc)
         # contributions arrive into reused buffers: up to the owned model's float32 size kept between pushes
         self.push_buffers = BufferPool(self._fp32_bytes(service.core.owned))
+        # a fetch stages each fragment in a reused buffer: up to the largest owned fragment kept between fetches
+        self.fetch_buffers = BufferPool(max((self._fp32_bytes([p]) for p in service.core.owned), default=0))
         self.bulk_port: int | None = None  # the bulk socket plane's port, told to learners at registration
 
     def _fp32_bytes(self, fragments) -> int:
@@ -182,7 +186,7 @@ class Handlers:
     ) -> bytes:
         service = self.service
         reassembler = self.push_reassembler()
-        msg = None
+        msg, norms = None, None
         try:
             for data in request_iterator:
                 stream.waiting()  # the idle clock restarts with every frame
@@ -194,6 +198,7 @@ class Handlers:
                     if early is not None:
                         return early
                 msg = reassembler.feed(data)
+                norms = self.push_norms(reassembler, norms)
             if msg is None:
                 raise framing.WireError("the push ended before its contribution was complete")
         except framing.WireError as exc:
@@ -201,10 +206,45 @@ class Handlers:
             self._abort(context, "Push", code, f"bad contribution: {exc}")
         except grpc.RpcError:  # cancelled by the stream guard (idle or too long) or by the client
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, stream.cancelled or "push cancelled")
-        return self.contribution_reply(msg, context)
+        return self.contribution_reply(msg, context, norms)
 
-    def contribution_reply(self, msg: reassembly.Message, context: HandlerContext) -> bytes:
-        """A complete pushed message taken in (any plane): the reply to send."""
+    def push_norms(self, reassembler: reassembly.Reassembler, norms: StreamedNorms | None) -> StreamedNorms | None:
+        """After each frame of a push: the norms of its outer gradient taken as it arrives
+        (`core.StreamedNorms`), made at its first frame when its head names an owned fragment's tensors
+        in a float codec, else None (its norms are then taken whole once it is in)."""
+        filling = reassembler.filling
+        if filling is None:
+            return norms
+        head, buf, filled, frames_in = filling
+        if frames_in == 1:
+            norms = self._streamed_norms(head, buf)
+        if norms is not None:
+            norms.advance(filled)
+        return norms
+
+    def _streamed_norms(self, head: dict, buf: memoryview) -> StreamedNorms | None:
+        fragment = head.get("fragment")
+        service = self.service
+        if head.get("kind") != CONTRIBUTION or not isinstance(fragment, int) or fragment not in service.core.versions:
+            return None
+        try:
+            specs = reassembly.Message(head, buf).specs()
+            if not all(s.codec in FLOAT_CODECS for s in specs):
+                return None
+            expected = {n: service.shapes[n] for n in service.core.plan.names[fragment]}
+            views = framing.decode_tensors(specs, buf, expected, wire_dtype=True)
+        except (framing.WireError, ValueError):
+            return None  # refused with its reason once it is in
+        offsets, at = {}, 0
+        for s in specs:
+            offsets[s.name], at = at, at + s.nbytes
+        return StreamedNorms(views, offsets)
+
+    def contribution_reply(
+        self, msg: reassembly.Message, context: HandlerContext, norms: StreamedNorms | None = None
+    ) -> bytes:
+        """A complete pushed message taken in (any plane): the reply to send. `norms`: its tensors'
+        norms as they were taken while it arrived (`push_norms`)."""
         service = self.service
         head = msg.head
         if head.get("kind") != CONTRIBUTION:
@@ -244,7 +284,13 @@ class Handlers:
             final=stamp.final,
         )
         return framing.message(
-            service.contribute(session, h.contribution(session.learner, grads), work, stamp.tokens_total)
+            service.contribute(
+                session,
+                h.contribution(session.learner, grads),
+                work,
+                stamp.tokens_total,
+                norms.norms() if norms is not None else None,
+            )
         )
 
     def first_frame(self, frame: dict, key: int, stream: Stream, context: HandlerContext) -> bytes | None:
@@ -295,7 +341,9 @@ class Handlers:
         """The global model a fragment at a time, as frame parts (`framing.iter_frame_parts`). Each
         fragment is copied under the lock into working space faulted in beforehand, then framed from
         it outside the lock: framing under the lock held it for as long as a fragment's frames took
-        to make, and a whole-model clone first cost the model's size again in memory."""
+        to make, and a whole-model clone first cost the model's size again in memory. The working
+        space comes from `fetch_buffers`, so a fetch does not fault a fragment's pages in again (at
+        16M parameters that was a third of a fetch's time on the synchronizer)."""
         service, core = self.service, self.service.core
         with service.lock:
             owned = sorted(core.owned)
@@ -303,7 +351,7 @@ class Handlers:
         try:
             for p in owned:
                 names = core.plan.names[p]
-                staged = {n: torch.zeros(service.shapes[n], dtype=torch.float32) for n in names}
+                staged = self._staging({n: service.shapes[n] for n in names})
                 with service.lock:
                     head = {"kind": "fragment", "fragment": p, "version": core.versions[p]}
                     for n in names:
@@ -314,3 +362,13 @@ class Handlers:
                 del staged
         finally:
             self.streams.close(key)
+
+    def _staging(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+        """float32 tensors of `shapes`, laid in one buffer from `fetch_buffers` that goes back once
+        the last of them is gone; a buffer new to the pool is faulted in here, outside the lock."""
+        sizes = [math.prod(shape) for shape in shapes.values()]
+        made = self.fetch_buffers.allocated
+        flat = torch.frombuffer(self.fetch_buffers.take(4 * sum(sizes)), dtype=torch.float32)
+        if self.fetch_buffers.allocated != made:  # (a buffer too small to pool needs no such care)
+            flat.zero_()
+        return {n: t.view(shape) for (n, shape), t in zip(shapes.items(), flat.split(sizes), strict=True)}  # type: ignore[no-untyped-call]  # torch defines Tensor.split without annotations
