@@ -188,7 +188,8 @@ def main() -> None:
     if "tls_ratio_vs_raw" in result:
         console.print(
             f"under TLS, against the same bytes over a plain TLS socket: [bold]{result['tls_ratio_vs_raw']:.2f}[/bold] "
-            f"(tls_ratio_vs_raw: push {result['tls_push_ratio_vs_raw']:.2f}, pull {result['tls_pull_ratio_vs_raw']:.2f})"
+            f"(tls_ratio_vs_raw: push {result['tls_push_ratio_vs_raw']:.2f}, "
+            f"pull {result['tls_pull_ratio_vs_raw']:.2f})"
         )
     console.print(
         f"gRPC itself, moving the same bytes in the same messages with nothing else to do, reaches "

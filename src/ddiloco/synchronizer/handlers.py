@@ -371,4 +371,4 @@ class Handlers:
         flat = torch.frombuffer(self.fetch_buffers.take(4 * sum(sizes)), dtype=torch.float32)
         if self.fetch_buffers.allocated != made:  # (a buffer too small to pool needs no such care)
             flat.zero_()
-        return {n: t.view(shape) for (n, shape), t in zip(shapes.items(), flat.split(sizes), strict=True)}  # type: ignore[no-untyped-call]  # torch defines Tensor.split without annotations
+        return {n: t.view(shape) for (n, shape), t in zip(shapes.items(), flat.split(sizes), strict=True)}
