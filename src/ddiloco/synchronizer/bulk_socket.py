@@ -256,7 +256,7 @@ class BulkSocketServer:
         try:
             reassembler = handlers.push_reassembler()
             deadline = wire_sockets.Deadline(float("inf"), step=service.settings.timeouts.failure)
-            msg, norms = None, None
+            msg = None
             while msg is None:
                 stream.waiting()
                 frame, body, nbytes = wire_sockets.recv_head(conn, self.max_frame, deadline)
@@ -266,8 +266,7 @@ class BulkSocketServer:
                     if early is not None:
                         return framing.read_message(early)
                 msg = wire_sockets.recv_body(conn, reassembler, frame, body, deadline)
-                norms = handlers.push_norms(reassembler, norms)  # while the next frame arrives
-            return handlers.contribution_reply(msg, context, norms)
+            return handlers.contribution_reply(msg, context)
         finally:
             handlers.streams.close(key)
 
