@@ -6,16 +6,19 @@ Python interpreter (as they do not in a run)."""
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from safetensors.torch import save_file
 
 from ddiloco.launch.procs import ProcessTable, ddiloco_command
-from ddiloco.wire import framing, quant, reassembly, rpc, sockets
+from ddiloco.wire import auth, framing, quant, reassembly, rpc, sockets
 from ddiloco.wire.buffers import BufferPool
 from ddiloco.wire.protocol import signature
 
@@ -67,6 +70,30 @@ def fetch(request, context):
     yield from framing.tensor_frames({"kind": "fragment", "fragment": 0, "version": 0}, {"w": weights}, "fp32", chunk)
 server = rpc.make_server({"Push": push, "Fetch": fetch}, chunk + rpc.FRAME_MARGIN, 8)
 port = server.add_insecure_port("127.0.0.1:0"); server.start(); print(port, flush=True); time.sleep(3600)
+"""
+
+RAW_TLS_SERVER = r"""
+import socket, ssl, struct, sys
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); ctx.load_cert_chain(sys.argv[2], sys.argv[3])
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 0)); srv.listen(1); print(srv.getsockname()[1], flush=True)
+raw, _ = srv.accept(); raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+conn = ctx.wrap_socket(raw, server_side=True)
+buf = bytearray(int(sys.argv[1])); view = memoryview(buf)
+def recv_exact(n):
+    got = 0
+    while got < n:
+        k = conn.recv_into(view[got:n])
+        if not k: raise SystemExit(0)
+        got += k
+while True:
+    recv_exact(9)
+    op, n = bytes(view[:1]), struct.unpack("<Q", view[1:9])[0]
+    if op == b"R":  # the same bytes in, no conversion
+        recv_exact(n)
+        conn.sendall(b"k")
+    else:  # n bytes out of a buffer, no conversion
+        conn.sendall(view[:n])
 """
 
 GRPC_BYTES_SERVER = r"""
@@ -156,6 +183,34 @@ class Raw:
         return n
 
 
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1, its own CA, and its key (`openssl`), for the TLS paths."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert)]
+        + ["-days", "1", "-subj", "/CN=ddiloco-bench", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return cert, key
+
+
+class RawTls(Raw):
+    """The limit under TLS: the same byte counts over one TLS connection, no conversion, no copies
+    beyond TLS's own."""
+
+    def __init__(self, procs: ProcessTable, tmp: Path, cert: Path, key: Path, push_bytes: int, pull_bytes: int) -> None:
+        cmd = [sys.executable, "-c", RAW_TLS_SERVER, str(max(push_bytes, pull_bytes) + 16), str(cert), str(key)]
+        port = _start_and_read_port(procs, "raw-tls", cmd, tmp)
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tls = ssl.create_default_context(cafile=str(cert)).wrap_socket(sock, server_hostname="127.0.0.1")
+        self.tcp = SimpleNamespace(sock=tls, view=memoryview(bytearray(pull_bytes)))  # type: ignore[assignment]
+        self.push_bytes, self.pull_bytes = push_bytes, pull_bytes
+        self.data = memoryview(bytearray(push_bytes))
+
+
 class GrpcBytes:
     """gRPC's own ceiling: the same byte counts in messages of one chunk each, through the same server
     and channel options, with no framing, no conversion and no decode on either side."""
@@ -176,10 +231,18 @@ class GrpcBytes:
 class Ours:
     """Push and pull through our wire format and gRPC (a minimal server, or the real synchronizer)."""
 
-    def __init__(self, address: str, numel: int, chunk: int, learner_sessions: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        numel: int,
+        chunk: int,
+        learner_sessions: list[str] | None = None,
+        credentials: auth.Tls | None = None,
+    ) -> None:
         max_frame = chunk + rpc.FRAME_MARGIN
-        self.control = rpc.Stubs(rpc.open_channel(address, "control", max_frame), None)
-        self.bulk = rpc.Stubs(rpc.open_channel(address, "bulk", max_frame), None)
+        self.control = rpc.Stubs(rpc.open_channel(address, "control", max_frame, credentials), None)
+        self.bulk = rpc.Stubs(rpc.open_channel(address, "bulk", max_frame, credentials), None)
+        self.credentials = credentials
         self.numel, self.chunk = numel, chunk
         self.sessions = learner_sessions or ["-"]
         self.arrivals = BufferPool(8 * numel)  # as a learner's link receives (`wire.buffers`)
@@ -228,7 +291,9 @@ class OursSocket(Ours):
 
     def __init__(self, ours: Ours, host: str, port: int) -> None:
         self.__dict__.update(ours.__dict__)
-        self.client = sockets.BulkSocketClient(host, port, None, self.chunk + rpc.FRAME_MARGIN)
+        self.client = sockets.BulkSocketClient(
+            host, port, None, self.chunk + rpc.FRAME_MARGIN, auth.ssl_part(self.credentials)
+        )
 
     def push(self, grad: torch.Tensor) -> int:
         head = self.head()
@@ -245,7 +310,15 @@ class OursSocket(Ours):
         return 4 * self.numel
 
 
-def start_service(procs: ProcessTable, tmp: Path, numel: int, chunk: int, bulk_socket: bool = False) -> Ours:
+def start_service(
+    procs: ProcessTable,
+    tmp: Path,
+    numel: int,
+    chunk: int,
+    bulk_socket: bool = False,
+    tls: tuple[Path, Path] | None = None,
+) -> Ours:
+    """A real synchronizer and two registered sessions; `tls`: its certificate and key (both planes)."""
     cmd = ddiloco_command(
         "synchronizer",
         "--port",
@@ -273,7 +346,9 @@ def start_service(procs: ProcessTable, tmp: Path, numel: int, chunk: int, bulk_s
         "--log-level",
         "error",
     )
-    name = "sync-socket" if bulk_socket else "sync"
+    if tls is not None:
+        cmd += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
+    name = ("sync-socket" if bulk_socket else "sync") + ("-tls" if tls is not None else "")
     tmp = tmp / name
     tmp.mkdir()
     save_file({"w": torch.randn(numel)}, str(tmp / "init.safetensors"))
@@ -286,7 +361,8 @@ def start_service(procs: ProcessTable, tmp: Path, numel: int, chunk: int, bulk_s
             raise RuntimeError(f"the synchronizer did not start: {(tmp / 'sync.log').read_text()[-2000:]}")
         time.sleep(0.05)
     address = (tmp / "address").read_text().strip()
-    probe = Ours(address, numel, chunk)
+    credentials = auth.channel_credentials(tls[0]) if tls is not None else None
+    probe = Ours(address, numel, chunk, credentials=credentials)
     sig = signature({"w": torch.empty(numel)})
     replies = [
         framing.read_message(
@@ -298,5 +374,6 @@ def start_service(procs: ProcessTable, tmp: Path, numel: int, chunk: int, bulk_s
         )
         for m in range(2)
     ]
-    ours = Ours(address, numel, chunk, [r["session"] for r in replies])  # a quorum of 2 is never reached by one
+    sessions = [r["session"] for r in replies]
+    ours = Ours(address, numel, chunk, sessions, credentials)  # a quorum of 2 is never reached by one
     return OursSocket(ours, "127.0.0.1", replies[0]["bulk_port"]) if bulk_socket else ours

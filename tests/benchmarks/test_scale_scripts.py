@@ -3,6 +3,7 @@ reported, never asserted: only their shape and the invariants every run must sat
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +108,6 @@ def test_wan_runs_both_methods_on_both_links(shakespeare):
 def test_transport_compares_with_raw_bytes_on_a_plain_socket():
     report = bench("transport.py", "--quick", timeout=600)
     assert report["ratio_vs_raw"] > 0 and report["transport_vs_raw"] > 0 and report["raw_MBps"] > 0
+    assert report["push_ratio_vs_raw"] > 0 and report["pull_ratio_vs_raw"] > 0
+    if shutil.which("openssl") is not None:  # the TLS paths: the bulk plane and a raw TLS socket
+        assert report["tls_ratio_vs_raw"] > 0 and report["raw_tls_MBps"] > 0

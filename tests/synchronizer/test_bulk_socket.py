@@ -364,3 +364,28 @@ def test_fetches_that_are_never_read_take_no_bulk_slot_and_pushes_go_on(served, 
     finally:
         for sock in unread:
             sock.close()
+
+
+def test_a_nan_deep_in_a_socket_push_is_refused_as_non_finite(served):
+    service, server, _ = served
+    sessions = [service.register(m, f"inc{m}", True)["session"] for m in range(2)]
+    grad = {"w": torch.zeros(NUMEL), "b": torch.zeros(3)}
+    grad["w"][NUMEL - 3] = float("nan")  # in the last frame
+    reply, _ = _client(server).push(framing.iter_frame_parts(_head(sessions[0], 0), grad, "bf16"), 30)
+    assert reply.get("ok") is False and reply.get("code") == "non_finite", reply
+    grad["w"][NUMEL - 3], grad["w"][5] = 0.0, float("inf")  # in the first
+    reply, _ = _client(server).push(framing.iter_frame_parts(_head(sessions[1], 0), grad, "bf16"), 30)
+    assert reply.get("code") == "non_finite", reply
+
+
+def test_fetches_reuse_their_staging_and_always_send_the_current_model(served):
+    service, server, _ = served
+    session = service.register(0, "inc0", True)["session"]
+    for value in (torch.randn(NUMEL), torch.randn(NUMEL)):
+        with service.lock:
+            service.core.params["w"].copy_(value)
+        (msg,) = list(_client(server).fetch(30, session=session))
+        assert torch.equal(msg.tensors()["w"], value)
+        _wait(lambda: service.session(session) is not None and not server.bulk.fetches)
+    pool = server.handlers.fetch_buffers
+    assert pool.allocated == 1 and pool.reused == 1

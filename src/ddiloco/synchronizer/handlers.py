@@ -50,6 +50,8 @@ class Handlers:
         self.streams = StreamGuard(service.settings.timeouts, service.refuse_rpc)
         # contributions arrive into reused buffers: up to the owned model's float32 size kept between pushes
         self.push_buffers = BufferPool(self._fp32_bytes(service.core.owned))
+        # a fetch stages each fragment in a reused buffer: up to the largest owned fragment kept between fetches
+        self.fetch_buffers = BufferPool(max((self._fp32_bytes([p]) for p in service.core.owned), default=0))
         self.bulk_port: int | None = None  # the bulk socket plane's port, told to learners at registration
 
     def _fp32_bytes(self, fragments) -> int:
@@ -295,7 +297,9 @@ class Handlers:
         """The global model a fragment at a time, as frame parts (`framing.iter_frame_parts`). Each
         fragment is copied under the lock into working space faulted in beforehand, then framed from
         it outside the lock: framing under the lock held it for as long as a fragment's frames took
-        to make, and a whole-model clone first cost the model's size again in memory."""
+        to make, and a whole-model clone first cost the model's size again in memory. The working
+        space comes from `fetch_buffers`, so a fetch does not fault a fragment's pages in again (at
+        16M parameters that was a third of a fetch's time on the synchronizer)."""
         service, core = self.service, self.service.core
         with service.lock:
             owned = sorted(core.owned)
@@ -303,7 +307,7 @@ class Handlers:
         try:
             for p in owned:
                 names = core.plan.names[p]
-                staged = {n: torch.zeros(service.shapes[n], dtype=torch.float32) for n in names}
+                staged = self._staging({n: service.shapes[n] for n in names})
                 with service.lock:
                     head = {"kind": "fragment", "fragment": p, "version": core.versions[p]}
                     for n in names:
@@ -314,3 +318,13 @@ class Handlers:
                 del staged
         finally:
             self.streams.close(key)
+
+    def _staging(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+        """float32 tensors of `shapes`, laid in one buffer from `fetch_buffers` that goes back once
+        the last of them is gone; a buffer new to the pool is faulted in here, outside the lock."""
+        sizes = [math.prod(shape) for shape in shapes.values()]
+        made = self.fetch_buffers.allocated
+        flat = torch.frombuffer(self.fetch_buffers.take(4 * sum(sizes)), dtype=torch.float32)
+        if self.fetch_buffers.allocated != made:  # (a buffer too small to pool needs no such care)
+            flat.zero_()
+        return {n: t.view(shape) for (n, shape), t in zip(shapes.items(), flat.split(sizes), strict=True)}
