@@ -11,7 +11,9 @@ tuner: a grid is widened until its choice is strictly inside it), on seed 0:
 
     data-parallel        its inner lr
     each DiLoCo method   its inner lr, outer lr and outer momentum, with no option on (the baseline)
-    each option alone    the outer lr again, with the option on (inner lr and momentum the baseline's)
+    each option alone    the outer lr again, with the option on (inner lr and momentum the baseline's;
+                         an option that changes the inner optimizer, Muon, tunes its inner lr again too,
+                         as data-parallel with it does)
     the best combination the options that beat the baseline by more than its standard error, together,
                          the outer lr tuned again
 
@@ -41,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scaling import SPECS, algorithm, gpt, parameters  # noqa: E402
-from tuning import DATA_PARALLEL, DILOCO_FAMILY, OUTER_LR, Tuner, worst  # noqa: E402
+from tuning import DATA_PARALLEL, DILOCO_FAMILY, INNER_LR, OUTER_LR, Tuner, worst  # noqa: E402
 
 from ddiloco.core import AlgorithmConfig  # noqa: E402
 from ddiloco.sim.config import SimConfig  # noqa: E402
@@ -170,16 +172,26 @@ def cell(cells: Cells, size: str, options: dict) -> list[dict]:
     for method in METHODS:
         base_tuned = cells.tune(size, method, (), DILOCO_FAMILY, {})
         base = measure(method, (), base_tuned)
-        held = {k: base_tuned["chosen"][k] for k in ("inner_lr", "outer_momentum")}
         winners = []
         for name, (_, where) in options.items():
             if method in where:
-                alone = measure(method, (name,), cells.tune(size, method, (name,), (OUTER_LR,), held))
+                settings, held = retuned((name,), base_tuned["chosen"])
+                alone = measure(method, (name,), cells.tune(size, method, (name,), settings, held))
                 if alone["gap_pct"] < base["gap_pct"] - (base["gap_se"] if math.isfinite(base["gap_se"]) else 0.0):
                     winners.append(name)
         if len(winners) > 1:
-            measure(method, tuple(winners), cells.tune(size, method, tuple(winners), (OUTER_LR,), held))
+            settings, held = retuned(tuple(winners), base_tuned["chosen"])
+            measure(method, tuple(winners), cells.tune(size, method, tuple(winners), settings, held))
     return out
+
+
+def retuned(names: tuple[str, ...], baseline: dict[str, float]) -> tuple[tuple, dict[str, float]]:
+    """What an option's run tunes again, and what it keeps of the baseline's choice: the outer lr; and
+    the inner lr too where an option changes the inner optimizer (Muon's best rate is not AdamW's:
+    data-parallel with Muon gets its own inner lr tuned, so must DiLoCo with it)."""
+    inner = any("optimizer" in OPTIONS[n][0] for n in names)
+    keep = ("outer_momentum",) if inner else ("inner_lr", "outer_momentum")
+    return ((INNER_LR, OUTER_LR) if inner else (OUTER_LR,)), {k: baseline[k] for k in keep}
 
 
 def report(rows: list[dict], skipped: list[str]) -> dict:
