@@ -120,7 +120,10 @@ def test_requeued_learner_and_shard_jobs_and_a_killed_shard_all_recover_and_the_
     slurm, tmp_path, shakespeare
 ):
     run = tmp_path / "run"
-    budget = 2 * 700 * TOKENS_PER_STEP
+    # at least 60 s of padded steps: the learners must not reach the budget before Slurm has requeued a
+    # learner, restarted shard 0 and moved shard 1 (each a fixed 10-20 s of Slurm's, however fast the
+    # steps): with 700 steps each they once did, and no learner was left to follow shard 1
+    budget = 2 * 1500 * TOKENS_PER_STEP
     with detached(run, shakespeare, budget, "--sync-shards", "2") as (jobs, address):
         assert set(jobs) == {"sync0", "sync1", "learner0", "learner1"}
         addr = {
