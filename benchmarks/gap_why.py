@@ -52,8 +52,17 @@ from ddiloco.train.inner import InnerConfig, inner_step, lr_at, make_inner_optim
 from ddiloco.train.streams import Batch  # noqa: E402
 from ddiloco.train.tasks import LanguageModelTask  # noqa: E402
 
-FULL = dict(sizes=["84k", "148k", "237k"], ratio=20.0, seq_len=64, batch=16, eval_batches=20, seeds=3, state_steps=10)
-QUICK = dict(sizes=["25k"], ratio=4.0, seq_len=32, batch=8, eval_batches=4, seeds=2, state_steps=10)
+FULL = dict(
+    sizes=["84k", "148k", "237k"],
+    ratio=20.0,
+    seq_len=64,
+    batch=16,
+    eval_batches=20,
+    seeds=3,
+    state_steps=10,
+    split="iid",
+)
+QUICK = dict(sizes=["25k"], ratio=4.0, seq_len=32, batch=8, eval_batches=4, seeds=2, state_steps=10, split="iid")
 AT = (0.1, 0.5, 0.9)  # of the data-parallel run: where the rounds start
 H_VALUES = (1, 4, 16, 64)
 M_VALUES = (1, 2, 4, 8)
@@ -82,6 +91,13 @@ def rows(batch: Batch, part: int, parts: int) -> Batch:
     n = batch.inputs.shape[0] // parts
     sl = slice(part * n, (part + 1) * n)
     return Batch(batch.inputs[sl], batch.targets[sl], batch.tokens // parts)
+
+
+def join(parts: list[Batch]) -> Batch:
+    """The learners' batches as one data-parallel batch, learner 0's rows first (`rows` splits it back)."""
+    return Batch(
+        torch.cat([b.inputs for b in parts]), torch.cat([b.targets for b in parts]), sum(b.tokens for b in parts)
+    )
 
 
 def steps(task: LanguageModelTask, model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[Batch]) -> None:
@@ -210,14 +226,25 @@ class Study:
     def cells(self, size: str, seed: int) -> list[dict]:
         lr = self.tuner.tune(size, (INNER_LR,), fixed={"seed": 0.0})["chosen"]["inner_lr"]
         task, out = self.task(size), []
-        other = task.stream(0, 1, self.cfg["batch"], seed + 1000)  # the rounds' data: not the run's
+        batch, split = self.cfg["batch"], self.cfg["split"]
+
+        def data(m: int, index: int, count: int) -> list[Batch]:
+            """`count` batches of B rows for a round of M = m learners, from `index` on. iid: rows drawn
+            from the whole corpus (learner l takes rows l B/M .. of each); shards: learner l's rows from
+            its own contiguous shard of M, as in a run (data-parallel's batch is theirs together, as a
+            DDP step's is its workers')."""
+            if split == "iid" or m == 1:
+                whole = task.stream(0, 1, batch, seed + 1000)  # the rounds' data: not the run's
+                return [whole.batch_at(index + i) for i in range(count)]
+            streams = [task.stream(learner, m, batch // m, seed + 1000) for learner in range(m)]
+            return [join([s.batch_at(index + i) for s in streams]) for i in range(count)]
 
         def visit(model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
             at = round(step / self.total_steps(size), 2)
             for h in H_VALUES:
-                batches = [other.batch_at(step * 997 + h * 131 + i) for i in range(h)]
-                own = [other.batch_at(10**7 + step * 997 + i) for i in range(self.cfg["state_steps"])]
                 for m in M_VALUES:
+                    batches = data(m, step * 997 + h * 131, h)
+                    own = data(m, 10**7 + step * 997, self.cfg["state_steps"])
                     cell = probe(task, model, opt, batches, own, m, self.cfg["eval_batches"], self.inner(lr))
                     out.append({"size": size, "seed": seed, "at": at, "H": h, "M": m, "dp_inner_lr": lr, **cell})
                     say(
@@ -260,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=None)
     p.add_argument("--data", default=None, help="a text file (default: the package's bundled corpus)")
     p.add_argument(
+        "--split",
+        choices=("iid", "shards"),
+        default="iid",
+        help="the learners' rows: drawn from the whole corpus, or each from its own shard as in a run",
+    )
+    p.add_argument(
         "--state-steps", type=int, default=None, help="steps that give a learner's optimizer its own batch's state"
     )
     p.add_argument("--out", type=Path, default=None, help="results file: written as cells end, resumed from")
@@ -268,10 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg["sizes"] = args.sizes or cfg["sizes"]
     cfg["seeds"] = args.seeds or cfg["seeds"]
     cfg["state_steps"] = cfg["state_steps"] if args.state_steps is None else args.state_steps
+    cfg["split"] = args.split
     torch.set_num_threads(1)
     saved = json.loads(args.out.read_text()) if args.out and args.out.is_file() else {}
     config = {k: cfg[k] for k in cfg if k not in ("sizes", "seeds")} | {"data": args.data}
-    same = {"state_steps": 10, **saved.get("config", {})} == config  # (files before --state-steps: 10)
+    same = {"state_steps": 10, "split": "iid", **saved.get("config", {})} == config  # (files from before the flags)
     cells: list[dict] = saved.get("cells", []) if same else []
     study = Study(cfg, args.data, args.out)
     for size in cfg["sizes"]:

@@ -80,3 +80,12 @@ def test_learners_on_half_the_rows_each_go_somewhere_else_than_data_parallel(sta
     cell = gap_why.probe(task, model, opt, batches, own, 2, 2, inner)
     assert cell["cos"] < 0.999 and cell["learner_cos"] < 0.999  # two half batches: two other steps
     assert -1 <= cell["cos"] <= 1 and cell["norm_ratio"] > 0
+
+
+def test_learners_batches_joined_are_data_parallels_batch_and_split_back_into_theirs():
+    parts = [Batch(torch.full((2, 3), m), torch.full((2, 3), m + 10), tokens=6) for m in range(4)]
+    joined = gap_why.join(parts)
+    assert joined.inputs.shape == (8, 3) and joined.tokens == 24
+    for m in range(4):  # `rows` gives learner m exactly its own batch back
+        assert torch.equal(gap_why.rows(joined, m, 4).inputs, parts[m].inputs)
+        assert torch.equal(gap_why.rows(joined, m, 4).targets, parts[m].targets)
