@@ -22,14 +22,9 @@ from ddiloco.wire import auth, framing, quant, reassembly, rpc, sockets
 from ddiloco.wire.buffers import BufferPool
 from ddiloco.wire.protocol import signature
 
-TCP_SERVER = r"""
-import socket, struct, sys, torch
-torch.set_num_threads(1)
-srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("127.0.0.1", 0)); srv.listen(1); print(srv.getsockname()[1], flush=True)
-conn, _ = srv.accept(); conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-numel = int(sys.argv[1]); buf = bytearray(4 * numel); view = memoryview(buf)
-weights = torch.randn(numel)
+#: The plain servers' framing (one op byte, a little-endian u64 length), shared by the TCP and TLS
+#: scripts: read exactly n bytes of the connection `conn` into `view`, then the loop's header.
+RECEIVE_LOOP = r"""
 def recv_exact(n):
     got = 0
     while got < n:
@@ -39,7 +34,20 @@ def recv_exact(n):
 while True:
     recv_exact(9)
     op, n = bytes(view[:1]), struct.unpack("<Q", view[1:9])[0]
-    if op == b"P":  # a bf16 outer gradient arrives: decode it into a float32 tensor
+"""
+
+TCP_SERVER = (
+    r"""
+import socket, struct, sys, torch
+torch.set_num_threads(1)
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 0)); srv.listen(1); print(srv.getsockname()[1], flush=True)
+conn, _ = srv.accept(); conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+numel = int(sys.argv[1]); buf = bytearray(4 * numel); view = memoryview(buf)
+weights = torch.randn(numel)
+"""
+    + RECEIVE_LOOP
+    + r"""    if op == b"P":  # a bf16 outer gradient arrives: decode it into a float32 tensor
         recv_exact(n)
         torch.frombuffer(view[:n], dtype=torch.bfloat16).to(torch.float32)
         conn.sendall(b"k")
@@ -51,6 +59,7 @@ while True:
     else:  # send the float32 global value
         conn.sendall(memoryview(weights.numpy()).cast("B"))
 """
+)
 
 WIRE_SERVER = r"""
 import sys, time, torch
@@ -72,7 +81,8 @@ server = rpc.make_server({"Push": push, "Fetch": fetch}, chunk + rpc.FRAME_MARGI
 port = server.add_insecure_port("127.0.0.1:0"); server.start(); print(port, flush=True); time.sleep(3600)
 """
 
-RAW_TLS_SERVER = r"""
+RAW_TLS_SERVER = (
+    r"""
 import socket, ssl, struct, sys
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); ctx.load_cert_chain(sys.argv[2], sys.argv[3])
 srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -80,21 +90,15 @@ srv.bind(("127.0.0.1", 0)); srv.listen(1); print(srv.getsockname()[1], flush=Tru
 raw, _ = srv.accept(); raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 conn = ctx.wrap_socket(raw, server_side=True)
 buf = bytearray(int(sys.argv[1])); view = memoryview(buf)
-def recv_exact(n):
-    got = 0
-    while got < n:
-        k = conn.recv_into(view[got:n])
-        if not k: raise SystemExit(0)
-        got += k
-while True:
-    recv_exact(9)
-    op, n = bytes(view[:1]), struct.unpack("<Q", view[1:9])[0]
-    if op == b"R":  # the same bytes in, no conversion
+"""
+    + RECEIVE_LOOP
+    + r"""    if op == b"R":  # the same bytes in, no conversion
         recv_exact(n)
         conn.sendall(b"k")
     else:  # n bytes out of a buffer, no conversion
         conn.sendall(view[:n])
 """
+)
 
 GRPC_BYTES_SERVER = r"""
 import sys, time
