@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import signal
 import statistics
@@ -120,7 +119,7 @@ def peak_rss(pid: int) -> int:
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synchronizer_scale_run import FRAGMENTS, Run, start_probe  # noqa: E402
-from synchronizer_scale_shards import measure_sharded  # noqa: E402
+from synchronizer_scale_shards import heartbeat_figures, measure_sharded  # noqa: E402
 
 
 def measure(
@@ -191,9 +190,7 @@ def measure(
         "delivered_ms": statistics.median(times) * 1e3,
         "checkpoint_ms": statistics.median(writes) * 1e3,
         "checkpoint_vs_raw": statistics.median(writes) / raw_write,
-        "heartbeats": len(lat),
-        "heartbeat_p50_ms": lat[len(lat) // 2] * 1e3,
-        "heartbeat_p99_ms": lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)] * 1e3,
+        **heartbeat_figures(lat),
         "peak_rss_mb": rss / 1e6,
         "peak_rss_over_fp32": rss / (numel * 4),
         "peak_rss_over_need": (rss - idle_rss) / need,
