@@ -12,6 +12,13 @@ from ddiloco.launch.procs import ProcessTable
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# One torch thread per process, here and in every process a test starts (they inherit the variable):
+# the suite runs two workers side by side on CI's 2 cores, each starting learners and synchronizers
+# of tiny models, and PyTorch's default of a thread per core makes them all spin against each other
+# (a simulated run of the tiny GPT took 2-4x as long with 2 threads as with 1 beside the suite). A
+# test about threads sets its own count; OMP_NUM_THREADS set by hand is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def shakespeare_path() -> Path | None:
     """`../shared/data/tinyshakespeare.txt` next to the repository, or None when it is absent."""
@@ -45,6 +52,12 @@ def procs():
     for c in table.children:  # reaped: the PID no longer names our child
         with pytest.raises(ChildProcessError):
             os.waitpid(c.pid, os.WNOHANG)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(autouse=True)

@@ -100,6 +100,10 @@ def _rank(rank: int, store_file: str, out_dir: str) -> None:
         "min_wait": min(waits),
     }
     results["params"] = sum(p.numel() for p in _model().parameters())
+    link.close()
+    # as the data-parallel worker ends: no rank tears its pairs down while the other still reads from
+    # them (one such run ended with gloo aborting rank 0)
+    dist.barrier()
     dist.destroy_process_group()
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(results))
 

@@ -312,8 +312,12 @@ def test_a_token_budget_stops_the_run_within_a_step_per_learner(tmp_path, shakes
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     journals = [json.loads(p.read_text()) for p in sorted(run_dir.glob("learner-*/journal-*.json"))]
-    assert len(journals) == learners and all(j["steps"] > 0 for j in journals)
-    step_tokens = {j["tokens"] // j["steps"] for j in journals}
+    assert len(journals) == learners
+    # On a loaded machine a learner can start after the others have trained the whole budget: it then
+    # takes no step, which the budget allows. Every learner that stepped did so at the same batch size.
+    stepped = [j for j in journals if j["steps"] > 0]
+    assert stepped and all(j["tokens"] == 0 for j in journals if j["steps"] == 0)
+    step_tokens = {j["tokens"] // j["steps"] for j in stepped}
     (step,) = step_tokens  # every learner's batch has the same size
     assert result["tokens_trained"] == sum(j["tokens"] for j in journals)
     assert budget <= result["tokens_trained"] <= budget + learners * step, (result["tokens_trained"], step)
