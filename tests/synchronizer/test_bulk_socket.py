@@ -370,10 +370,10 @@ def test_a_nan_deep_in_a_socket_push_is_refused_as_non_finite(served):
     service, server, _ = served
     sessions = [service.register(m, f"inc{m}", True)["session"] for m in range(2)]
     grad = {"w": torch.zeros(NUMEL), "b": torch.zeros(3)}
-    grad["w"][NUMEL - 3] = float("nan")  # in the last frame
+    grad["w"][NUMEL - 3] = float("nan")  # in the last chunk, whose norm is taken after the last frame
     reply, _ = _client(server).push(framing.iter_frame_parts(_head(sessions[0], 0), grad, "bf16"), 30)
     assert reply.get("ok") is False and reply.get("code") == "non_finite", reply
-    grad["w"][NUMEL - 3], grad["w"][5] = 0.0, float("inf")  # in the first
+    grad["w"][NUMEL - 3], grad["w"][5] = 0.0, float("inf")  # in the first, taken while the rest arrived
     reply, _ = _client(server).push(framing.iter_frame_parts(_head(sessions[1], 0), grad, "bf16"), 30)
     assert reply.get("code") == "non_finite", reply
 

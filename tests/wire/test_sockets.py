@@ -203,3 +203,21 @@ def test_a_peer_that_closes_before_its_small_message_is_complete_is_an_error(pai
         for _ in range(1000):
             assert reader.read(server) is None
             time.sleep(0.001)
+
+
+def test_a_deadline_sets_the_timeout_only_when_it_changes_and_never_past_its_end(pair):
+    """A deadline far off waits `step` per operation, set once and kept (a TLS receive arms once
+    per 16 KiB record); a nearer deadline, or a socket another call left with a longer timeout,
+    is armed again, so no wait outlasts the step or the deadline."""
+    _, server = pair
+    far = sockets.Deadline(float("inf"), step=5.0)
+    far.arm(server)
+    assert server.gettimeout() == 5.0
+    far.arm(server)
+    assert server.gettimeout() == 5.0
+    near = sockets.Deadline(0.5, step=5.0)  # the socket still holds 5 s from the call before
+    near.arm(server)
+    assert 0 < server.gettimeout() <= 0.5
+    server.setblocking(False)  # as the greeter hands connections over
+    far.arm(server)
+    assert server.gettimeout() == 5.0

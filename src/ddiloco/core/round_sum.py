@@ -61,18 +61,68 @@ class AccumulatorPool:
         self._free.setdefault(tuple(t.shape), []).append(t)
 
 
-def norm(x: torch.Tensor) -> float:
+def chunked(x: torch.Tensor) -> bool:
+    """Whether `norm` sums `x` chunk by chunk (`chunk_square`), so that its squares may be taken as
+    the chunks come (`StreamedNorms`): a large tensor in a dtype other than float32."""
+    return x.dtype != torch.float32 and x.numel() > CHUNK
+
+
+def chunk_square(part: torch.Tensor) -> float:
+    """The squared L2 norm of one chunk of at most CHUNK values (`float_chunks`' cut), in float32."""
+    (c,) = float_chunks(part)
+    return float(torch.linalg.vector_norm(c)) ** 2
+
+
+def norm(x: torch.Tensor, squares: list[float] | None = None) -> float:
     """L2 norm: one float32 pass; non-finite exactly when `x` holds NaN or Inf (values whose
-    squares overflow float32 are rescaled first, a slow path that sane updates never take)."""
-    if x.dtype == torch.float32 or x.numel() <= CHUNK:
+    squares overflow float32 are rescaled first, a slow path that sane updates never take).
+    `squares`: the `chunk_square` of each chunk of `x` in order, when they were taken already
+    (`StreamedNorms`); the result is the same to the bit."""
+    if not chunked(x):
         n = float(torch.linalg.vector_norm(x, dtype=torch.float32))
     else:
-        n = math.sqrt(sum(float(torch.linalg.vector_norm(c)) ** 2 for c in float_chunks(x)))
+        parts = x.reshape(-1).split(CHUNK)  # type: ignore[no-untyped-call]  # torch defines Tensor.split without annotations
+        if squares is None or len(squares) != len(parts):
+            squares = [chunk_square(part) for part in parts]
+        n = math.sqrt(sum(squares))
     if math.isinf(n):
         top = max_abs(x)
         if math.isfinite(top) and top > 0:
             return top * float(torch.linalg.vector_norm(x / top, dtype=torch.float32))
     return n
+
+
+class StreamedNorms:
+    """Each tensor's `norm`, taken while its values still arrive: a receiver that fills one flat
+    buffer front to back (a pushed contribution) tells `advance` how many bytes are in, and the
+    squares of every chunk now complete are taken then, so that once the last byte is in only the
+    last chunk is left to read (the norm pass otherwise starts only then, while the sender waits for
+    its reply). `norms` gives what `norm` would, to the bit."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], offsets: Mapping[str, int]) -> None:
+        """`tensors`: views of the buffer being filled; `offsets`: where each starts in it, in bytes."""
+        self._todo = sorted(
+            ((offsets[n], n, t) for n, t in tensors.items() if chunked(t)), key=lambda item: item[0], reverse=True
+        )
+        self._tensors = dict(tensors)
+        self._squares: dict[str, list[float]] = {n: [] for _, n, _ in self._todo}
+
+    def advance(self, filled: int) -> None:
+        """The buffer's first `filled` bytes are in: square every chunk they complete."""
+        while self._todo:
+            start, name, t = self._todo[-1]
+            flat, done = t.reshape(-1), self._squares[name]
+            size = t.element_size()
+            while len(done) * CHUNK < flat.numel():
+                end = min((len(done) + 1) * CHUNK, flat.numel())
+                if start + end * size > filled:
+                    return
+                done.append(chunk_square(flat[len(done) * CHUNK : end]))
+            self._todo.pop()
+
+    def norms(self) -> dict[str, float]:
+        """`norm` of every tensor, the buffer complete (what `advance` has not taken is taken now)."""
+        return {n: norm(t, self._squares.get(n)) for n, t in self._tensors.items()}
 
 
 @dataclass

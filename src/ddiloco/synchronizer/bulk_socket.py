@@ -29,6 +29,7 @@ from ..wire import auth, framing, rpc
 from ..wire import sockets as wire_sockets
 from .bulk_greeting import HELLO_SECONDS, Greeter, Refusal
 from .handlers import CLIENT_ERRORS, Handlers
+from .one_thread import one_thread
 
 log = logging.getLogger(__name__)
 
@@ -256,17 +257,19 @@ class BulkSocketServer:
         try:
             reassembler = handlers.push_reassembler()
             deadline = wire_sockets.Deadline(float("inf"), step=service.settings.timeouts.failure)
-            msg = None
-            while msg is None:
-                stream.waiting()
-                frame, body, nbytes = wire_sockets.recv_head(conn, self.max_frame, deadline)
-                service.traffic.received(nbytes)
-                if stream.session is None:
-                    early = handlers.first_frame(frame, key, stream, context)
-                    if early is not None:
-                        return framing.read_message(early)
-                msg = wire_sockets.recv_body(conn, reassembler, frame, body, deadline)
-            return handlers.contribution_reply(msg, context)
+            msg, norms = None, None
+            with one_thread():  # the learner's send keeps the other cores busy (`one_thread`)
+                while msg is None:
+                    stream.waiting()
+                    frame, body, nbytes = wire_sockets.recv_head(conn, self.max_frame, deadline)
+                    service.traffic.received(nbytes)
+                    if stream.session is None:
+                        early = handlers.first_frame(frame, key, stream, context)
+                        if early is not None:
+                            return framing.read_message(early)
+                    msg = wire_sockets.recv_body(conn, reassembler, frame, body, deadline)
+                    norms = handlers.push_norms(reassembler, norms)  # while the next frame arrives
+            return handlers.contribution_reply(msg, context, norms)
         finally:
             handlers.streams.close(key)
 

@@ -21,12 +21,14 @@ import grpc
 import torch
 
 from ..core import RejectCode
+from ..core.round_sum import StreamedNorms
 from ..wire import framing, reassembly
 from ..wire.buffers import BufferPool
 from ..wire.headers import CONTRIBUTION, ContributionHeader, session_of
 from . import intake
 from .donation_rpc import DonationRpc
 from .ledger import PendingWork
+from .one_thread import one_thread
 from .service import SynchronizerService
 from .settings import Refused
 from .streams import Cancellable, Stream, StreamGuard
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 
 # What malformed client input can raise while it is taken apart; anything else is our bug.
 CLIENT_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError)
+FLOAT_CODECS = ("bf16", "fp32")  # codecs whose values a push's norms may be taken from as they arrive
 UNKNOWN_SESSION = "unknown session: the synchronizer restarted or declared this learner gone; register again"
 
 
@@ -184,18 +187,20 @@ class Handlers:
     ) -> bytes:
         service = self.service
         reassembler = self.push_reassembler()
-        msg = None
+        msg, norms = None, None
         try:
-            for data in request_iterator:
-                stream.waiting()  # the idle clock restarts with every frame
-                service.traffic.received(len(data))
-                if msg is not None:
-                    raise framing.WireError("a push carries exactly one contribution")
-                if stream.session is None:
-                    early = self.first_frame(framing.unpack_frame(data)[0], key, stream, context)
-                    if early is not None:
-                        return early
-                msg = reassembler.feed(data)
+            with one_thread():  # norms taken beside the transfer (`one_thread`)
+                for data in request_iterator:
+                    stream.waiting()  # the idle clock restarts with every frame
+                    service.traffic.received(len(data))
+                    if msg is not None:
+                        raise framing.WireError("a push carries exactly one contribution")
+                    if stream.session is None:
+                        early = self.first_frame(framing.unpack_frame(data)[0], key, stream, context)
+                        if early is not None:
+                            return early
+                    msg = reassembler.feed(data)
+                    norms = self.push_norms(reassembler, norms)
             if msg is None:
                 raise framing.WireError("the push ended before its contribution was complete")
         except framing.WireError as exc:
@@ -203,10 +208,45 @@ class Handlers:
             self._abort(context, "Push", code, f"bad contribution: {exc}")
         except grpc.RpcError:  # cancelled by the stream guard (idle or too long) or by the client
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, stream.cancelled or "push cancelled")
-        return self.contribution_reply(msg, context)
+        return self.contribution_reply(msg, context, norms)
 
-    def contribution_reply(self, msg: reassembly.Message, context: HandlerContext) -> bytes:
-        """A complete pushed message taken in (any plane): the reply to send."""
+    def push_norms(self, reassembler: reassembly.Reassembler, norms: StreamedNorms | None) -> StreamedNorms | None:
+        """After each frame of a push: the norms of its outer gradient taken as it arrives
+        (`core.StreamedNorms`), made at its first frame when its head names an owned fragment's tensors
+        in a float codec, else None (its norms are then taken whole once it is in)."""
+        filling = reassembler.filling
+        if filling is None:
+            return norms
+        head, buf, filled, frames_in = filling
+        if frames_in == 1:
+            norms = self._streamed_norms(head, buf)
+        if norms is not None:
+            norms.advance(filled)
+        return norms
+
+    def _streamed_norms(self, head: dict, buf: memoryview) -> StreamedNorms | None:
+        fragment = head.get("fragment")
+        service = self.service
+        if head.get("kind") != CONTRIBUTION or not isinstance(fragment, int) or fragment not in service.core.versions:
+            return None
+        try:
+            specs = reassembly.Message(head, buf).specs()
+            if not all(s.codec in FLOAT_CODECS for s in specs):
+                return None
+            expected = {n: service.shapes[n] for n in service.core.plan.names[fragment]}
+            views = framing.decode_tensors(specs, buf, expected, wire_dtype=True)
+        except (framing.WireError, ValueError):
+            return None  # refused with its reason once it is in
+        offsets, at = {}, 0
+        for s in specs:
+            offsets[s.name], at = at, at + s.nbytes
+        return StreamedNorms(views, offsets)
+
+    def contribution_reply(
+        self, msg: reassembly.Message, context: HandlerContext, norms: StreamedNorms | None = None
+    ) -> bytes:
+        """A complete pushed message taken in (any plane): the reply to send. `norms`: its tensors'
+        norms as they were taken while it arrived (`push_norms`)."""
         service = self.service
         head = msg.head
         if head.get("kind") != CONTRIBUTION:
@@ -246,7 +286,13 @@ class Handlers:
             final=stamp.final,
         )
         return framing.message(
-            service.contribute(session, h.contribution(session.learner, grads), work, stamp.tokens_total)
+            service.contribute(
+                session,
+                h.contribution(session.learner, grads),
+                work,
+                stamp.tokens_total,
+                norms.norms() if norms is not None else None,
+            )
         )
 
     def first_frame(self, frame: dict, key: int, stream: Stream, context: HandlerContext) -> bytes | None:

@@ -223,8 +223,17 @@ class SynchronizerService(Membership):
             self.dispatch(self.core.receive(decline, now, self.arrivals.waiting()), now)
             return Reply().encode()
 
-    def contribute(self, s: Session, c: Contribution, work: PendingWork, tokens_total: int | None) -> dict:
-        norms = self.core.measure(c)  # the one pass over its values that validation needs, off the lock
+    def contribute(
+        self,
+        s: Session,
+        c: Contribution,
+        work: PendingWork,
+        tokens_total: int | None,
+        norms: dict[str, float] | None = None,
+    ) -> dict:
+        """`norms`: `core.measure(c)` when the caller took them already (as they arrived: `handlers.push_norms`)."""
+        if norms is None:
+            norms = self.core.measure(c)  # the one pass over its values that validation needs, off the lock
         self.arrivals.arrive(c.fragment)
         with self.cond:
             # contributions queued behind this one join its round even when K = 1 is met now

@@ -49,6 +49,8 @@ class Reassembler:
         self.pool = pool
         self._open: dict[int, list[Any]] = {}  # msg id -> [head, buffer, bytes filled, next part, parts]
         self._placed: tuple[int, list[Any], int] | None = None  # (msg id, its state, bytes filled)
+        # the message the last complete() wrote to: (head, its whole buffer, bytes filled, frames in)
+        self.filling: tuple[dict[str, Any], memoryview, int, int] | None = None
 
     def feed(self, data: bytes) -> Message | None:
         """Add one frame; returns the message when its last frame arrives."""
@@ -97,6 +99,7 @@ class Reassembler:
         self._placed = None
         head, buf, _, part, parts = state
         state[2], state[3] = end, part + 1
+        self.filling = (head, buf, end, part + 1)  # a reader may look at what is in so far (`core.StreamedNorms`)
         if part + 1 < parts:
             return None
         self._open.pop(msg, None)
