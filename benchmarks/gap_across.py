@@ -13,8 +13,9 @@ tokens, schedule and seeds, run by the package's own virtual-clock cluster, `ddi
    training batches drawn for it (never the eval batches), no momentum; `oracle_momentum` searches the
    scale of the Nesterov update (momentum 0.5) instead. The search replaces only the outer
    optimizer's learning rate at each merge (`RoundStep`): inner steps, merge and schedule are the
-   sim's. If the oracle closes most of the gap, the gap is the outer step's size across rounds; if
-   not, it is in what the rounds start from.
+   sim's. In the `tuned` run the same search only looks (`searched`: the best scale per round, and
+   what the rate taken costs against it). If the oracle closes most of the gap, the gap is the outer
+   step's size across rounds; if not, it is in what the rounds start from.
 2. In the `tuned` run, at 10 %, 50 % and 90 % of its rounds: the averaging penalty (the learners'
    mean eval loss after the round's H steps against the eval loss of their mean), and gap_why's probe
    from the new global model: the M learners with copies of their own inner optimizer states from
@@ -331,8 +332,8 @@ def summarize(runs: list[dict], ddp: dict[str, dict[int, float]]) -> dict:
         tuned = [r for r in runs if r["size"] == size and r["variant"] == "tuned"]
         points = [{"size": size, "seed": r["seed"], **p} for r in tuned for p in r["points"]]
         out["points"] += points
-        for at in sorted({p["at"] for p in points}):
-            ps = [p for p in points if p["at"] == at and "cos" in p]
+        for at in [*sorted({p["at"] for p in points}), "all"]:
+            ps = [p for p in points if at in (p["at"], "all") and "cos" in p]
             if not ps:
                 continue
             gain_dp = sum(p["gain_dp"] for p in ps)
@@ -368,8 +369,9 @@ def show(summary: dict) -> None:
             f"{r['gap_pct_mean']:+.2f} % ({', '.join(f'{g:+.2f}' for g in r['gap_pct'])}){etas}{closed}"
         )
     for r in summary["probe"]:
+        where = r["at"] if r["at"] == "all" else format(r["at"], ".0%")
         say(
-            f"{r['size']:>5} at {r['at']:.0%}: cos {r['cos']:.3f}  norm {r['norm_ratio']:.2f}  learners "
+            f"{r['size']:>5} at {where}: cos {r['cos']:.3f}  norm {r['norm_ratio']:.2f}  learners "
             f"{r['learner_cos']:.2f}  efficiency {r['efficiency']:.2f} (states built as gap_why's: "
             f"{r['built_efficiency']:.2f})  averaging penalty {r['penalty']:+.4f}"
         )

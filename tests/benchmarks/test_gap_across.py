@@ -65,6 +65,9 @@ def test_quick_run_tuned_is_the_sims_own_run_and_a_rerun_resumes(tmp_path, capsy
     assert runs["tuned"]["outer_steps"] == sim["outer_steps"]
     assert runs["oracle"]["eval_loss"] != pytest.approx(sim["eval_loss"], abs=1e-6)  # the search did act
 
+    tuned = runs["tuned"]  # its search only looked: every step at the tuned rate
+    assert tuned["chosen"] == [] and len(tuned["searched"]) == tuned["outer_steps"]
+    assert all(x["lr"] == gap_across.TUNED["outer_lr"] for x in tuned["searched"])
     oracle = runs["oracle"]
     assert len(oracle["chosen"]) == oracle["outer_steps"]  # one searched scale per merge
     assert all(gap_across.EDGES[0] / 1.02 < eta < gap_across.EDGES[1] * 1.02 for eta in oracle["chosen"])
