@@ -136,12 +136,6 @@ def probe(
 ) -> dict:
     """One cell: from `model` and `opt` as they are (left unchanged), data-parallel's H = len(batches)
     steps against M = m learners' on the same rows; the figures of the module's docstring."""
-
-    def loss(values: torch.Tensor) -> float:
-        probe_model = copy.deepcopy(model)
-        put(probe_model, values)
-        return task.evaluate(probe_model, max_batches=eval_batches)["eval_loss"]
-
     theta0 = flat(model)
     dp_model, dp_opt = clone(model, opt, inner)
     steps(task, dp_model, dp_opt, batches)
@@ -154,6 +148,26 @@ def probe(
             put(lm, theta0)
         steps(task, lm, lo, [rows(b, learner, m) for b in batches])
         deltas.append(theta0 - flat(lm))
+    return figures(task, model, delta_dp, deltas, eval_batches)
+
+
+def figures(
+    task: LanguageModelTask,
+    model: torch.nn.Module,
+    delta_dp: torch.Tensor,
+    deltas: list[torch.Tensor],
+    eval_batches: int,
+) -> dict:
+    """The figures of one cell from `model`'s point (left unchanged): data-parallel's step `delta_dp`
+    against the mean of the learners' `deltas`, each at its best scale on the eval loss. Apart from
+    `probe` so that a round made elsewhere (`gap_across.py`: DiLoCo's own learners) is measured alike."""
+
+    def loss(values: torch.Tensor) -> float:
+        probe_model = copy.deepcopy(model)
+        put(probe_model, values)
+        return task.evaluate(probe_model, max_batches=eval_batches)["eval_loss"]
+
+    theta0 = flat(model)
     delta = torch.stack(deltas).mean(0)
     loss0 = loss(theta0)
     eta_dp, loss_dp = best_outer_lr(lambda eta: loss(theta0 - eta * delta_dp))  # M = 1: the same as the round's
