@@ -40,10 +40,10 @@ def run(procs, tmp_path: Path, task, data: str) -> dict:
     finals: set[tuple[int, int, int]] = set()  # (learner, fragment, step) of each piece of final work
     contribute = sync.service.contribute
 
-    def noting(s, c, work, tokens_total):
+    def noting(s, c, work, tokens_total, norms=None):
         if work.final:
             finals.add((c.learner, c.fragment, c.step))
-        return contribute(s, c, work, tokens_total)
+        return contribute(s, c, work, tokens_total, norms)
 
     merges: list[dict] = []  # every merge, in order: its fragment's values after it, whose work, momentum or not
     finish_merge = core.finish_merge
