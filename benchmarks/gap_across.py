@@ -113,20 +113,6 @@ class RoundStep(NesterovOuterOptimizer):
         self.chosen: list[float] = []  # the rates taken by the search
         self.searched: list[dict[str, float]] = []  # per round: the best scale, its loss, the taken rate's
 
-    def update(
-        self, scaled: Mapping[str, tuple[torch.Tensor, float]], use_momentum: bool, contributions: int
-    ) -> dict[str, torch.Tensor]:
-        """The step `apply` takes at lr 1, per tensor: s d + pull (keep buf + s d) (`rates`)."""
-        _, keep, pull = self.rates(use_momentum, contributions)
-        out = {}
-        for name, (d, s) in scaled.items():
-            u = d * s
-            if pull > 0:
-                buf = self.buffers.get(name)
-                u = u + pull * (u if buf is None or keep == 0 else keep * buf + u)
-            out[name] = u
-        return out
-
     def apply(
         self,
         params: Mapping[str, torch.Tensor],

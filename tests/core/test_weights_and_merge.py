@@ -100,6 +100,20 @@ def test_nesterov_by_hand():
     assert params["w"].item() == pytest.approx(-1.305)
 
 
+def test_update_is_the_step_apply_takes_at_lr_one_and_changes_nothing():
+    # mu 0.9, delta 1 twice (as above): the first update is 1 + 0.9 * 1 = 1.9, the second, with buf 1,
+    # 1 + 0.9 * (0.9 * 1 + 1) = 2.71; asking for it moves neither the parameters nor the buffer
+    params = {"w": torch.tensor([1.0])}
+    opt = NesterovOuterOptimizer(lr=0.5, momentum=0.9)
+    scaled = {"w": (torch.tensor([1.0]), 1.0)}
+    assert opt.update(scaled)["w"].item() == pytest.approx(1.9)
+    assert params["w"].item() == 1.0 and opt.buffers == {}
+    opt.step(params, {"w": torch.tensor([1.0])})
+    assert opt.update(scaled)["w"].item() == pytest.approx(2.71)
+    assert opt.buffers["w"].item() == pytest.approx(1.0)
+    assert opt.update(scaled, use_momentum=False)["w"].item() == pytest.approx(1.0)
+
+
 def test_nesterov_matches_torch_sgd_and_state_round_trips():
     torch.manual_seed(0)
     start = torch.randn(4, 3)

@@ -127,6 +127,21 @@ class NesterovOuterOptimizer:
             if not (_finite(value) and _finite(new_b)):
                 raise FloatingPointError(f"{name}: the outer step would make it non-finite")
 
+    def update(
+        self, scaled: Mapping[str, tuple[torch.Tensor, float]], use_momentum: bool = True, contributions: int = 1
+    ) -> dict[str, torch.Tensor]:
+        """The step `apply` would take at lr 1, per tensor, out of place (s d + pull (keep buf + s d):
+        `rates`): for a caller that sizes the step itself, e.g. a line search over its scale."""
+        _, keep, pull = self.rates(use_momentum, contributions)
+        out = {}
+        for name, (d, s) in scaled.items():
+            u = d * s
+            if pull > 0:
+                buf = self.buffers.get(name)
+                u = u + pull * (u if buf is None or keep == 0 else keep * buf + u)
+            out[name] = u
+        return out
+
     def apply(
         self,
         params: Mapping[str, torch.Tensor],
