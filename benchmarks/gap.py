@@ -21,6 +21,16 @@ and then run at its chosen point with every seed. An option is measured where it
 stale-work correction only where work can be late (decoupled). Options are in `OPTIONS`; those the
 installed package does not have are left out with a line that says so.
 
+Sizes run smallest first, and two rules keep the larger ones affordable (a 237k run costs about eight
+84k runs), the same for every method, data-parallel included:
+
+    each tuning at a larger size starts its grids at the choice the same configuration made at the
+    size before (the scaling laws' outer lr does not move with size; where the inner lr does, the
+    tuner widens as it always does), so a grid is no narrower, only better centred;
+    an option that did not beat its method's baseline by more than the baseline's standard error at
+    any smaller size is not measured again (`--every-option` measures each at every size); the report
+    names what was left out where (`not_carried`).
+
 Every run is kept in a results file as it ends (the tuner's, atomically) and a rerun resumes from it
 (full size costs hours on 2 cores: run it under `flock /tmp/cpu.lock`, across sessions if needed).
 
@@ -118,6 +128,14 @@ class Cells:
         context = {k: cfg[k] for k in ("ratio", "seq_len", "sync_every", "global_batch", "eval_batches")}
         context["data"] = data  # runs of another model, budget or data are not mixed in
         self.tuner = Tuner(self._objective, out, context, say=lambda line: print(line, file=sys.stderr, flush=True))
+        self.previous: dict[str, dict[str, float]] = {}  # "/method/options": the last size's choice
+        self.tuned: dict[str, dict[str, float]] = {}  # the same, at the size being tuned
+
+    def centred(self, method: str, names: tuple[str, ...], settings: tuple) -> tuple:
+        """`settings` with their first grids centred on the choice this configuration made at the last
+        size tuned (as they are: at the first size)."""
+        before = self.previous.get(label("", method, names), {})
+        return tuple(dataclasses.replace(s, default=before[s.name]) if s.name in before else s for s in settings)
 
     def _objective(self, label: str, settings: dict[str, float]) -> float:
         size, method, names = label.split("/")
@@ -129,7 +147,13 @@ class Cells:
         return float(result["eval_loss"])
 
     def tune(self, size: str, method: str, names: tuple[str, ...], settings: tuple, fixed: dict) -> dict:
-        return self.tuner.tune(label(size, method, names), settings, fixed={"seed": 0.0, **fixed})
+        out = self.tuner.tune(label(size, method, names), self.centred(method, names, settings), {"seed": 0.0, **fixed})
+        self.tuned[label("", method, names)] = {k: v for k, v in out["chosen"].items() if k != "seed"}
+        return out
+
+    def next_size(self) -> None:
+        """What was tuned at this size centres the next size's grids."""
+        self.previous, self.tuned = {**self.previous, **self.tuned}, {}
 
     def seeds(self, size: str, method: str, names: tuple[str, ...], chosen: dict[str, float]) -> list[float]:
         """The final loss at `chosen` for every seed (seed 0 is the tuning's own run)."""
@@ -151,9 +175,10 @@ def gap(losses: list[float], baseline: list[float]) -> tuple[float, float]:
     return statistics.fmean(pct), se
 
 
-def cell(cells: Cells, size: str, options: dict) -> list[dict]:
+def cell(cells: Cells, size: str, options: dict, carried: dict[str, set[str]] | None = None) -> list[dict]:
     """One size: data-parallel tuned and seeded, then each DiLoCo method's baseline, options and best
-    combination, each tuned, seeded and measured against data-parallel."""
+    combination, each tuned, seeded and measured against data-parallel. `carried`: per method, the only
+    options measured (None: all); `winners` of the rows tells the next size's."""
     out = []
 
     def measure(method: str, names: tuple[str, ...], tuned: dict) -> dict:
@@ -174,10 +199,13 @@ def cell(cells: Cells, size: str, options: dict) -> list[dict]:
         base = measure(method, (), base_tuned)
         winners = []
         for name, (_, where) in options.items():
-            if method in where:
+            if method in where and (carried is None or name in carried.get(method, set())):
                 settings, held = retuned((name,), base_tuned["chosen"])
                 alone = measure(method, (name,), cells.tune(size, method, (name,), settings, held))
-                if alone["gap_pct"] < base["gap_pct"] - (base["gap_se"] if math.isfinite(base["gap_se"]) else 0.0):
+                alone["beat_baseline"] = alone["gap_pct"] < base["gap_pct"] - (
+                    base["gap_se"] if math.isfinite(base["gap_se"]) else 0.0
+                )
+                if alone["beat_baseline"]:
                     winners.append(name)
         if len(winners) > 1:
             settings, held = retuned(tuple(winners), base_tuned["chosen"])
@@ -194,13 +222,41 @@ def retuned(names: tuple[str, ...], baseline: dict[str, float]) -> tuple[tuple, 
     return ((INNER_LR, OUTER_LR) if inner else (OUTER_LR,)), {k: baseline[k] for k in keep}
 
 
-def report(rows: list[dict], skipped: list[str]) -> dict:
+def winners(rows: list[dict]) -> dict[str, set[str]]:
+    """Per method ("diloco-m4", ...), the options that, alone, beat its baseline in these rows."""
+    out: dict[str, set[str]] = {}
+    for r in rows:
+        if r.get("beat_baseline"):
+            out.setdefault(f"{r['method']}-m{r['M']}", set()).update(r["options"])
+    return out
+
+
+def carried_rows(cells: Cells, sizes: list[str], options: dict, every_option: bool) -> tuple[list[dict], dict]:
+    """Every size's rows, smallest first; unless `every_option`, a size measures only the options that
+    beat their baseline at a smaller one. Also what was left out where: {size: {method: [options]}}."""
+    rows: list[dict] = []
+    not_carried: dict[str, dict[str, list[str]]] = {}
+    for i, size in enumerate(sizes):
+        carried = None if every_option or i == 0 else winners(rows)
+        if carried is not None:
+            for method in METHODS:
+                left = sorted(
+                    n for n, (_, where) in options.items() if method in where and n not in carried.get(method, set())
+                )
+                if left:
+                    not_carried.setdefault(size, {})[method] = left
+        rows += cell(cells, size, options, carried)
+        cells.next_size()
+    return rows, not_carried
+
+
+def report(rows: list[dict], skipped: list[str], not_carried: dict | None = None) -> dict:
     best = {}
     for r in rows:
         key = f"{r['size']}/{r['method']}"
         if key not in best or r["gap_pct"] < best[key]["gap_pct"]:
             best[key] = r
-    return {"cells": rows, "best": best, "options_missing": skipped}
+    return {"cells": rows, "best": best, "options_missing": skipped, "not_carried": not_carried or {}}
 
 
 def show(rows: list[dict]) -> None:
@@ -223,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=SEEDS)
     p.add_argument("--sizes", nargs="+", default=None, help="a subset of the sizes")
     p.add_argument("--data", default=None, help="training text (default: the Python standard library's source)")
+    p.add_argument(
+        "--every-option",
+        action="store_true",
+        help="measure every option at every size (default: past the first size, only those that beat the baseline)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     if args.load:
@@ -236,8 +297,14 @@ def main(argv: list[str] | None = None) -> int:
         for name in skipped:
             print(f"option {name}: not in this package; left out", file=sys.stderr)
         cells = Cells(cfg, args.data, path.with_suffix(".runs.json"))
-        rows = [r for size in cfg["sizes"] for r in cell(cells, size, options)]
-        out = report(rows, skipped)
+        rows, not_carried = carried_rows(cells, cfg["sizes"], options, args.every_option)
+        for size, by_method in not_carried.items():
+            for method, names in by_method.items():
+                print(
+                    f"{size} {method}: not measured again (no gain at a smaller size): {', '.join(names)}",
+                    file=sys.stderr,
+                )
+        out = report(rows, skipped, not_carried)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"config": cfg, "data": args.data, "report": out}, indent=1) + "\n")
     show(out["cells"])

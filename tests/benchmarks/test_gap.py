@@ -91,3 +91,25 @@ def test_an_inner_optimizer_is_measured_against_data_parallel_with_it_too(tmp_pa
 def test_options_the_package_lacks_are_named_and_left_out():
     have, missing = gap.available({**OPTIONS, "nonsense": ({"no_such_field": 1}, gap.METHODS)})
     assert set(have) == set(OPTIONS) and missing == ["nonsense"]
+
+
+def test_a_larger_size_measures_only_the_options_that_won_and_starts_its_grids_at_the_last_choice(tmp_path):
+    made = Made(None)
+    rows, not_carried = gap.carried_rows(made, ["12k", "25k"], OPTIONS, every_option=False)
+    at = {(r["size"], r["method"], "+".join(r["options"])) for r in rows}
+    # outer_lr_per_learner bought nothing at 12k: measured there, not at 25k, and the report says so
+    assert ("12k", "diloco", "outer_lr_per_learner") in at and ("25k", "diloco", "outer_lr_per_learner") not in at
+    assert ("25k", "diloco", "outer_restart") in at and ("25k", "decoupled", "stale_correction") in at
+    assert not_carried == {"25k": {"diloco-m4": ["outer_lr_per_learner"], "decoupled-m4": ["outer_lr_per_learner"]}}
+    # 12k's inner-lr grid starts around the default 0.006 and widens to reach 0.012; 25k's starts at 0.012
+    inner = {
+        size: {e["settings"]["inner_lr"] for e in made.tuner.memo.values() if e["method"] == f"{size}/diloco-m4/"}
+        for size in ("12k", "25k")
+    }
+    assert 0.003 in inner["12k"] and inner["25k"] == {0.006, 0.012, 0.024}
+    assert all(r["chosen"]["inner_lr"] == pytest.approx(0.012) for r in rows if not r["options"])
+    # every option at every size, when asked
+    every, none_left = gap.carried_rows(Made(None), ["12k", "25k"], OPTIONS, every_option=True)
+    assert none_left == {} and ("25k", "diloco", "outer_lr_per_learner") in {
+        (r["size"], r["method"], "+".join(r["options"])) for r in every
+    }
