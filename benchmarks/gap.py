@@ -245,6 +245,10 @@ def carried_rows(cells: Cells, sizes: list[str], options: dict, every_option: bo
                 )
                 if left:
                     not_carried.setdefault(size, {})[method] = left
+                    print(
+                        f"{size} {method}: not measured again (no gain at a smaller size): {', '.join(left)}",
+                        file=sys.stderr,
+                    )
         rows += cell(cells, size, options, carried)
         cells.next_size()
     return rows, not_carried
@@ -298,12 +302,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"option {name}: not in this package; left out", file=sys.stderr)
         cells = Cells(cfg, args.data, path.with_suffix(".runs.json"))
         rows, not_carried = carried_rows(cells, cfg["sizes"], options, args.every_option)
-        for size, by_method in not_carried.items():
-            for method, names in by_method.items():
-                print(
-                    f"{size} {method}: not measured again (no gain at a smaller size): {', '.join(names)}",
-                    file=sys.stderr,
-                )
         out = report(rows, skipped, not_carried)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"config": cfg, "data": args.data, "report": out}, indent=1) + "\n")
