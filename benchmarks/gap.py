@@ -188,6 +188,7 @@ def cell(cells: Cells, size: str, options: dict, carried: dict[str, set[str]] | 
         losses = cells.seeds(size, method, names, tuned["chosen"])
         mean, se = gap(losses, ddp_losses)
         row = {"size": size, "method": method.split("-")[0], "M": SPECS[method][1], "options": sorted(names)}
+        row["option_set"] = "+".join(sorted(names)) or "none"  # the options as one name, for selectors
         row |= {"gap_pct": mean, "gap_se": se, "seeds": len(losses), "loss_mean": statistics.fmean(losses)}
         row |= {"ddp_loss_mean": statistics.fmean(ddp_losses), "ddp_options": sorted(shared), "chosen": tuned["chosen"]}
         row["bracketed"] = all(tuned["bracketed"].values()) and all(ddp["bracketed"].values())
