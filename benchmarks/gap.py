@@ -12,8 +12,8 @@ tuner: a grid is widened until its choice is strictly inside it), on seed 0:
     data-parallel        its inner lr
     each DiLoCo method   its inner lr, outer lr and outer momentum, with no option on (the baseline)
     each option alone    the outer lr again, with the option on (inner lr and momentum the baseline's;
-                         an option that changes the inner optimizer, Muon, tunes its inner lr again too,
-                         as data-parallel with it does)
+                         an option that changes the inner optimizer, Muon, tunes all three again, as
+                         its baseline did: data-parallel with it tunes its inner lr again too)
     the best combination the options that beat the baseline by more than its standard error, together,
                          the outer lr tuned again
 
@@ -53,7 +53,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scaling import SPECS, algorithm, gpt, parameters  # noqa: E402
-from tuning import DATA_PARALLEL, DILOCO_FAMILY, INNER_LR, OUTER_LR, Tuner, worst  # noqa: E402
+from tuning import DATA_PARALLEL, DILOCO_FAMILY, OUTER_LR, Tuner, worst  # noqa: E402
 
 from ddiloco.core import AlgorithmConfig  # noqa: E402
 from ddiloco.sim.config import SimConfig  # noqa: E402
@@ -216,11 +216,12 @@ def cell(cells: Cells, size: str, options: dict, carried: dict[str, set[str]] | 
 
 def retuned(names: tuple[str, ...], baseline: dict[str, float]) -> tuple[tuple, dict[str, float]]:
     """What an option's run tunes again, and what it keeps of the baseline's choice: the outer lr; and
-    the inner lr too where an option changes the inner optimizer (Muon's best rate is not AdamW's:
-    data-parallel with Muon gets its own inner lr tuned, so must DiLoCo with it)."""
-    inner = any("optimizer" in OPTIONS[n][0] for n in names)
-    keep = ("outer_momentum",) if inner else ("inner_lr", "outer_momentum")
-    return ((INNER_LR, OUTER_LR) if inner else (OUTER_LR,)), {k: baseline[k] for k in keep}
+    where an option changes the inner optimizer, everything the baseline tuned (Muon's best rate is not
+    AdamW's, and its outer gradients are not AdamW's either: data-parallel with Muon gets its inner lr
+    tuned again, so DiLoCo with it gets the whole tuning its baseline had)."""
+    if any("optimizer" in OPTIONS[n][0] for n in names):
+        return DILOCO_FAMILY, {}
+    return (OUTER_LR,), {k: baseline[k] for k in ("inner_lr", "outer_momentum")}
 
 
 def winners(rows: list[dict]) -> dict[str, set[str]]:

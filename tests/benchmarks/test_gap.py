@@ -39,6 +39,8 @@ class Made(gap.Cells):
         loss = 2.0 + seed + bowl(settings["inner_lr"], 0.012)
         if "muon" in names:  # Muon's best inner lr is 4x AdamW's, for data-parallel and DiLoCo alike
             loss += bowl(settings["inner_lr"], 0.048) - bowl(settings["inner_lr"], 0.012)
+            if method != "ddp":  # and DiLoCo with it wants more outer momentum
+                loss += (settings["outer_momentum"] - 0.7) ** 2 - (settings["outer_momentum"] - 0.5) ** 2
         if method == "ddp":
             return loss - (0.1 if "muon" in names else 0.0)
         loss += 0.2 + bowl(settings["outer_lr"], 0.7) + (settings["outer_momentum"] - 0.5) ** 2
@@ -85,6 +87,7 @@ def test_an_inner_optimizer_is_measured_against_data_parallel_with_it_too(tmp_pa
     assert muon["ddp_options"] == ["muon"] and muon["ddp_loss_mean"] == pytest.approx(1.901)  # 2.0 - 0.1 + seeds
     # DiLoCo with Muon gets its own inner lr, as data-parallel with Muon does, not AdamW's 0.012
     assert muon["chosen"]["inner_lr"] == pytest.approx(0.048) and muon["bracketed"]
+    assert muon["chosen"]["outer_momentum"] == pytest.approx(0.7)  # tuned again, as its baseline was
     assert next(r for r in rows if r["options"] == [])["chosen"]["inner_lr"] == pytest.approx(0.012)
 
 
