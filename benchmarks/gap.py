@@ -36,6 +36,9 @@ Every run is kept in a results file as it ends (the tuner's, atomically) and a r
 
     python benchmarks/gap.py --quick --json                       # tiny models: minutes
     python benchmarks/gap.py --out benchmarks/results/gap.json    # 84k, 148k, 237k x 3 seeds: hours
+    python benchmarks/gap.py --out benchmarks/results/gap.json --methods diloco-m4 &   # or a core each,
+    python benchmarks/gap.py --out benchmarks/results/gap.json --methods decoupled-m4  # on one runs file;
+    python benchmarks/gap.py --out benchmarks/results/gap.json    # then this writes the report from it
     python benchmarks/gap.py --load benchmarks/results/gap.json --json   # the cells of a results file
 """
 
@@ -175,7 +178,13 @@ def gap(losses: list[float], baseline: list[float]) -> tuple[float, float]:
     return statistics.fmean(pct), se
 
 
-def cell(cells: Cells, size: str, options: dict, carried: dict[str, set[str]] | None = None) -> list[dict]:
+def cell(
+    cells: Cells,
+    size: str,
+    options: dict,
+    carried: dict[str, set[str]] | None = None,
+    methods: tuple[str, ...] = METHODS,
+) -> list[dict]:
     """One size: data-parallel tuned and seeded, then each DiLoCo method's baseline, options and best
     combination, each tuned, seeded and measured against data-parallel. `carried`: per method, the only
     options measured (None: all); `winners` of the rows tells the next size's."""
@@ -195,7 +204,7 @@ def cell(cells: Cells, size: str, options: dict, carried: dict[str, set[str]] | 
         out.append(row)
         return row
 
-    for method in METHODS:
+    for method in methods:
         base_tuned = cells.tune(size, method, (), DILOCO_FAMILY, {})
         base = measure(method, (), base_tuned)
         winners = []
@@ -233,7 +242,9 @@ def winners(rows: list[dict]) -> dict[str, set[str]]:
     return out
 
 
-def carried_rows(cells: Cells, sizes: list[str], options: dict, every_option: bool) -> tuple[list[dict], dict]:
+def carried_rows(
+    cells: Cells, sizes: list[str], options: dict, every_option: bool, methods: tuple[str, ...] = METHODS
+) -> tuple[list[dict], dict]:
     """Every size's rows, smallest first; unless `every_option`, a size measures only the options that
     beat their baseline at a smaller one. Also what was left out where: {size: {method: [options]}}."""
     rows: list[dict] = []
@@ -241,7 +252,7 @@ def carried_rows(cells: Cells, sizes: list[str], options: dict, every_option: bo
     for i, size in enumerate(sizes):
         carried = None if every_option or i == 0 else winners(rows)
         if carried is not None:
-            for method in METHODS:
+            for method in methods:
                 left = sorted(
                     n for n, (_, where) in options.items() if method in where and n not in carried.get(method, set())
                 )
@@ -251,7 +262,7 @@ def carried_rows(cells: Cells, sizes: list[str], options: dict, every_option: bo
                         f"{size} {method}: not measured again (no gain at a smaller size): {', '.join(left)}",
                         file=sys.stderr,
                     )
-        rows += cell(cells, size, options, carried)
+        rows += cell(cells, size, options, carried, methods)
         cells.next_size()
     return rows, not_carried
 
@@ -286,6 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", nargs="+", default=None, help="a subset of the sizes")
     p.add_argument("--data", default=None, help="training text (default: the Python standard library's source)")
     p.add_argument(
+        "--methods",
+        nargs="+",
+        choices=METHODS,
+        default=list(METHODS),
+        help="a subset of the methods: one process per method shares one runs file (a core each)",
+    )
+    p.add_argument(
         "--every-option",
         action="store_true",
         help="measure every option at every size (default: past the first size, only those that beat the baseline)",
@@ -303,10 +321,13 @@ def main(argv: list[str] | None = None) -> int:
         for name in skipped:
             print(f"option {name}: not in this package; left out", file=sys.stderr)
         cells = Cells(cfg, args.data, path.with_suffix(".runs.json"))
-        rows, not_carried = carried_rows(cells, cfg["sizes"], options, args.every_option)
+        rows, not_carried = carried_rows(cells, cfg["sizes"], options, args.every_option, tuple(args.methods))
         out = report(rows, skipped, not_carried)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"config": cfg, "data": args.data, "report": out}, indent=1) + "\n")
+        if set(args.methods) == set(METHODS):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"config": cfg, "data": args.data, "report": out}, indent=1) + "\n")
+        else:  # the report of a part would overwrite the whole's: a run of every method writes it
+            print(f"{', '.join(args.methods)} only: {path} is written by a run of every method", file=sys.stderr)
     show(out["cells"])
     if args.json:
         print(json.dumps(out, sort_keys=True))

@@ -13,11 +13,15 @@ The objective is any callable (method, settings) -> final eval loss, lower is be
 the worst loss there is and never chosen over a finite one. Every evaluation is kept in an optional
 JSON results file, written atomically after each one and read on start, so a rerun (full-size runs
 cost hours) evaluates nothing it already has. The file records the `context` it was made under (the
-budget, model, ...): a file of another context is refused rather than mixed in.
+budget, model, ...): a file of another context is refused rather than mixed in. Several processes may
+share one file (a sweep split over the machine's cores): each save merges, under a lock, what the file
+holds with what this tuner has, and each evaluation first reads what the others have added.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
@@ -127,6 +131,9 @@ class Tuner:
     def loss(self, method: str, settings: dict[str, float]) -> float:
         """The objective at these settings, from the memo if there; a new one is saved at once."""
         key = json.dumps({"method": method, **settings}, sort_keys=True)
+        if key not in self.memo and self.path is not None and self.path.exists():
+            with self._locked():
+                self._load(self.path)  # another process on the same file may have run it meanwhile
         if key not in self.memo:
             value = worst(self.objective(method, dict(settings)))
             self.evaluated += 1
@@ -142,13 +149,24 @@ class Tuner:
         for e in data.get("evaluations", []):
             self.memo[json.dumps({"method": e["method"], **e["settings"]}, sort_keys=True)] = e
 
+    @contextlib.contextmanager
+    def _locked(self):  # noqa: ANN202
+        """An exclusive lock on the results file's lock file, for the processes sharing it."""
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(self.path.suffix + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
     def _save(self) -> None:
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        tmp.write_text(json.dumps({"context": self.context, "evaluations": list(self.memo.values())}, indent=1))
-        os.replace(tmp, self.path)
+        with self._locked():
+            if self.path.exists():
+                self._load(self.path)  # keep what other processes on this file saved since
+            tmp = self.path.with_suffix(self.path.suffix + f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"context": self.context, "evaluations": list(self.memo.values())}, indent=1))
+            os.replace(tmp, self.path)
 
 
 def _stored(loss: float) -> float | None:

@@ -116,3 +116,13 @@ def test_a_larger_size_measures_only_the_options_that_won_and_starts_its_grids_a
     assert none_left == {} and ("25k", "diloco", "outer_lr_per_learner") in {
         (r["size"], r["method"], "+".join(r["options"])) for r in every
     }
+
+
+def test_a_sweep_split_by_method_over_one_runs_file_adds_up_to_the_whole(tmp_path):
+    path = tmp_path / "runs.json"
+    one, other = Made(path), Made(path)  # two processes, a core each, on one runs file
+    part = gap.carried_rows(one, ["12k"], OPTIONS, False, ("diloco-m4",))[0]
+    rest = gap.carried_rows(other, ["12k"], OPTIONS, False, ("decoupled-m4",))[0]
+    assert {r["method"] for r in part} == {"diloco"} and {r["method"] for r in rest} == {"decoupled"}
+    whole = Made(path)
+    assert gap.carried_rows(whole, ["12k"], OPTIONS, False)[0] == part + rest and whole.calls == 0

@@ -105,6 +105,20 @@ def test_a_second_tuner_on_the_same_file_evaluates_nothing_again(tmp_path: Path)
         Tuner(bowl(0.05), path, context={"tokens": 20})
 
 
+def test_tuners_sharing_a_file_use_each_others_runs_and_lose_none(tmp_path: Path):
+    """Two sweeps on one results file (two processes, one per core): both opened before either ran."""
+    path = tmp_path / "tuning.json"
+    first, second = bowl(0.05), bowl(0.05)
+    a, b = Tuner(first, path, context={"tokens": 10}), Tuner(second, path, context={"tokens": 10})
+    tuned_a = a.tune("ddp", DATA_PARALLEL)
+    assert b.tune("ddp", DATA_PARALLEL) == tuned_a and second.calls == 0  # b read a's runs first
+    b.tune("diloco", DATA_PARALLEL)
+    a.tune("streaming", DATA_PARALLEL)  # a saves after b did: b's runs stay in the file
+    methods = [e["method"] for e in json.loads(path.read_text())["evaluations"]]
+    assert methods.count("ddp") == methods.count("diloco") == methods.count("streaming") == 6
+    assert first.calls == 12 and second.calls == 6
+
+
 def test_an_interrupted_tuning_resumes_where_it_stopped(tmp_path: Path):
     path = tmp_path / "tuning.json"
 
