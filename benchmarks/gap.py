@@ -17,6 +17,8 @@ tuner: a grid is widened until its choice is strictly inside it), on seed 0:
     the best combination the options that beat the baseline by more than its standard error, together,
                          the outer lr tuned again
 
+each round over a method's settings repeated, at the others' latest choices, until a round changes
+nothing (at most PASSES), so that three settings that interact are tuned as far as data-parallel's one;
 and then run at its chosen point with every seed. An option is measured where it can act: the
 stale-work correction only where work can be late (decoupled). Options are in `OPTIONS`; those the
 installed package does not have are left out with a line that says so.
@@ -69,6 +71,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FULL = dict(sizes=["84k", "148k", "237k"], ratio=20.0, seq_len=64, sync_every=16, global_batch=16, eval_batches=20)
 QUICK = dict(sizes=["12k", "25k"], ratio=4.0, seq_len=32, sync_every=8, global_batch=8, eval_batches=4)
 SEEDS = 3
+PASSES = 4  # rounds over a method's settings until one changes nothing (tuning.py): DiLoCo's three settings
+# interact (its outer lr's best moves with the momentum), data-parallel's one does not
 METHODS = ("diloco-m4", "decoupled-m4")  # against "ddp" (scaling.SPECS)
 #: option name: (the settings it turns on, AlgorithmConfig or InnerConfig fields; the methods it acts in).
 #: An option data-parallel can use too (an inner optimizer) is measured against data-parallel with it.
@@ -130,7 +134,8 @@ class Cells:
         self.tasks: dict[str, LanguageModelTask] = {}
         context = {k: cfg[k] for k in ("ratio", "seq_len", "sync_every", "global_batch", "eval_batches")}
         context["data"] = data  # runs of another model, budget or data are not mixed in
-        self.tuner = Tuner(self._objective, out, context, say=lambda line: print(line, file=sys.stderr, flush=True))
+        say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+        self.tuner = Tuner(self._objective, out, context, say=say, passes=PASSES)
         self.previous: dict[str, dict[str, float]] = {}  # "/method/options": the last size's choice
         self.tuned: dict[str, dict[str, float]] = {}  # the same, at the size being tuned
 

@@ -3,7 +3,11 @@ that was tried. A best value on the grid's edge says where the optimum is not, n
 
 Settings are tuned one at a time (coordinate-wise), in the order given, each at the values already
 chosen for those before it and the defaults of those after it: for the DiLoCo family the inner lr,
-then the outer lr, then the outer momentum; for data-parallel the inner lr alone. Each setting starts
+then the outer lr, then the outer momentum; for data-parallel the inner lr alone. With `passes` > 1
+the round over the settings is repeated, each at the others' latest choices, until a round changes
+nothing (at most `passes` rounds): a setting chosen late can move the best value of one chosen before
+it (the outer momentum the outer lr's), and one round would leave a method of several settings less
+tuned than data-parallel, whose one setting one round settles. Each setting starts
 from three points around its default; while the lowest loss sits on an edge of the grid, one more
 point is added past that edge, at most `max_widenings` times. What could not be bracketed is recorded
 as such (`bracketed: false`), never passed off as an optimum; a best value at the edge of the
@@ -84,9 +88,10 @@ class Tuner:
         context: dict | None = None,
         max_widenings: int = 4,
         say: Callable[[str], None] = lambda line: None,
+        passes: int = 1,
     ) -> None:
         self.objective, self.path, self.context = objective, path, context or {}
-        self.max_widenings, self.say = max_widenings, say
+        self.max_widenings, self.say, self.passes = max_widenings, say, passes
         self.memo: dict[str, dict] = {}
         self.evaluated = 0  # objective calls made by this tuner (not taken from the file)
         if path is not None and path.exists():
@@ -97,12 +102,18 @@ class Tuner:
         settings too) and every evaluation made."""
         settings = list(settings)
         chosen = {**(fixed or {}), **{s.name: clean(s.default) for s in settings}}
-        out: dict = {"grid": {}, "chosen": chosen, "bracketed": {}, "at_domain_edge": {}}
-        for s in settings:
-            r = self._bracket(method, s, chosen)
-            chosen[s.name] = r["chosen"]
-            out["grid"][s.name], out["bracketed"][s.name] = r["grid"], r["bracketed"]
-            out["at_domain_edge"][s.name] = r["at_domain_edge"]
+        out: dict = {"grid": {}, "chosen": chosen, "bracketed": {}, "at_domain_edge": {}, "passes": 0}
+        for _ in range(max(1, self.passes)):
+            changed = False
+            for s in settings:  # each grid and flag is that of the last round
+                r = self._bracket(method, s, chosen)
+                changed |= r["chosen"] != chosen[s.name]
+                chosen[s.name] = r["chosen"]
+                out["grid"][s.name], out["bracketed"][s.name] = r["grid"], r["bracketed"]
+                out["at_domain_edge"][s.name] = r["at_domain_edge"]
+            out["passes"] += 1
+            if not changed:
+                break
         out["losses"] = [e for e in self.memo.values() if e["method"] == method]
         return out
 

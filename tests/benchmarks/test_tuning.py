@@ -90,6 +90,24 @@ def test_settings_are_tuned_one_after_another_each_at_the_choices_before_it():
     ]
 
 
+def test_more_passes_retune_a_setting_whose_best_moved_with_a_later_one():
+    def coupled(method: str, settings: dict[str, float]) -> float:  # the best outer lr falls as momentum rises
+        o, mu = settings["outer_lr"], settings["outer_momentum"]
+        return (math.log2(o / 0.7) + 2 * (mu - 0.5)) ** 2 + 30 * (mu - 0.9) ** 2
+
+    once = Tuner(coupled).tune("decoupled", DILOCO_FAMILY[1:])
+    assert once["passes"] == 1 and once["chosen"]["outer_momentum"] > 0.5
+    assert once["chosen"]["outer_lr"] == 0.7  # chosen at momentum 0.5, and left there
+    again = Tuner(coupled, passes=4).tune("decoupled", DILOCO_FAMILY[1:])
+    assert again["passes"] > 1 and all(again["bracketed"].values())
+    assert coupled("", again["chosen"]) < coupled("", once["chosen"])
+    # a fixed point: each setting, bracketed again at the other's final choice, stays where it is
+    for s in DILOCO_FAMILY[1:]:
+        alone = Tuner(coupled).tune("decoupled", [s], fixed={k: v for k, v in again["chosen"].items() if k != s.name})
+        assert alone["chosen"] == again["chosen"]
+    assert Tuner(bowl(0.05), passes=4).tune("ddp", DATA_PARALLEL)["passes"] == 2  # one setting: settled at once
+
+
 def test_a_second_tuner_on_the_same_file_evaluates_nothing_again(tmp_path: Path):
     path = tmp_path / "tuning.json"
     first = bowl(0.05)
