@@ -9,7 +9,7 @@ import grpc
 import pytest
 import torch
 
-from ddiloco.synchronizer.bulk_greeting import KEPT_IDLE, MAX_WAITING_PER_PEER
+from ddiloco.synchronizer.bulk_greeting import KEPT_IDLE, KEPT_NO_ROOM, MAX_WAITING_PER_PEER, PER_ADDRESS_CAP
 from ddiloco.wire import framing, kept
 
 from .test_bulk_socket import NUMEL, _client, _head, _wait, served  # noqa: F401 - `served` is a fixture
@@ -108,9 +108,10 @@ def test_frames_given_as_an_iterator_are_not_sent_twice(served, monkeypatch):  #
     assert server.bulk.served["Push"] == 1
 
 
-def test_kept_connections_count_in_the_per_address_cap(served):  # noqa: F811
+def test_kept_connections_count_in_the_per_address_cap_and_give_way_first(served):  # noqa: F811
     """Kept connections wait in the greeter within its caps: more clients than the cap from one
-    address leave at most the cap kept, and every one of them still pushes."""
+    address leave at most the cap kept, an idle kept one gives its place up before a new connection
+    is closed, and every client still pushes."""
     service, server, _ = served
     session = service.register(0, "inc0", True)["session"]
     clients = [_client(server) for _ in range(MAX_WAITING_PER_PEER + 2)]
@@ -123,3 +124,5 @@ def test_kept_connections_count_in_the_per_address_cap(served):  # noqa: F811
         reply, _ = _push(client, session, i)
         assert "ok" in reply
     assert sum(c.connections for c in clients) >= len(clients) + 2
+    closed = service.traffic.closed_counts()
+    assert closed.get(KEPT_NO_ROOM, 0) >= 2 and closed.get(PER_ADDRESS_CAP, 0) == 0

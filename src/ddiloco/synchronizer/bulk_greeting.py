@@ -23,7 +23,8 @@ The server hands back calls it refuses later (a push refused for a bad frame) th
 
 A call that completed hands its connection back too (`keep`): it waits here for its next hello like a
 new one (the same caps, the same hello and token check), for at most `KEEP_SECONDS`, and is then
-closed (counted `kept_idle`, without a log line: it is no attack). Its client opens a new connection
+closed (counted `kept_idle`, without a log line: it is no attack). Where a cap needs a place, an idle
+kept connection gives it up before any other (counted `kept_no_room`, quietly). Its client opens a new connection
 when it finds a kept one closed (`wire.kept`), so closing one early (a cap, a restart) costs a
 connection, never a call.
 """
@@ -68,7 +69,7 @@ TOTAL_CAP = "total_cap"
 TLS_HANDSHAKE = "tls_handshake"
 NO_ROOM_TO_DRAIN = "no_room_to_drain"
 KEPT_IDLE = "kept_idle"  # a kept connection closed after `KEEP_SECONDS` without a call
-KEPT_NO_ROOM = "kept_no_room"  # a completed call's connection closed for want of a place to keep it
+KEPT_NO_ROOM = "kept_no_room"  # a kept connection closed for want of a place (a cap), first of all
 
 
 @dataclass(eq=False)
@@ -191,16 +192,27 @@ class Greeter:
                 return False
         if self.places.acquire(blocking=False):
             return True
-        if self.per_peer:
+        idle = min((w for w in self.waiting if _idle_kept(w)), key=lambda w: w.since, default=None)
+        if idle is not None:  # a kept connection costs its client only a new one: it goes first
+            self._evict(idle.peer, TOTAL_CAP, "")
+        elif self.per_peer:
             most = max(self.per_peer, key=self.per_peer.__getitem__)
             victim = peer if self.per_peer[peer] == self.per_peer[most] else most
             self._evict(victim, TOTAL_CAP, f"more than {MAX_WAITING} unauthenticated connections, the most from it")
         return self.places.acquire(blocking=False)
 
     def _evict(self, peer: str, reason: str, why: str) -> None:
-        """The oldest connection waiting from `peer` goes: served first if its hello is there by now
-        (a burst of real clients is accepted in one round before any is read), else closed."""
-        oldest = min((w for w in self.waiting if w.peer == peer), key=lambda w: w.since, default=None)
+        """The oldest connection waiting from `peer` goes, a kept idle one first (closed quietly,
+        `kept_no_room`: its client opens a new one when it next calls); any other is served first if
+        its hello is there by now (a burst of real clients is accepted in one round before any is
+        read), else closed."""
+        mine = [w for w in self.waiting if w.peer == peer]
+        idle = min((w for w in mine if _idle_kept(w)), key=lambda w: w.since, default=None)
+        if idle is not None:
+            self._drop(idle)
+            self.count(KEPT_NO_ROOM)
+            return
+        oldest = min(mine, key=lambda w: w.since, default=None)
         if oldest is None:
             return
         self._serve(oldest, selectors.EVENT_READ)
@@ -358,7 +370,7 @@ class Greeter:
     def _expire(self, now: float) -> None:
         for w in [w for w in self.waiting if w.deadline <= now]:
             self._drop(w)
-            if w.kept and w.reader is not None and not w.reader.buffer:  # idle: closed quietly
+            if _idle_kept(w):  # closed quietly
                 self.count(KEPT_IDLE)
             elif w.reader is not None:
                 self._count(
@@ -388,3 +400,8 @@ class Greeter:
         dropped = self._log.allow()
         if dropped is not None:
             log.warning("%s%s", line, f" ({dropped} more such lines held back)" if dropped else "")
+
+
+def _idle_kept(w: Waiting) -> bool:
+    """A kept connection on which no byte of a next hello has arrived."""
+    return w.kept and w.reader is not None and not w.reader.buffer

@@ -20,7 +20,7 @@ import threading
 import time
 
 REUSE_SECONDS = 10.0  # a connection idle longer is closed rather than used again
-MAX_KEPT = 2  # per client (per shard): a push and a fetch at once
+MAX_KEPT = 4  # per client (per shard): a learner's pushes side by side (the synchronizer's MAX_PUSHES_PER_SESSION)
 
 
 class KeptConnections:
