@@ -19,6 +19,7 @@ checked before anything is read or reserved.
 from __future__ import annotations
 
 import errno
+import math
 import select
 import socket
 import ssl
@@ -77,6 +78,11 @@ class Deadline:
         if sock.gettimeout() != timeout:
             sock.settimeout(timeout)
 
+    @property
+    def steady(self) -> bool:
+        """Whether every wait gets the same timeout (no end, a step): arming once then holds for a loop."""
+        return self.step is not None and math.isinf(self.end)
+
 
 def send_frame(sock: socket.socket, parts: Iterable[bytes | memoryview], deadline: Deadline) -> int:
     """One frame (its buffers laid end to end) with its length; the bytes sent."""
@@ -110,8 +116,12 @@ def send_frame(sock: socket.socket, parts: Iterable[bytes | memoryview], deadlin
 def recv_into(sock: socket.socket, view: memoryview, deadline: Deadline) -> None:
     """Exactly len(view) bytes into `view`; ConnectionError if the peer closes first."""
     got = 0
-    while got < len(view):
+    steady = deadline.steady  # then armed once: a TLS body arrives a 16 KiB record per receive
+    if steady:
         deadline.arm(sock)
+    while got < len(view):
+        if not steady:
+            deadline.arm(sock)
         k = sock.recv_into(view[got:])
         if not k:
             raise ConnectionError("the peer closed the connection in the middle of a frame")
