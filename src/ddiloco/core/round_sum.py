@@ -69,8 +69,8 @@ def chunked(x: torch.Tensor) -> bool:
 
 def chunk_square(part: torch.Tensor) -> float:
     """The squared L2 norm of one chunk of at most CHUNK values (`float_chunks`' cut), summed in
-    float32 as torch converts each value (one pass: converting the chunk to float32 first and then
-    summing took 1.4x as long, and this runs on a push's receiving thread, `StreamedNorms`)."""
+    float32 as torch converts each value: one pass, where a float32 copy and then a sum took two,
+    on a push's receiving thread (`StreamedNorms`, docs/runtime.md)."""
     return float(torch.linalg.vector_norm(part, dtype=torch.float32)) ** 2
 
 
