@@ -399,6 +399,7 @@ class BulkSocketClient:
                         self.kept.give(sock)
                     else:
                         sock.close()
+        raise AssertionError("unreachable: a new connection is never stale")
 
 
 def _answered(sock: socket.socket) -> bool:
