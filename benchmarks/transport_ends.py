@@ -301,7 +301,7 @@ class OursSocket(Ours):
 
     def push(self, grad: torch.Tensor) -> int:
         head = self.head()
-        reply, sent = self.client.push(lambda: framing.iter_frame_parts(head, {"w": grad}, "bf16", self.chunk), 300)
+        reply, sent = self.client.push(framing.iter_frame_parts(head, {"w": grad}, "bf16", self.chunk), 300)
         if not (reply.get("ok") or "duplicate" in reply.get("reason", "")):
             raise RuntimeError(f"push refused: {reply}")
         return sent

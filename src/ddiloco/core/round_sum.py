@@ -68,10 +68,9 @@ def chunked(x: torch.Tensor) -> bool:
 
 
 def chunk_square(part: torch.Tensor) -> float:
-    """The squared L2 norm of one chunk of at most CHUNK values (`float_chunks`' cut), summed in
-    float32 as torch converts each value: one pass, where a float32 copy and then a sum took two,
-    on a push's receiving thread (`StreamedNorms`, docs/runtime.md)."""
-    return float(torch.linalg.vector_norm(part, dtype=torch.float32)) ** 2
+    """The squared L2 norm of one chunk of at most CHUNK values (`float_chunks`' cut), in float32."""
+    (c,) = float_chunks(part)
+    return float(torch.linalg.vector_norm(c)) ** 2
 
 
 def norm(x: torch.Tensor, squares: list[float] | None = None) -> float:

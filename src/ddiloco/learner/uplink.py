@@ -9,12 +9,11 @@ cost the learner the socket plane for the rest of its session (#46). A push the 
 refuses for lack of room (connections that flood it, no free slot) goes over gRPC instead, and the
 socket stays the first choice for the next one: a flood on one plane cannot lock the learner out.
 
-The socket is for short links only. A bulk push sends its greeting, the tensors and waits for the
-reply on a connection kept from the last push (`wire.kept`; a new one, with its handshake's round
-trips, after a pause of `kept.REUSE_SECONDS` or when the synchronizer closed it); the socket's gain
-is the copies it saves, which matter where bytes move fast, not where round trips dominate: on a long
-link a learner pushing one fragment per step falls behind (docs/runtime.md, "The socket is for short
-links"). So once the link's measured round trip (heartbeats,
+The socket is for short links only. A bulk push opens a connection of its own (a handshake, the
+greeting, the tensors, the reply: three round trips or more), where gRPC keeps one connection open;
+the socket's gain is the copies it saves, which matter where bytes move fast, not where round trips
+dominate: on a long link a learner pushing one fragment per step falls behind (docs/runtime.md, "The
+socket is for short links"). So once the link's measured round trip (heartbeats,
 `overlap.LinkTime`) exceeds `BULK_MAX_ROUND_TRIP`, pushes go over gRPC, and back on the socket below
 `BULK_RETURN_ROUND_TRIP`; each change is logged.
 """
@@ -59,8 +58,6 @@ class Uplink:
     def configure(self, address: str, reply: Mapping) -> None:
         """From a registration reply: the bulk socket to use, if the synchronizer offers one we can use."""
         port = reply.get("bulk_port")
-        if self.socket is not None:
-            self.socket.close()  # its kept connections were to the synchronizer before this registration
         self.socket = None
         self.socket_paused_until, self._socket_pause = 0.0, 0.0
         if not isinstance(port, int) or not 1 <= port <= 65535:
@@ -84,13 +81,9 @@ class Uplink:
         """Send one contribution; (the synchronizer's reply, frame bytes sent). Raises grpc.RpcError."""
         client = self.socket if self.on_socket() else None
         if client is not None:
-            if not client.kept.idle():  # a new connection: its handshake's round trips (a kept one has none)
-                self.wan.handshake(tls=client.tls is not None)
+            self.wan.handshake(tls=client.tls is not None)  # one connection per push on this plane
             try:
-                # given as a function that makes the frames: a kept connection found closed is sent on again
-                answer = client.push(
-                    lambda: framing.iter_frame_parts(head, tensors, codec, chunk), timeout, self.wan.sent
-                )
+                answer = client.push(framing.iter_frame_parts(head, tensors, codec, chunk), timeout, self.wan.sent)
                 self._socket_pause = 0.0
                 return answer
             except sockets.ConnectFailed as exc:

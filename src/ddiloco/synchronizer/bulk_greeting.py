@@ -20,13 +20,6 @@ sent from here, and what the client still sends is taken and dropped (so that cl
 the connection before the client has read it) for at most `DRAIN_SECONDS`, holding the same place.
 The server hands back calls it refuses later (a push refused for a bad frame) the same way
 (`drain`), so a client that keeps trickling bytes after a refusal holds no thread either.
-
-A call that completed hands its connection back too (`keep`): it waits here for its next hello like a
-new one (the same caps, the same hello and token check), for at most `KEEP_SECONDS`, and is then
-closed (counted `kept_idle`, without a log line: it is no attack). Where a cap needs a place, an idle
-kept connection gives it up before any other (counted `kept_no_room`, quietly). Its client opens a new connection
-when it finds a kept one closed (`wire.kept`), so closing one early (a cap, a restart) costs a
-connection, never a call.
 """
 
 from __future__ import annotations
@@ -54,7 +47,6 @@ MAX_WAITING = 64  # connections at once that have not authenticated, or are answ
 MAX_WAITING_PER_PEER = 16  # of them from one address: one host cannot take every place
 HELLO_SECONDS = 2.0  # from accept to the whole hello (and the TLS handshake)
 DRAIN_SECONDS = 2.0  # from a refusal to the close: the client's time to stop and read it
-KEEP_SECONDS = 30.0  # a completed call's connection waits this long for its next hello (> wire.kept.REUSE_SECONDS)
 ACCEPTS_PER_ROUND = 64
 ACCEPT_PAUSE = 0.1  # after accept failed for lack of descriptors: the waiting ones free theirs
 READS_PER_ROUND = 16  # of one draining connection, so a fast sender cannot hold the thread
@@ -68,8 +60,6 @@ PER_ADDRESS_CAP = "per_address_cap"
 TOTAL_CAP = "total_cap"
 TLS_HANDSHAKE = "tls_handshake"
 NO_ROOM_TO_DRAIN = "no_room_to_drain"
-KEPT_IDLE = "kept_idle"  # a kept connection closed after `KEEP_SECONDS` without a call
-KEPT_NO_ROOM = "kept_no_room"  # a kept connection closed for want of a place (a cap), first of all
 
 
 @dataclass(eq=False)
@@ -81,7 +71,6 @@ class Waiting:
     deadline: float
     reader: wire_sockets.SmallReader | None  # None once answered
     handshake: bool = False  # a TLS handshake still to finish
-    kept: bool = False  # a completed call's connection, waiting for its next hello
     out: bytes = b""  # the answer still to send
     drain_left: int = 0
     events: int = selectors.EVENT_READ
@@ -102,13 +91,11 @@ class Greeter:
     ) -> None:
         self.listener, self.tls, self.hello_seconds = listener, tls, hello_seconds
         self.admit, self.bad_hello, self.count = admit, bad_hello, count
-        self.keep_seconds = KEEP_SECONDS
         self.places = threading.BoundedSemaphore(MAX_WAITING)  # taken only in this thread (and by tests)
         self.per_peer: collections.Counter[str] = collections.Counter()
         self.waiting: set[Waiting] = set()
         self._log = RateLimit(per_second=0.2, burst=5)
-        # (connection, answer, bytes to drop); no answer: a completed call's, kept for its next hello
-        self._handed: collections.deque[tuple[socket.socket, dict | None, int]] = collections.deque()
+        self._handed: collections.deque[tuple[socket.socket, dict, int]] = collections.deque()
         self._wake_r, self._wake_w = socket.socketpair()
         for s in (self._wake_r, self._wake_w):
             s.setblocking(False)
@@ -123,12 +110,6 @@ class Greeter:
         """Answer `head` on `conn` and drop up to `limit` more bytes from it (a call refused after its
         hello), here rather than on the caller's thread. The connection is this thread's from now on."""
         self._handed.append((conn, head, limit))
-        self.wake()
-
-    def keep(self, conn: socket.socket) -> None:
-        """Hold `conn`, whose call is complete, for its next hello (at most `keep_seconds`). The
-        connection is this thread's from now on."""
-        self._handed.append((conn, None, 0))
         self.wake()
 
     def wake(self) -> None:
@@ -192,27 +173,16 @@ class Greeter:
                 return False
         if self.places.acquire(blocking=False):
             return True
-        idle = min((w for w in self.waiting if _idle_kept(w)), key=lambda w: w.since, default=None)
-        if idle is not None:  # a kept connection costs its client only a new one: it goes first
-            self._evict(idle.peer, TOTAL_CAP, "")
-        elif self.per_peer:
+        if self.per_peer:
             most = max(self.per_peer, key=self.per_peer.__getitem__)
             victim = peer if self.per_peer[peer] == self.per_peer[most] else most
             self._evict(victim, TOTAL_CAP, f"more than {MAX_WAITING} unauthenticated connections, the most from it")
         return self.places.acquire(blocking=False)
 
     def _evict(self, peer: str, reason: str, why: str) -> None:
-        """The oldest connection waiting from `peer` goes, a kept idle one first (closed quietly,
-        `kept_no_room`: its client opens a new one when it next calls); any other is served first if
-        its hello is there by now (a burst of real clients is accepted in one round before any is
-        read), else closed."""
-        mine = [w for w in self.waiting if w.peer == peer]
-        idle = min((w for w in mine if _idle_kept(w)), key=lambda w: w.since, default=None)
-        if idle is not None:
-            self._drop(idle)
-            self.count(KEPT_NO_ROOM)
-            return
-        oldest = min(mine, key=lambda w: w.since, default=None)
+        """The oldest connection waiting from `peer` goes: served first if its hello is there by now
+        (a burst of real clients is accepted in one round before any is read), else closed."""
+        oldest = min((w for w in self.waiting if w.peer == peer), key=lambda w: w.since, default=None)
         if oldest is None:
             return
         self._serve(oldest, selectors.EVENT_READ)
@@ -256,22 +226,12 @@ class Greeter:
                 conn.close()
                 continue
             if self.per_peer[peer] >= MAX_WAITING_PER_PEER or not self.places.acquire(blocking=False):
-                if head is None:  # kept: no room, so closed; its client opens a new one for its next call
-                    conn.close()
-                    self.count(KEPT_NO_ROOM)
-                    continue
                 # no room to drain: the answer goes out if it fits the send buffer, then the connection closes
                 with contextlib.suppress(OSError):
                     conn.send(wire_sockets.small_bytes(head))
                 self._refuse(conn, peer, NO_ROOM_TO_DRAIN, "a refused call with no room left to drain it")
                 continue
             self.per_peer[peer] += 1
-            if head is None:
-                w = Waiting(conn, peer, time.monotonic() + self.keep_seconds, wire_sockets.SmallReader(), kept=True)
-                self.waiting.add(w)
-                self.selector.register(conn, selectors.EVENT_READ, w)
-                self._serve(w, selectors.EVENT_READ)  # TLS may hold bytes already that no select reports
-                continue
             w = Waiting(conn, peer, 0.0, None)
             self.waiting.add(w)
             self.selector.register(conn, selectors.EVENT_READ, w)
@@ -303,8 +263,6 @@ class Greeter:
     def _read_hello(self, w: Waiting) -> None:
         hello = w.reader.read(w.sock) if w.reader is not None else None
         if hello is None:
-            if w.kept and w.reader is not None and w.reader.buffer:  # begun: the usual time for the rest
-                w.deadline = min(w.deadline, time.monotonic() + self.hello_seconds)
             self._want(w, selectors.EVENT_READ)
             return
         self.selector.unregister(w.sock)
@@ -370,9 +328,7 @@ class Greeter:
     def _expire(self, now: float) -> None:
         for w in [w for w in self.waiting if w.deadline <= now]:
             self._drop(w)
-            if _idle_kept(w):  # closed quietly
-                self.count(KEPT_IDLE)
-            elif w.reader is not None:
+            if w.reader is not None:
                 self._count(
                     HELLO_TIMEOUT,
                     f"closed a bulk socket connection from {w.peer}: no hello within {self.hello_seconds:g} s",
@@ -400,8 +356,3 @@ class Greeter:
         dropped = self._log.allow()
         if dropped is not None:
             log.warning("%s%s", line, f" ({dropped} more such lines held back)" if dropped else "")
-
-
-def _idle_kept(w: Waiting) -> bool:
-    """A kept connection on which no byte of a next hello has arrived."""
-    return w.kept and w.reader is not None and not w.reader.buffer

@@ -9,8 +9,7 @@ stream guard's idle and total deadlines and its limit of pushes per session, the
 checked before any buffer is reserved, and the handlers that take a contribution in or frame the
 model. A refusal is sent as an error message (by the greeter, which also drains what follows); a
 connection that breaks frees its slot. Every connection closed or call refused is counted by reason
-in `service.traffic` (Status's `bulk.closed`), so an operator sees an attack as it happens. A call
-that completes leaves its connection with the greeter for the client's next call (`Greeter.keep`).
+in `service.traffic` (Status's `bulk.closed`), so an operator sees an attack as it happens.
 """
 
 from __future__ import annotations
@@ -201,15 +200,9 @@ class BulkSocketServer:
         """An authenticated call, holding its place (`slot`) until it ends or is refused."""
         held: threading.Semaphore | None = slot
         owned: socket.socket | None = conn
-        kept = False
         try:
             refusal = self._call(conn, method)
-            if refusal is None and not self._closing.is_set():
-                # Complete, nothing of it unread: the connection waits in the greeter for its client's
-                # next call (its hello and token checked again), holding no thread and no slot. It goes
-                # there once the place is given back (below), so that its next call finds it free.
-                owned, kept = None, True
-            elif refusal is not None:
+            if refusal is not None:
                 # Refused: the slot goes back at once, and the greeter answers and drains, so a client
                 # trickling bytes after its refusal holds neither a slot nor a thread.
                 held = None
@@ -230,8 +223,6 @@ class BulkSocketServer:
                     held.release()
                 if session_id is not None:
                     self._unbook(session_id)
-                if kept:
-                    self.greeter.keep(conn)
 
     def _call(self, conn: socket.socket, method: str) -> dict | None:
         """An authenticated call, holding a bulk slot. A refusal, or an answer given before the payload

@@ -7,9 +7,8 @@ pieces go out with one `sendmsg` from the tensors' own memory, and each body is 
 `recv_into` straight to its place in the message buffer (`reassembly.Reassembler.place`), so the bytes
 are touched once on each side. Control stays on gRPC; this carries only bulk tensors.
 
-A connection carries one call at a time; once a call is complete both ends may keep it for the
-next (`kept`, `synchronizer.bulk_greeting`). Every frame is a u32 length and then the frame. Each call
-opens with a hello message {"method", "token"} (a fetch's names its "session" too); the server answers a push
+A connection carries one call. Every frame is a u32 length and then the frame. The client opens with
+a hello message {"method", "token"} (a fetch's names its "session" too); the server answers a push
 with one reply message, a fetch with its messages and then {"end": true}, and any refusal with
 {"error": CODE, "details"}, which the client raises as a `SocketRpcError` (a `grpc.RpcError`, so
 callers handle both planes alike). Every receive is bounded by a deadline and every length is
@@ -19,7 +18,6 @@ checked before anything is read or reserved.
 from __future__ import annotations
 
 import errno
-import math
 import select
 import socket
 import ssl
@@ -32,13 +30,11 @@ import grpc
 
 from . import framing, reassembly
 from .buffers import BufferPool
-from .kept import KeptConnections
 
 _LENGTH = struct.Struct("<I")
 MAX_HELLO_BYTES = 1 << 16
 CONNECT_SECONDS = 10.0  # a bulk port behind a firewall that drops packets is given up after this
 BULK_METHODS = ("Push", "Fetch")
-TLS_RECORD_BYTES = 1 << 14  # the most plaintext one TLS record carries
 
 
 class SocketRpcError(grpc.RpcError):
@@ -78,11 +74,6 @@ class Deadline:
         if sock.gettimeout() != timeout:
             sock.settimeout(timeout)
 
-    @property
-    def steady(self) -> bool:
-        """Whether every wait gets the same timeout (no end, a step): arming once then holds for a loop."""
-        return self.step is not None and math.isinf(self.end)
-
 
 def send_frame(sock: socket.socket, parts: Iterable[bytes | memoryview], deadline: Deadline) -> int:
     """One frame (its buffers laid end to end) with its length; the bytes sent."""
@@ -90,13 +81,6 @@ def send_frame(sock: socket.socket, parts: Iterable[bytes | memoryview], deadlin
     n = sum(len(v) for v in views)
     views.insert(0, memoryview(_LENGTH.pack(n)))
     if isinstance(sock, ssl.SSLSocket):  # TLS has no sendmsg: its records are copied anyway
-        # The small pieces before the body (the length, the prefix and header) go as one write, not
-        # a TLS record each for the receiver to read and decrypt on its own.
-        small = 0
-        while small < len(views) and len(views[small]) < TLS_RECORD_BYTES:
-            small += 1
-        if small > 1:
-            views[:small] = [memoryview(b"".join(views[:small]))]
         for v in views:
             deadline.arm(sock)
             sock.sendall(v)
@@ -116,12 +100,8 @@ def send_frame(sock: socket.socket, parts: Iterable[bytes | memoryview], deadlin
 def recv_into(sock: socket.socket, view: memoryview, deadline: Deadline) -> None:
     """Exactly len(view) bytes into `view`; ConnectionError if the peer closes first."""
     got = 0
-    steady = deadline.steady  # then armed once: a TLS body arrives a 16 KiB record per receive
-    if steady:
-        deadline.arm(sock)
     while got < len(view):
-        if not steady:
-            deadline.arm(sock)
+        deadline.arm(sock)
         k = sock.recv_into(view[got:])
         if not k:
             raise ConnectionError("the peer closed the connection in the middle of a frame")
@@ -252,20 +232,8 @@ def raise_if_error(head: dict[str, Any]) -> dict[str, Any]:
     return head
 
 
-class _Stale(Exception):
-    """A kept connection that broke before its call was answered: the server had closed it."""
-
-
-# What a kept connection the server closed raises once written to or read (TLS: its end of stream).
-STALE_ERRORS = (ConnectionError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
-
-FrameSource = Iterable[list[bytes | memoryview]] | Callable[[], Iterable[list[bytes | memoryview]]]
-
-
 class BulkSocketClient:
-    """Pushes and fetches on a synchronizer's bulk socket port. A connection carries one call at a
-    time and is kept for the next one once its call is complete (`kept`): each call still sends its
-    hello (method, token), which the server checks as on a new connection."""
+    """Pushes and fetches on a synchronizer's bulk socket port; one connection per call."""
 
     def __init__(
         self, host: str, port: int, token: str | None, max_frame: int, tls: ssl.SSLContext | None = None
@@ -273,71 +241,29 @@ class BulkSocketClient:
         if not 1 <= int(port) <= 65535:
             raise ValueError(f"bad bulk socket port {port!r}")
         self.host, self.port, self.token, self.max_frame, self.tls = host.strip("[]"), int(port), token, max_frame, tls
-        self.kept = KeptConnections()
-        self.connections = 0  # opened so far (the rest of the calls reused one)
 
-    def close(self) -> None:
-        """Close the kept connections (the client stays usable: its next call opens one)."""
-        self.kept.close()
-
-    def _connect(self, deadline: Deadline) -> socket.socket:
+    def _connect(self, method: str, deadline: Deadline, session: str | None = None) -> socket.socket:
         try:
             left = max(0.001, deadline.end - time.monotonic())
             sock = socket.create_connection((self.host, self.port), timeout=min(left, CONNECT_SECONDS))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock = self.tls.wrap_socket(sock, server_hostname=self.host)
-            self.connections += 1
+            hello = {"method": method, "token": self.token}
+            if session is not None:
+                hello["session"] = session
+            send_small(sock, hello, deadline)
             return sock
         except OSError as exc:
             raise ConnectFailed(grpc.StatusCode.UNAVAILABLE, f"bulk socket {self.host}:{self.port}: {exc}") from None
 
-    def _open(self, method: str, deadline: Deadline, session: str | None, fresh: bool) -> tuple[socket.socket, bool]:
-        """A connection with the call's hello sent: (it, whether it was a kept one). A kept one that
-        fails the hello raises `_Stale`; a new one that fails raises `ConnectFailed`."""
-        sock = None if fresh else self.kept.take()
-        reused = sock is not None
-        if sock is None:
-            sock = self._connect(deadline)
-        hello = {"method": method, "token": self.token}
-        if session is not None:
-            hello["session"] = session
-        try:
-            send_small(sock, hello, deadline)
-        except OSError as exc:
-            sock.close()
-            if reused and isinstance(exc, STALE_ERRORS):
-                raise _Stale() from None
-            raise ConnectFailed(grpc.StatusCode.UNAVAILABLE, f"bulk socket {self.host}:{self.port}: {exc}") from None
-        return sock, reused
-
     def push(
-        self, frames: FrameSource, timeout: float, pace: Callable[[int], None] | None = None
+        self, frames: Iterable[list[bytes | memoryview]], timeout: float, pace: Callable[[int], None] | None = None
     ) -> tuple[dict[str, Any], int]:
-        """Send one message's frames (`framing.iter_frame_parts`); (the reply's head, bytes sent).
-        `frames` may be a function that makes them: then a push on a kept connection the server had
-        closed is sent once more, on a new connection. Only then: that connection broke before any
-        reply, and the server closes a kept connection only while it waits for a hello, so nothing of
-        the push was taken (and a synchronizer refuses a snapshot it has taken, `core.taken`)."""
+        """Send one message's frames (`framing.iter_frame_parts`); (the reply's head, bytes sent)."""
         deadline = Deadline(timeout)
-        for fresh in (False, True):
-            try:
-                sock, reused = self._open("Push", deadline, None, fresh)
-                return self._push_on(sock, reused, frames() if callable(frames) else frames, deadline, pace)
-            except _Stale:
-                if not callable(frames):
-                    raise SocketRpcError(grpc.StatusCode.UNAVAILABLE, "bulk socket: kept connection closed") from None
-        raise AssertionError("unreachable: a new connection is never stale")
-
-    def _push_on(
-        self,
-        sock: socket.socket,
-        reused: bool,
-        frames: Iterable[list[bytes | memoryview]],
-        deadline: Deadline,
-        pace: Callable[[int], None] | None,
-    ) -> tuple[dict[str, Any], int]:
-        sent, keep = 0, False
+        sock = self._connect("Push", deadline)
+        sent = 0
         try:
             for parts in frames:
                 if _answered(sock):  # the server answered early: it reads no more
@@ -345,61 +271,36 @@ class BulkSocketClient:
                 if pace is not None:
                     pace(sum(len(p) for p in parts))
                 sent += send_frame(sock, parts, deadline)
-            else:
-                keep = True  # the whole message went: the connection is clean once the reply is read
-            head = recv_small(sock, deadline)
-            keep = keep and "error" not in head  # a refusal: the server drains and closes
-            return raise_if_error(head), sent
+            return raise_if_error(recv_small(sock, deadline)), sent
         except (OSError, framing.WireError) as exc:
             early = _early_reply(sock)  # refused after its first frame: the reply says why
             if early is not None:
                 return raise_if_error(early), sent
-            if reused and isinstance(exc, STALE_ERRORS):
-                raise _Stale() from None
             raise _failure(exc) from None
         finally:
-            if keep:
-                self.kept.give(sock)
-            else:
-                sock.close()
+            sock.close()
 
     def fetch(
         self, timeout: float, pool: BufferPool | None = None, limit: int = 1 << 40, session: str | None = None
     ) -> Iterator[reassembly.Message]:
         """The messages a fetch returns, each received straight into its buffer. The synchronizer serves
-        a fetch on this plane only to a registered `session` (gRPC's `Fetch` needs none). A kept
-        connection the server had closed is replaced once, before any message arrived (a fetch
-        changes nothing, so asking again is safe)."""
+        a fetch on this plane only to a registered `session` (gRPC's `Fetch` needs none)."""
         deadline = Deadline(timeout)
-        for fresh in (False, True):
-            sock, reused = None, False
-            keep, got_any = False, False
-            try:
-                sock, reused = self._open("Fetch", deadline, session, fresh)
-                reassembler = reassembly.Reassembler(limit, max_open=1, pool=pool)
-                while True:
-                    _, _, msg = recv_frame(sock, self.max_frame, deadline, reassembler)
-                    if msg is None:
-                        continue
-                    if msg.head.get("end") is True or "error" in msg.head:
-                        raise_if_error(msg.head)
-                        keep = True  # at its end: the connection is clean
-                        return
-                    got_any = True
-                    yield msg
-            except _Stale:
-                continue
-            except (OSError, framing.WireError) as exc:
-                if reused and not got_any and isinstance(exc, STALE_ERRORS):
+        sock = self._connect("Fetch", deadline, session)
+        try:
+            reassembler = reassembly.Reassembler(limit, max_open=1, pool=pool)
+            while True:
+                _, _, msg = recv_frame(sock, self.max_frame, deadline, reassembler)
+                if msg is None:
                     continue
-                raise _failure(exc) from None
-            finally:
-                if sock is not None:
-                    if keep:
-                        self.kept.give(sock)
-                    else:
-                        sock.close()
-        raise AssertionError("unreachable: a new connection is never stale")
+                if msg.head.get("end") is True or "error" in msg.head:
+                    raise_if_error(msg.head)
+                    return
+                yield msg
+        except (OSError, framing.WireError) as exc:
+            raise _failure(exc) from None
+        finally:
+            sock.close()
 
 
 def _answered(sock: socket.socket) -> bool:
