@@ -115,6 +115,10 @@ def main() -> None:
                 # per contribution: what a codec does to one push, whatever the timing (pulls answered
                 # early add pushes per step on a loaded machine)
                 "bytes_up_per_contribution": up * result["inner_steps"] / max(1, result.get("contributions", 0)),
+                # one update down, by form (a difference from the learner's version, or a whole value):
+                # how many of each a run sends depends on timing, what one costs does not
+                "bytes_per_update_difference": result.get("bytes_per_update_difference"),
+                "bytes_per_update_whole": result.get("bytes_per_update_whole"),
                 "allreduce_bf16_bytes_per_step": ring["bf16"],
                 "allreduce_fp32_bytes_per_step": ring["fp32"],
                 **ratios(ring["bf16"], up, down),

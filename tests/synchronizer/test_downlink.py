@@ -73,7 +73,8 @@ def test_the_outbox_sends_a_difference_only_after_the_version_it_needs():
     for v in range(6):
         theta["w"] += 0.5 * torch.rand(4096)
         encoded.append(down.encode({"kind": "update", "fragment": 0, "version": v}, 0, v, theta))
-    box = Outbox()
+    counted: list[tuple[int, bool]] = []  # what Traffic hears: each update's bytes and its form
+    box = Outbox(lambda n, as_difference: counted.append((n, as_difference)))
     box.put_update(0, 0, encoded[0])
     assert drain(box) == encoded[0].full()
     box.put_update(0, 1, encoded[1])
@@ -83,6 +84,10 @@ def test_the_outbox_sends_a_difference_only_after_the_version_it_needs():
     assert drain(box) == encoded[2].delta + encoded[3].delta
     box.put_update(0, 5, encoded[5])  # this learner never got 4: the whole value
     assert drain(box) == encoded[5].full()
+    size = [sum(map(len, frames)) for frames in (encoded[0].full(), encoded[1].delta, encoded[5].full())]
+    chain = sum(map(len, encoded[2].delta + encoded[3].delta))
+    assert counted == [(size[0], False), (size[1], True), (chain, True), (size[2], False)]
+    assert size[1] < size[0] / 2  # an int4 difference against a whole bf16 value
     fresh = Outbox()  # a new session: nothing streamed yet, the whole value first
     fresh.put_update(0, 1, encoded[1])
     fresh.put_update(0, 2, encoded[2])  # a chain must start from what the learner holds: none here

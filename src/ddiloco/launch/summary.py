@@ -169,6 +169,12 @@ def bandwidth(statuses: list[dict], steps: int, learners: int) -> dict:
     down = sum(int(s.get("bytes_sent", 0)) for s in statuses) / max(1, steps)
     ring = 2 * (learners - 1) / learners * params * 2
 
+    def per_update(form: str) -> float | None:
+        """Bytes of one update sent in this form, over every shard (None: none was)."""
+        n = sum(int(s.get("updates_sent", {}).get(form, 0)) for s in statuses)
+        nbytes = sum(int(s.get("update_bytes_sent", {}).get(form, 0)) for s in statuses)
+        return nbytes / n if n else None
+
     def ratio(ours: float) -> float | None:
         return ring / ours if ours > 0 and ring > 0 else None
 
@@ -177,6 +183,10 @@ def bandwidth(statuses: list[dict], steps: int, learners: int) -> dict:
         "inner_steps": steps,
         "bytes_up_per_step": up,
         "bytes_down_per_step": down,
+        # one update down as a difference, and as a whole value: how many of each a run sends depends
+        # on timing (joins, versions coalesced away), what each costs does not
+        "bytes_per_update_difference": per_update("difference"),
+        "bytes_per_update_whole": per_update("whole"),
         "allreduce_bf16_bytes_per_step": ring,
         "allreduce_workers": learners,
         "bandwidth_ratio_up": ratio(up),

@@ -27,6 +27,7 @@ from .outbox import Outbox
 from .sessions import Session, SessionTable
 from .settings import Refused, ServiceSettings
 from .streams import MAX_PUSHES_PER_SESSION
+from .traffic import Traffic
 
 log = logging.getLogger("ddiloco.synchronizer.service")  # the service's logger, as in `ticks`
 
@@ -45,6 +46,7 @@ class Membership:
     finished: threading.Event  # the run is over and drained: a learner registering now ends at once
     stop_reason: str
     sessions: SessionTable
+    traffic: Traffic
     ledger: MergeLedger
     grants: TokenGrants
     arrivals: Arrivals
@@ -84,7 +86,9 @@ class Membership:
                     # A restarted process: its predecessor is gone, do not wait for it.
                     self.dispatch(self.core.leave(learner, now, self.arrivals.waiting()), now)
             restarted = self.sessions.restarted(learner, incarnation)
-            session = Session(secrets.token_hex(8), learner, incarnation, Outbox(), time.monotonic(), time.time())
+            session = Session(
+                secrets.token_hex(8), learner, incarnation, Outbox(self.traffic.update), time.monotonic(), time.time()
+            )
             session.holds = self.dispatcher.held_by(holds or {})
             kept = len(session.holds)
             self.sessions.add(session)

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
+from collections.abc import Callable
 
 from .downlink import Encoded
 
+UpdateCounter = Callable[[int, bool], None]  # (bytes of one update's frames, sent as a difference?)
+
 
 class Outbox:
-    def __init__(self) -> None:
+    def __init__(self, counted: UpdateCounter | None = None) -> None:
+        self._counted = counted  # told of each update as it starts streaming (`Traffic.update`)
         self._cond = threading.Condition()
         self._control: deque[bytes] = deque()
         # fragment -> (version, frames): plain frames, one Encoded, or a chain of differences
@@ -76,12 +80,16 @@ class Outbox:
                 return self._current.popleft() if self._current else None
             fragment, (version, item) = self._updates.popitem(last=False)
             held, self._streamed[fragment] = self._streamed.get(fragment), version
+        as_difference = False
         if not isinstance(item, list):  # outside the lock: a whole value may have to be encoded first
             frames: list[bytes] = []
             for e in item if isinstance(item, tuple) else (item,):
-                frames += e.delta if e.delta is not None and held == e.base else e.full()
+                as_difference = e.delta is not None and held == e.base
+                frames += e.delta if as_difference else e.full()
                 held = e.version
             item = frames
+        if self._counted is not None:
+            self._counted(sum(len(f) for f in item), as_difference)
         with self._cond:  # one thread streams an outbox: nothing else filled _current meanwhile
             if self.closed:
                 return None

@@ -92,6 +92,8 @@ def status(service: ServiceView) -> dict:
         "params": sum(core.plan.sizes[p] for p in core.owned),
         "bytes_received": service.traffic.bytes_received,  # contributions (bulk frames)
         "bytes_sent": service.traffic.bytes_sent,  # updates streamed to learners
+        "updates_sent": dict(service.traffic.updates),  # by form: {"difference": n, "whole": n}
+        "update_bytes_sent": dict(service.traffic.update_bytes),  # their frames' bytes, by form
         # the bulk socket plane: connections closed and calls refused by reason (hello_timeout,
         # per_address_cap, total_cap, bad_token, ...), and those waiting unauthenticated now
         "bulk": {"closed": service.traffic.closed_counts(), "waiting": service.traffic.bulk_waiting},

@@ -14,6 +14,12 @@ class Traffic:
         self._lock = threading.Lock()
         self.bytes_received = 0
         self.bytes_sent = 0
+        # updates as they start streaming, split by form: a difference from the version the learner
+        # holds (`--codec-down int8/int4`), or a whole value (every bf16 update; a join, a reset or a
+        # coalesced version under a difference codec). How many whole values a run sends depends on
+        # timing; what one update of each form costs does not.
+        self.updates = {"difference": 0, "whole": 0}
+        self.update_bytes = {"difference": 0, "whole": 0}
         self._closed: Counter[str] = Counter()  # bulk socket connections closed or calls refused, by reason
         self.bulk_waiting = 0  # bulk socket connections not yet authenticated, or being drained (a gauge)
 
@@ -24,6 +30,12 @@ class Traffic:
     def sent(self, n: int) -> None:
         with self._lock:
             self.bytes_sent += n
+
+    def update(self, nbytes: int, as_difference: bool) -> None:
+        form = "difference" if as_difference else "whole"
+        with self._lock:
+            self.updates[form] += 1
+            self.update_bytes[form] += nbytes
 
     def closed(self, reason: str) -> None:
         """One bulk socket connection closed, or call refused, for `reason` (one of a few fixed keys)."""
