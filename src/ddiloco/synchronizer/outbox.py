@@ -85,7 +85,7 @@ class Outbox:
             frames: list[bytes] = []
             for e in item if isinstance(item, tuple) else (item,):
                 as_difference = e.delta is not None and held == e.base
-                frames += e.delta if as_difference else e.full()
+                frames += e.delta if e.delta is not None and as_difference else e.full()
                 held = e.version
             item = frames
         if self._counted is not None:
