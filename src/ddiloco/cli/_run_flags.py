@@ -55,8 +55,10 @@ class RunFlags:
         None, help="Logs, checkpoints, event log (default runs/run-<time>).", rich_help_panel=RUN
     )
     seed: int = typer.Option(0, help="Seed of the model, the data order and the chaos schedule.", rich_help_panel=RUN)
-    batch_size: int = typer.Option(16, min=1, help="Sequences (or images) per learner step.", rich_help_panel=RUN)
-    inner_lr: float = typer.Option(3e-3, min=0.0, help="Peak inner learning rate.", rich_help_panel=RUN)
+    batch_size: int = typer.Option(
+        options.INNER.batch_size, min=1, help="Sequences (or images) per learner step.", rich_help_panel=RUN
+    )
+    inner_lr: float = typer.Option(options.INNER.lr, min=0.0, help="Peak inner learning rate.", rich_help_panel=RUN)
     inner_optimizer: options.InnerOptimizer = options.in_panel(options.INNER_OPTIMIZER, RUN)
     slow_momentum: float = options.in_panel(options.SLOW_MOMENTUM, RUN)
     slow_weight: float = options.in_panel(options.SLOW_WEIGHT, RUN)

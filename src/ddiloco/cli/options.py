@@ -18,7 +18,7 @@ from ..learner.ending import DEFAULT_ORPHAN_TIMEOUT
 from ..train.inner import InnerConfig
 
 _D = AlgorithmConfig()
-_I = InnerConfig()
+INNER = InnerConfig()  # the inner settings' defaults, for every command's flags
 
 # The panels a command's --help groups its options in (typer's rich_help_panel); the options below name
 # theirs where it is the same in every command that takes them (`in_panel` places one for one command).
@@ -328,13 +328,13 @@ class InnerOptimizer(str, enum.Enum):  # train.inner.INNER_OPTIMIZERS
 # The inner optimizer's options (`train.inner.InnerConfig`; docs/algorithm.md, "Inner-optimizer options"):
 # the same flags in `ddiloco sim`, `ddiloco run` (its Run panel, beside --inner-lr) and `ddiloco learner`.
 INNER_OPTIMIZER = typer.Option(
-    _I.optimizer,
+    INNER.optimizer,
     "--inner-optimizer",
     help="adamw, or muon: Muon on the hidden weight matrices, AdamW on embeddings, head and the rest "
     "(MuLoCo; adamw stays the default until measured).",
 )
 SLOW_MOMENTUM = typer.Option(
-    _I.slow_momentum,
+    INNER.slow_momentum,
     "--slow-momentum",
     min=0.0,
     max=0.999999,
@@ -342,14 +342,14 @@ SLOW_MOMENTUM = typer.Option(
     "(0: off, the default until measured).",
 )
 SLOW_WEIGHT = typer.Option(
-    _I.slow_weight,
+    INNER.slow_weight,
     "--slow-weight",
     min=0.0,
     max=1.0,
     help="MT-DAO: the slow momentum's share of AdamW's step, the fast one's the rest (with --slow-momentum).",
 )
 REWARM_STEPS = typer.Option(
-    _I.rewarm_steps,
+    INNER.rewarm_steps,
     "--rewarm-steps",
     min=0,
     max=10**6,

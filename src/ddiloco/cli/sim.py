@@ -97,8 +97,8 @@ class SimFlags:
     outer_restart_every: int = options.OUTER_RESTART_EVERY
     outer_lr_per_learner: float = options.OUTER_LR_PER_LEARNER
     stale_correction: bool = options.STALE_CORRECTION
-    inner_lr: float = typer.Option(3e-3, help="Inner learning rate (peak; cosine decay over the run).")
-    batch_size: int = typer.Option(16, help="Sequences (or images) per learner step.")
+    inner_lr: float = typer.Option(options.INNER.lr, help="Inner learning rate (peak; cosine decay over the run).")
+    batch_size: int = typer.Option(options.INNER.batch_size, help="Sequences (or images) per learner step.")
     inner_optimizer: options.InnerOptimizer = options.INNER_OPTIMIZER
     slow_momentum: float = options.SLOW_MOMENTUM
     slow_weight: float = options.SLOW_WEIGHT

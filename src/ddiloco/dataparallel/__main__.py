@@ -13,8 +13,10 @@ from pathlib import Path
 from ..chaos.injector import ChaosSettings
 from ..learner.wan import LinkConfig
 from ..records import logsetup
-from ..train.inner import InnerConfig
+from ..train.inner import INNER_OPTIMIZERS, InnerConfig
 from .config import PRECISIONS
+
+_INNER = InnerConfig()
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -23,11 +25,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-size", default="default")
     p.add_argument("--data")
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--inner-lr", type=float, default=3e-3)
-    p.add_argument("--inner-optimizer", choices=("adamw", "muon"), default="adamw")
-    p.add_argument("--slow-momentum", type=float, default=0.0, help="MT-DAO's slow inner momentum (0: off)")
-    p.add_argument("--slow-weight", type=float, default=0.5, help="its share of the step")
+    p.add_argument("--batch-size", type=int, default=_INNER.batch_size)  # the defaults: InnerConfig's
+    p.add_argument("--inner-lr", type=float, default=_INNER.lr)
+    p.add_argument("--inner-optimizer", choices=INNER_OPTIMIZERS, default=_INNER.optimizer)
+    p.add_argument(
+        "--slow-momentum", type=float, default=_INNER.slow_momentum, help="MT-DAO's slow inner momentum (0: off)"
+    )
+    p.add_argument("--slow-weight", type=float, default=_INNER.slow_weight, help="its share of the step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokens", type=int)
     p.add_argument("--duration", type=float)

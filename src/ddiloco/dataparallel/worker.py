@@ -43,6 +43,7 @@ from .replicated import Lineage, broadcast_state
 from .storeauth import read_secret
 
 log = logging.getLogger(__name__)
+_INNER = InnerConfig()
 LOG_EVERY = 2.0  # seconds between rank 0's train/progress lines in metrics.jsonl
 
 
@@ -57,11 +58,11 @@ class WorkerSettings:
     model_size: str = "default"
     data: str | None = None
     seq_len: int = 128
-    batch_size: int = 16
-    inner_lr: float = 3e-3
-    inner_optimizer: str = "adamw"
-    slow_momentum: float = 0.0
-    slow_weight: float = 0.5
+    batch_size: int = _INNER.batch_size  # the inner settings' defaults are InnerConfig's (`inner`)
+    inner_lr: float = _INNER.lr
+    inner_optimizer: str = _INNER.optimizer
+    slow_momentum: float = _INNER.slow_momentum
+    slow_weight: float = _INNER.slow_weight
     seed: int = 0
     tokens: int | None = None
     duration: float | None = None
