@@ -20,6 +20,7 @@ import socket
 import ssl
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import NoReturn, cast
 
 import grpc
@@ -200,8 +201,16 @@ class BulkSocketServer:
         """An authenticated call, holding its place (`slot`) until it ends or is refused."""
         held: threading.Semaphore | None = slot
         owned: socket.socket | None = conn
+        booked = [session_id] if session_id is not None else []
+
+        def unbook() -> None:
+            """The fetch's booking ends once, before its end marker goes out (`_fetch`): a learner that
+            fetches again as soon as it has read the marker must not meet this fetch's booking."""
+            while booked:
+                self._unbook(booked.pop())
+
         try:
-            refusal = self._call(conn, method)
+            refusal = self._call(conn, method, unbook)
             if refusal is not None:
                 # Refused: the slot goes back at once, and the greeter answers and drains, so a client
                 # trickling bytes after its refusal holds neither a slot nor a thread.
@@ -221,10 +230,9 @@ class BulkSocketServer:
             finally:
                 if held is not None:
                     held.release()
-                if session_id is not None:
-                    self._unbook(session_id)
+                unbook()
 
-    def _call(self, conn: socket.socket, method: str) -> dict | None:
+    def _call(self, conn: socket.socket, method: str, unbook: Callable[[], None]) -> dict | None:
         """An authenticated call, holding a bulk slot. A refusal, or an answer given before the payload
         was read, is returned for the caller to send once it has given the slot back."""
         context = SocketContext(conn)
@@ -236,7 +244,7 @@ class BulkSocketServer:
                         return reply
                     wire_sockets.send_frame(conn, [reply], wire_sockets.Deadline(self.service.settings.timeouts.rpc))
                 else:
-                    self._fetch(conn, context)
+                    self._fetch(conn, context, unbook)
             except framing.WireError as exc:
                 code = "RESOURCE_EXHAUSTED" if isinstance(exc, framing.MessageTooLarge) else "INVALID_ARGUMENT"
                 self.service.refuse_rpc(method, f"bad {method}: {exc}")
@@ -273,10 +281,11 @@ class BulkSocketServer:
         finally:
             handlers.streams.close(key)
 
-    def _fetch(self, conn: socket.socket, context: SocketContext) -> None:
+    def _fetch(self, conn: socket.socket, context: SocketContext, unbook: Callable[[], None]) -> None:
         deadline = wire_sockets.Deadline(float("inf"), step=self.service.settings.timeouts.failure)
         for parts in self.handlers.fetch_frames(context):
             wire_sockets.send_frame(conn, parts, deadline)
+        unbook()
         wire_sockets.send_small(conn, {"end": True}, deadline)
 
 
