@@ -85,6 +85,7 @@ OPTIONS: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
     "slow_momentum": ({"slow_momentum": 0.99}, METHODS),
     "rewarm": ({"rewarm_steps": 10}, METHODS),
 }
+BASELINE_OPTIMIZER = "adamw"  # "none" in the rows: the paper's inner optimizer
 ALGORITHM_FIELDS = {f.name for f in dataclasses.fields(AlgorithmConfig)}
 INNER_FIELDS = {f.name for f in dataclasses.fields(InnerConfig)}
 
@@ -119,7 +120,8 @@ def sim_config(
             lr=settings["inner_lr"],
             batch_size=cfg["global_batch"] // learners,
             warmup_steps=10,
-            **inner,  # type: ignore[arg-type]
+            # the baseline is AdamW whatever InnerConfig's default: its rows and the runs file mean one thing
+            **{"optimizer": BASELINE_OPTIMIZER, **inner},  # type: ignore[arg-type]
         ),
         algorithm=AlgorithmConfig() if sim_method == "ddp" else base,
     )
