@@ -49,7 +49,7 @@ from ddiloco.sim.config import SimConfig  # noqa: E402
 from ddiloco.sim.run import run_sim  # noqa: E402
 from ddiloco.train.corpus import encoded_corpus  # noqa: E402
 from ddiloco.train.gpt import GPT, GPTConfig  # noqa: E402
-from ddiloco.train.inner import InnerConfig  # noqa: E402
+from ddiloco.train.inner import INNER_OPTIMIZERS, InnerConfig  # noqa: E402
 from ddiloco.train.tasks import LanguageModelTask  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,7 +92,8 @@ QUICK = dict(
     edges=dict(cells=[[4.0, "12k"]], global_batches=[4], outer_lrs=[0.25]),
 )
 DDP_WORKERS = 4
-RESUME_KEYS = ("seq_len", "sync_every", "eval_batches")  # a results file resumes only runs made like these
+RESUME_KEYS = ("seq_len", "sync_every", "eval_batches", "inner_optimizer")  # a file resumes only runs made like these
+BEFORE_MUON = {"inner_optimizer": "adamw"}  # a file made before 0.4 names no optimizer: it was AdamW
 #: method name: (sim method, learners)
 SPECS = {
     "ddp": ("ddp", DDP_WORKERS),
@@ -164,7 +165,12 @@ def train(cfg: dict, data: str | None, j: dict) -> dict:
         tokens=j["tokens"],
         seed=j["seed"],
         eval_batches=cfg["eval_batches"],
-        inner=InnerConfig(lr=j["inner_lr"], batch_size=j["per_learner_batch"], warmup_steps=10),
+        inner=InnerConfig(
+            lr=j["inner_lr"],
+            batch_size=j["per_learner_batch"],
+            warmup_steps=10,
+            optimizer=cfg.get("inner_optimizer", "adamw"),  # type: ignore[arg-type]  # one of INNER_OPTIMIZERS
+        ),
         # data-parallel has no outer step: it ignores the algorithm
         algorithm=AlgorithmConfig() if method == "ddp" else algorithm(method, j["outer_lr"], cfg["sync_every"]),
     )
@@ -383,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=Path, default=None, help="print the table and fits of this results file")
     parser.add_argument("--data", default=None, help="training text (default: the Python standard library's source)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per job")
+    parser.add_argument("--inner-optimizer", choices=INNER_OPTIMIZERS, default=InnerConfig().optimizer)
     parser.add_argument(
         "--jobs", type=int, default=1, help="jobs trained at a time, in worker processes (one per core)"
     )
@@ -393,14 +400,15 @@ def main(argv: list[str] | None = None) -> int:
         tuning = report.get("tuning")
         rows = in_grid(every, cfg, tuning) if "config" in report else every
     else:
-        cfg = QUICK if args.quick else FULL
+        cfg = {**(QUICK if args.quick else FULL), "inner_optimizer": args.inner_optimizer}
         args.out = args.out or ROOT / "benchmarks" / "results" / (
             "scaling-quick.json" if args.quick else "scaling.json"
         )
         rows, tuning = [], None
         if args.out.exists():
             old = json.loads(args.out.read_text())
-            same = {k: old["config"].get(k) for k in RESUME_KEYS} == {k: cfg[k] for k in RESUME_KEYS}
+            made = {**BEFORE_MUON, **old["config"]}
+            same = {k: made.get(k) for k in RESUME_KEYS} == {k: cfg[k] for k in RESUME_KEYS}
             if not same or old["config"].get("data") != args.data:
                 parser.error(f"{args.out} holds runs of another configuration: give another --out")
             rows, tuning = old["rows"], old.get("tuning")

@@ -67,6 +67,7 @@ its method's means (`left_out`); every row says `quiet` and `others_cpu_share`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -83,11 +84,12 @@ from time_to_loss_curves import eval_batches, loss_at, read_curve, seconds_to_ta
 from time_to_loss_seeds import across_seeds, show_seeds
 from time_to_loss_show import console, plot, show
 from time_to_loss_slurm import preempted_run, slurm_or_local
-from tuning import DATA_PARALLEL, DILOCO_FAMILY, Tuner
+from tuning import DATA_PARALLEL, DILOCO_FAMILY, INNER_LR, Tuner
 
 from ddiloco.chaos.injector import ChaosSettings, learner_trace
 from ddiloco.chaos.trace import FailureTrace, Outage
 from ddiloco.train.device import STEP_SLOWDOWN_ENV
+from ddiloco.train.inner import DEFAULT_LR, INNER_OPTIMIZERS, InnerConfig  # noqa: E402
 
 SCENARIOS = ("one_site", "cross_site", "mixed_hardware", "preemptible")
 METHODS = ("ddp", "elastic-ddp", "diloco", "streaming", "decoupled")
@@ -157,6 +159,7 @@ def scenarios(args: argparse.Namespace, base: Path, params: int, slurm: tuple[di
 def run_real(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[str, float], run_dir: Path) -> dict:
     flags = ["--method", method, "--learners", str(args.learners), "--model-size", args.model_size]
     flags += ["--data", str(args.data), "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size)]
+    flags += ["--inner-optimizer", args.inner_optimizer]
     flags += ["--tokens", str(args.tokens), "--duration", f"{args.cap_seconds:.1f}", "--seed", str(args.seed)]
     flags += ["--min-step-seconds", str(args.min_step_seconds), *tuned_flags(tuned), "--no-dashboard"]
     flags += ["--eval-every", str(args.eval_every), "--eval-batches", str(args.eval_batches)]
@@ -214,6 +217,7 @@ def tuned_flags(tuned: dict[str, float]) -> list[str]:
 def sim_flags(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[str, float]) -> list[str]:
     flags = ["--method", method, "--learners", str(args.learners), "--model-size", args.model_size]
     flags += ["--data", str(args.data), "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size)]
+    flags += ["--inner-optimizer", args.inner_optimizer]
     flags += ["--tokens", str(args.tokens), "--seed", str(args.seed), *tuned_flags(tuned)]
     flags += ["--step-time", str(args.min_step_seconds), "--eval-batches", str(args.eval_batches)]
     flags += ["--reconfigure-seconds", str(args.reconfigure_seconds)]
@@ -239,7 +243,10 @@ def tune(args: argparse.Namespace, base: Path) -> tuple[dict[str, dict[str, floa
         return sim_run(sim_flags(args, plain, method, settings), run_dir)["summary"]["eval_loss"]
 
     tuner = Tuner(objective, base / "tuning.json", tuning_context(args), say=console.print)
-    report = {m: tuner.tune(m, DILOCO_FAMILY if m in FAMILY else DATA_PARALLEL) for m in ("ddp", *FAMILY)}
+    # the inner lr's first grid is centred on the optimizer's default (train.inner.DEFAULT_LR)
+    centred = dataclasses.replace(INNER_LR, default=DEFAULT_LR[args.inner_optimizer])
+    family, data_parallel = (centred, *DILOCO_FAMILY[1:]), (centred, *DATA_PARALLEL[1:])
+    report = {m: tuner.tune(m, family if m in FAMILY else data_parallel) for m in ("ddp", *FAMILY)}
     ddp = {k: v for k, v in report["ddp"].items() if k != "losses"}
     report = {"ddp": report["ddp"], "elastic-ddp": {**ddp, "takes": "ddp"}, **report}
     for entry in report.values():
@@ -251,15 +258,16 @@ def tune(args: argparse.Namespace, base: Path) -> tuple[dict[str, dict[str, floa
 def tuning_context(args: argparse.Namespace) -> dict:
     """What the tuning runs depend on besides the method and tuned settings: a tuning.json made with
     other values is refused."""
-    keys = ("model_size", "data", "tokens", "learners", "seq_len", "batch_size", "seed")
+    keys = ("model_size", "data", "tokens", "learners", "seq_len", "batch_size", "seed", "inner_optimizer")
     keys += ("min_step_seconds", "eval_batches", "reconfigure_seconds")
     return {k: str(getattr(args, k)) if k == "data" else getattr(args, k) for k in keys}
 
 
 def untuned(args: argparse.Namespace) -> tuple[dict[str, dict[str, float]], dict]:
     """--no-sweep: every method at --inner-lr, the DiLoCo family at the default outer lr and momentum."""
-    note = f"--no-sweep: not tuned; every method at --inner-lr {args.inner_lr:g}, outer settings at their defaults"
-    chosen = {m: {"inner_lr": args.inner_lr} for m in METHODS}
+    lr = args.inner_lr if args.inner_lr is not None else DEFAULT_LR[args.inner_optimizer]
+    note = f"--no-sweep: not tuned; every method at --inner-lr {lr:g}, outer settings at their defaults"
+    chosen = {m: {"inner_lr": lr} for m in METHODS}
     return chosen, {m: {"tuned": False, "chosen": chosen[m], "note": note} for m in METHODS}
 
 
@@ -379,7 +387,8 @@ def main() -> None:
     p.add_argument("--learners", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--inner-lr", type=float, default=3e-3, help="every method's, with --no-sweep")
+    p.add_argument("--inner-optimizer", choices=INNER_OPTIMIZERS, default=InnerConfig().optimizer)
+    p.add_argument("--inner-lr", type=float, default=None, help="with --no-sweep: every method's (DEFAULT_LR)")
     p.add_argument("--min-step-seconds", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0, help="the tuning's seed, and the runs' without --seeds")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="run every scenario once per seed")

@@ -241,6 +241,7 @@ def test_a_scenarios_seed_is_read_back_when_run_again_with_the_same_settings(tmp
         learners=2,
         seq_len=8,
         batch_size=2,
+        inner_optimizer="muon",
         seed=1,
         min_step_seconds=0.1,
         eval_batches=8,

@@ -193,7 +193,8 @@ def namespace() -> argparse.Namespace:
         min_step_seconds=0.1,
         eval_batches=2,
         reconfigure_seconds=1.0,
-        inner_lr=3e-3,
+        inner_optimizer="muon",
+        inner_lr=None,
     )
 
 
@@ -222,7 +223,10 @@ def test_time_to_loss_tunes_every_method_and_the_outer_settings_reach_ddiloco_si
     assert all("--outer-momentum" in f for f in seen if f[f.index("--method") + 1] in ttl.FAMILY)
     flags = ttl.sim_flags(namespace(), ttl.Scenario("x"), "streaming", tuned["streaming"])
     assert flags[flags.index("--outer-lr") + 1] == "0.35" and flags[flags.index("--outer-momentum") + 1] == "0.7"
+    assert all(f[f.index("--inner-optimizer") + 1] == "muon" for f in seen)  # every run, the optimizer given
+    assert ttl.tuning_context(namespace())["inner_optimizer"] == "muon"  # an AdamW tuning.json is not resumed
     count = len(seen)
     assert ttl.tune(namespace(), tmp_path)[1] == tuning and len(seen) == count  # resumed from tuning.json
-    skipped = ttl.untuned(namespace())[1]
+    chosen, skipped = ttl.untuned(namespace())
     assert all(not e["tuned"] and "--no-sweep" in e["note"] for e in skipped.values())
+    assert all(c == {"inner_lr": 1.2e-2} for c in chosen.values())  # the optimizer's default lr

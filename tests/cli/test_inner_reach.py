@@ -37,10 +37,18 @@ FLAGS = {
     "rewarm_steps": "rewarm_steps",
 }
 NOT_FLAGS = {"weight_decay", "beta1", "beta2", "warmup_steps", "min_lr_ratio", "grad_clip"}
-# Muon and the slow momentum exclude each other: two sets of values, every flagged field off its default.
+# Muon (the default) and the slow momentum (AdamW's) exclude each other: two sets of values, every
+# flagged field off its default.
 GIVEN = {
-    "muon": {"inner_lr": 0.001, "batch_size": 8, "inner_optimizer": "muon", "rewarm_steps": 3},
-    "slow": {"inner_lr": 0.002, "batch_size": 4, "slow_momentum": 0.99, "slow_weight": 0.25, "rewarm_steps": 5},
+    "muon": {"inner_lr": 0.001, "batch_size": 8, "rewarm_steps": 3},
+    "slow": {
+        "inner_lr": 0.002,
+        "batch_size": 4,
+        "inner_optimizer": "adamw",
+        "slow_momentum": 0.99,
+        "slow_weight": 0.25,
+        "rewarm_steps": 5,
+    },
 }
 COMMANDS = {"sim": sim_cli.SimFlags, "run": RunFlags, "learner": learner_cli.LearnerFlags}
 
@@ -82,7 +90,8 @@ def test_each_option_is_a_flag_of_its_name_in_the_panel_of_inner_lr(command):
     for name in FLAGS:
         assert f"--{name.replace('_', '-')}" in params[name].opts, (command, name)
         assert params[name].rich_help_panel == params["inner_lr"].rich_help_panel, (command, name)
-        default = DEFAULT.lr if name == "inner_lr" else getattr(DEFAULT, FLAGS[name])
+        # --inner-lr's default is none: InnerConfig gives each optimizer its own (DEFAULT_LR)
+        default = None if name == "inner_lr" else getattr(DEFAULT, FLAGS[name])
         assert options.plain(params[name].default)[0] == default, (command, name)
 
 

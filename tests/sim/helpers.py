@@ -11,8 +11,8 @@ from ddiloco.train.inner import InnerConfig
 BATCH = 4
 SEQ = 16
 TOKENS_PER_STEP = BATCH * SEQ
-# Constant learning rate, so that hand-written references need no schedule.
-FLAT_INNER = InnerConfig(lr=3e-3, warmup_steps=0, min_lr_ratio=1.0, batch_size=BATCH)
+# Constant learning rate, so that hand-written references need no schedule; AdamW, as they write it.
+FLAT_INNER = InnerConfig(lr=3e-3, warmup_steps=0, min_lr_ratio=1.0, batch_size=BATCH, optimizer="adamw")
 INSTANT = LinkModel(latency=0.0, bandwidth=1e15, merge_rate=1e15)
 
 

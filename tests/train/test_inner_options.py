@@ -11,7 +11,7 @@ import torch
 from ddiloco.learner import peerstate
 from ddiloco.learner.state import load_optimizer, optimizer_state, save_optimizer
 from ddiloco.train.gpt import GPT, GPTConfig
-from ddiloco.train.inner import InnerConfig, inner_step, lr_at, make_inner_optimizer, set_lr
+from ddiloco.train.inner import DEFAULT_LR, InnerConfig, inner_step, lr_at, make_inner_optimizer, set_lr
 from ddiloco.train.optimizers import MuonWithAdamW, SlowFastAdamW, fill_state, muon_matrices
 
 HIDDEN = {
@@ -37,9 +37,15 @@ def one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed: int
     inner_step(model, optimizer, loss, grad_clip=1.0)
 
 
-def test_the_default_inner_optimizer_is_exactly_torch_s_adamw_with_the_same_hyper_parameters():
-    config = InnerConfig()
-    assert config.optimizer == "adamw"
+def test_the_default_is_muon_at_its_own_lr_and_an_lr_given_is_kept():
+    assert InnerConfig().optimizer == "muon" and InnerConfig().lr == DEFAULT_LR["muon"] == 1.2e-2
+    assert InnerConfig(optimizer="adamw").lr == DEFAULT_LR["adamw"] == 3e-3  # each optimizer its own default
+    assert InnerConfig(lr=5e-4).lr == InnerConfig(lr=5e-4, optimizer="adamw").lr == 5e-4
+    assert isinstance(make_inner_optimizer(tiny_gpt(), InnerConfig()), MuonWithAdamW)
+
+
+def test_adamw_is_exactly_torch_s_adamw_with_the_same_hyper_parameters():
+    config = InnerConfig(optimizer="adamw")
     model = tiny_gpt()
     got = make_inner_optimizer(model, config)
     assert type(got) is torch.optim.AdamW
@@ -49,9 +55,9 @@ def test_the_default_inner_optimizer_is_exactly_torch_s_adamw_with_the_same_hype
     assert all(p is q for p, q in zip(group["params"], model.parameters(), strict=True))
 
 
-def test_the_default_steps_bit_for_bit_as_before():
+def test_adamw_steps_bit_for_bit_as_before():
     a, b = tiny_gpt(), tiny_gpt()
-    one_step(a, make_inner_optimizer(a, InnerConfig()))
+    one_step(a, make_inner_optimizer(a, InnerConfig(optimizer="adamw")))
     one_step(b, torch.optim.AdamW(b.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1))
     for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(p, q), name
@@ -83,8 +89,8 @@ def test_a_tied_head_is_an_embedding_and_a_model_without_hidden_matrices_gets_ad
 
 def test_one_muon_step_differs_from_adamw_s_on_the_matrices_only():
     a, b = tiny_gpt(), tiny_gpt()
-    one_step(a, make_inner_optimizer(a, InnerConfig(optimizer="muon")))
-    one_step(b, make_inner_optimizer(b, InnerConfig()))
+    one_step(a, make_inner_optimizer(a, InnerConfig(optimizer="muon", lr=3e-3)))
+    one_step(b, make_inner_optimizer(b, InnerConfig(optimizer="adamw")))
     start = dict(tiny_gpt().named_parameters())
     for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         if name in HIDDEN:
@@ -180,8 +186,8 @@ def test_the_slow_momentum_moves_a_parameter_by_the_hand_computed_amounts():
 
 def test_slow_weight_zero_is_adamw():
     a, b = tiny_gpt(), tiny_gpt()
-    config = InnerConfig(slow_momentum=0.99, slow_weight=0.0)
-    opt_a, opt_b = make_inner_optimizer(a, config), make_inner_optimizer(b, InnerConfig())
+    config = InnerConfig(slow_momentum=0.99, slow_weight=0.0, optimizer="adamw")
+    opt_a, opt_b = make_inner_optimizer(a, config), make_inner_optimizer(b, InnerConfig(optimizer="adamw"))
     assert isinstance(opt_a, SlowFastAdamW)
     for seed in range(3):
         one_step(a, opt_a, seed)
@@ -192,7 +198,7 @@ def test_slow_weight_zero_is_adamw():
 
 def test_the_slow_momentum_is_an_option_of_the_config_and_its_state_saves(tmp_path):
     a, b = tiny_gpt(), tiny_gpt()
-    config = InnerConfig(slow_momentum=0.99)
+    config = InnerConfig(slow_momentum=0.99, optimizer="adamw")
     opt_a = make_inner_optimizer(a, config)
     assert isinstance(opt_a, SlowFastAdamW) and opt_a.param_groups[0]["slow_beta"] == 0.99
     one_step(a, opt_a)
@@ -213,8 +219,8 @@ def test_the_slow_momentum_is_an_option_of_the_config_and_its_state_saves(tmp_pa
 @pytest.mark.parametrize(
     "bad",
     [
-        {"slow_momentum": 0.5},
-        {"slow_momentum": 1.0},
+        {"slow_momentum": 0.5, "optimizer": "adamw"},
+        {"slow_momentum": 1.0, "optimizer": "adamw"},
         {"slow_weight": 1.5},
         {"slow_momentum": 0.99, "optimizer": "muon"},
     ],
@@ -240,7 +246,9 @@ def test_the_learning_rate_warms_up_again_linearly_after_an_adoption():
         InnerConfig(rewarm_steps=-1)
 
 
-@pytest.mark.parametrize("inner", [{}, {"optimizer": "muon"}, {"slow_momentum": 0.99}])
+@pytest.mark.parametrize(
+    "inner", [{"optimizer": "adamw"}, {"optimizer": "muon"}, {"slow_momentum": 0.99, "optimizer": "adamw"}]
+)
 def test_an_empty_optimizer_gets_the_state_its_first_step_makes(inner):
     """What a data-parallel job's ranks receive rank 0's state into (`dataparallel.replicated`)."""
     empty, trained = tiny_gpt(), tiny_gpt()

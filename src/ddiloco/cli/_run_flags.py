@@ -58,7 +58,9 @@ class RunFlags:
     batch_size: int = typer.Option(
         options.INNER.batch_size, min=1, help="Sequences (or images) per learner step.", rich_help_panel=RUN
     )
-    inner_lr: float = typer.Option(options.INNER.lr, min=0.0, help="Peak inner learning rate.", rich_help_panel=RUN)
+    inner_lr: float | None = typer.Option(
+        None, min=0.0, help=f"Peak inner learning rate (default: {options.DEFAULT_LR_TEXT}).", rich_help_panel=RUN
+    )
     inner_optimizer: options.InnerOptimizer = options.in_panel(options.INNER_OPTIMIZER, RUN)
     slow_momentum: float = options.in_panel(options.SLOW_MOMENTUM, RUN)
     slow_weight: float = options.in_panel(options.SLOW_WEIGHT, RUN)

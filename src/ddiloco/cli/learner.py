@@ -36,7 +36,9 @@ class LearnerFlags:
     seq_len: int = options.SEQ_LEN
     seed: int = typer.Option(0, help="Seed of the data order (the model comes from the synchronizer).")
     batch_size: int = typer.Option(options.INNER.batch_size, min=1, help="Sequences (or images) per step and rank.")
-    inner_lr: float = typer.Option(options.INNER.lr, min=0.0, help="Peak inner learning rate.")
+    inner_lr: float | None = typer.Option(
+        None, min=0.0, help=f"Peak inner learning rate (default: {options.DEFAULT_LR_TEXT})."
+    )
     inner_optimizer: options.InnerOptimizer = options.INNER_OPTIMIZER
     slow_momentum: float = options.SLOW_MOMENTUM
     slow_weight: float = options.SLOW_WEIGHT

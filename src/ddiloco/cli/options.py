@@ -15,10 +15,11 @@ from typer.models import OptionInfo
 
 from ..core.config import AlgorithmConfig
 from ..learner.ending import DEFAULT_ORPHAN_TIMEOUT
-from ..train.inner import InnerConfig
+from ..train.inner import DEFAULT_LR, InnerConfig
 
 _D = AlgorithmConfig()
 INNER = InnerConfig()  # the inner settings' defaults, for every command's flags
+DEFAULT_LR_TEXT = ", ".join(f"{lr:g} with {name}" for name, lr in DEFAULT_LR.items())  # --inner-lr's help
 
 # The panels a command's --help groups its options in (typer's rich_help_panel); the options below name
 # theirs where it is the same in every command that takes them (`in_panel` places one for one command).
@@ -330,8 +331,8 @@ class InnerOptimizer(str, enum.Enum):  # train.inner.INNER_OPTIMIZERS
 INNER_OPTIMIZER = typer.Option(
     INNER.optimizer,
     "--inner-optimizer",
-    help="adamw, or muon: Muon on the hidden weight matrices, AdamW on embeddings, head and the rest "
-    "(MuLoCo; adamw stays the default until measured).",
+    help="muon: Muon on the hidden weight matrices, AdamW on embeddings, head and the rest (MuLoCo; the "
+    "default since 0.4, measured: docs/results.md); adamw: AdamW on every parameter.",
 )
 SLOW_MOMENTUM = typer.Option(
     INNER.slow_momentum,
@@ -339,7 +340,7 @@ SLOW_MOMENTUM = typer.Option(
     min=0.0,
     max=0.999999,
     help="MT-DAO: beta of a slow inner momentum mixed into AdamW's step beside its fast one, e.g. 0.99 "
-    "(0: off, the default until measured).",
+    "(with --inner-optimizer adamw; 0: off, the default until measured).",
 )
 SLOW_WEIGHT = typer.Option(
     INNER.slow_weight,
@@ -362,7 +363,7 @@ def inner_config(flags: Any) -> InnerConfig:
     """The `InnerConfig` a command's inner-optimizer flags give (--inner-lr, --batch-size and the options
     above): one place for `sim`, `run` and `learner`."""
     return InnerConfig(
-        lr=flags.inner_lr,
+        lr=flags.inner_lr,  # None: the optimizer's default (train.inner.DEFAULT_LR)
         batch_size=flags.batch_size,
         optimizer=plain(flags.inner_optimizer)[0],
         slow_momentum=flags.slow_momentum,

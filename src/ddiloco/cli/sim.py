@@ -97,7 +97,11 @@ class SimFlags:
     outer_restart_every: int = options.OUTER_RESTART_EVERY
     outer_lr_per_learner: float = options.OUTER_LR_PER_LEARNER
     stale_correction: bool = options.STALE_CORRECTION
-    inner_lr: float = typer.Option(options.INNER.lr, help="Inner learning rate (peak; cosine decay over the run).")
+    inner_lr: float | None = typer.Option(
+        None,
+        min=0.0,
+        help=f"Inner learning rate (peak; cosine decay over the run; default: {options.DEFAULT_LR_TEXT}).",
+    )
     batch_size: int = typer.Option(options.INNER.batch_size, help="Sequences (or images) per learner step.")
     inner_optimizer: options.InnerOptimizer = options.INNER_OPTIMIZER
     slow_momentum: float = options.SLOW_MOMENTUM

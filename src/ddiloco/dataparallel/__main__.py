@@ -26,7 +26,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=_INNER.batch_size)  # the defaults: InnerConfig's
-    p.add_argument("--inner-lr", type=float, default=_INNER.lr)
+    p.add_argument("--inner-lr", type=float, default=None, help="default: the optimizer's (train.inner.DEFAULT_LR)")
     p.add_argument("--inner-optimizer", choices=INNER_OPTIMIZERS, default=_INNER.optimizer)
     p.add_argument(
         "--slow-momentum", type=float, default=_INNER.slow_momentum, help="MT-DAO's slow inner momentum (0: off)"

@@ -59,7 +59,7 @@ class WorkerSettings:
     data: str | None = None
     seq_len: int = 128
     batch_size: int = _INNER.batch_size  # the inner settings' defaults are InnerConfig's (`inner`)
-    inner_lr: float = _INNER.lr
+    inner_lr: float | None = None  # None: the optimizer's default (train.inner.DEFAULT_LR)
     inner_optimizer: str = _INNER.optimizer
     slow_momentum: float = _INNER.slow_momentum
     slow_weight: float = _INNER.slow_weight
@@ -83,7 +83,7 @@ class WorkerSettings:
     def inner(self) -> InnerConfig:
         """This worker's inner optimizer and schedule, as a learner's would be (`train.inner`)."""
         return InnerConfig(
-            lr=self.inner_lr,
+            lr=self.inner_lr,  # type: ignore[arg-type]  # None: resolved by InnerConfig
             batch_size=self.batch_size,
             optimizer=self.inner_optimizer,  # type: ignore[arg-type]  # checked by InnerConfig
             slow_momentum=self.slow_momentum,

@@ -1,7 +1,8 @@
-"""The inner optimizer every driver uses: AdamW with linear warm-up and cosine decay over the run,
-or one of its options (`InnerConfig`; each off by default, none measured yet: docs/algorithm.md,
-"Inner-optimizer options"): Muon for the hidden matrices (`optimizers.MuonWithAdamW`), a slow momentum
-beside AdamW's fast one (`optimizers.SlowFastAdamW`), a re-warm-up after each adoption (`lr_at`)."""
+"""The inner optimizer every driver uses: Muon for the hidden matrices with AdamW for the rest
+(`optimizers.MuonWithAdamW`; the default since 0.4, measured: docs/results.md, "The gap to
+data-parallel") or plain AdamW, with linear warm-up and cosine decay over the run, and the options
+(`InnerConfig`; off by default: docs/algorithm.md, "Inner-optimizer options"): a slow momentum beside
+AdamW's fast one (`optimizers.SlowFastAdamW`), a re-warm-up after each adoption (`lr_at`)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ from .optimizers import MuonWithAdamW, SlowFastAdamW, muon_matrices
 
 InnerOptimizer = Literal["adamw", "muon"]
 INNER_OPTIMIZERS: tuple[InnerOptimizer, ...] = ("adamw", "muon")
+# The peak inner lr when none is given, per optimizer: each one's tuned choice on the sweeps of
+# docs/results.md ("The gap to data-parallel": 84k and 148k parameters, every method; the demo's ~1M).
+DEFAULT_LR: dict[InnerOptimizer, float] = {"adamw": 3e-3, "muon": 1.2e-2}
 
 
 @dataclass(frozen=True)
 class InnerConfig:
-    lr: float = 3e-3
+    lr: float = None  # type: ignore[assignment]  # peak; None: DEFAULT_LR[optimizer], set in __post_init__
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -29,7 +33,7 @@ class InnerConfig:
     batch_size: int = 16
     # adamw: torch.optim.AdamW on every parameter; muon: torch.optim.Muon on the hidden 2-D matrices,
     # AdamW on the rest (MuLoCo, arXiv 2505.23725; `optimizers.muon_matrices` says which are which)
-    optimizer: InnerOptimizer = "adamw"
+    optimizer: InnerOptimizer = "muon"
     # MT-DAO (arXiv 2510.05361): beta_s of a slow first moment AdamW's step mixes with its fast one
     # (beta1), with weight slow_weight (`optimizers.SlowFastAdamW`); 0: off, plain AdamW
     slow_momentum: float = 0.0
@@ -39,12 +43,14 @@ class InnerConfig:
     rewarm_steps: int = 0
 
     def __post_init__(self) -> None:
+        if self.optimizer not in INNER_OPTIMIZERS:
+            raise ValueError(f"inner optimizer must be one of {', '.join(INNER_OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.lr is None:
+            object.__setattr__(self, "lr", DEFAULT_LR[self.optimizer])
         if not self.lr > 0 or self.batch_size < 1 or self.warmup_steps < 0 or self.rewarm_steps < 0:
             raise ValueError("inner lr must be > 0, batch_size >= 1, warmup_steps and rewarm_steps >= 0")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("min_lr_ratio must be in [0, 1]")
-        if self.optimizer not in INNER_OPTIMIZERS:
-            raise ValueError(f"inner optimizer must be one of {', '.join(INNER_OPTIMIZERS)}, got {self.optimizer!r}")
         if self.slow_momentum and not self.beta1 < self.slow_momentum < 1:
             raise ValueError(
                 f"slow_momentum must be 0 (off) or between beta1 = {self.beta1} and 1, got {self.slow_momentum}"
@@ -52,14 +58,18 @@ class InnerConfig:
         if not 0 <= self.slow_weight <= 1:
             raise ValueError(f"slow_weight must be in [0, 1], got {self.slow_weight}")
         if self.slow_momentum and self.optimizer != "adamw":
-            raise ValueError("slow_momentum is AdamW's (MT-DAO); Muon keeps its own momentum: use one or the other")
+            raise ValueError(
+                "slow_momentum is AdamW's (MT-DAO); Muon keeps its own momentum: use one or the other "
+                "(--inner-optimizer adamw)"
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def make_inner_optimizer(model: torch.nn.Module, config: InnerConfig) -> torch.optim.Optimizer:
-    """The inner optimizer `config` asks for, over `model`'s parameters: by default torch.optim.AdamW.
+    """The inner optimizer `config` asks for, over `model`'s parameters: by default Muon on the hidden
+    matrices with AdamW on the rest (plain torch.optim.AdamW for a model without hidden matrices).
     Public (`ddiloco.make_inner_optimizer`): a training loop of one's own builds the same one."""
     betas = (config.beta1, config.beta2)
     if config.slow_momentum:
