@@ -38,6 +38,29 @@ def windows(path: str, part: int, parts: int) -> torch.Tensor:
     return torch.tensor([list(data[s : s + SEQ]) for s in range(part * SEQ, len(data) - SEQ, SEQ * parts)])
 
 
+class Together(lightning.Callback):
+    """Learners start their first step together and keep a pace. On two busy cores one learner's
+    imports and Trainer set-up can outlast the other's whole budget of tiny steps: the barrier comes
+    after DecoupledDiLoCo's own start (it registered and took the model), and each step is padded to
+    `step_seconds`, so that a learner the scheduler leaves out for a moment still gets steps in."""
+
+    def __init__(self, ready: str | None, learner: int, peers: int, step_seconds: float) -> None:
+        self.ready, self.learner, self.peers, self.step_seconds = ready, learner, peers, step_seconds
+        self.waited, self.started = False, 0.0
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:  # noqa: ANN001
+        if self.ready and not self.waited:
+            self.waited = True
+            Path(self.ready, f"ready-{self.learner}").touch()
+            deadline = time.monotonic() + 60
+            while len(list(Path(self.ready).glob("ready-*"))) < self.peers and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self.started = time.monotonic()
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+        time.sleep(max(0.0, self.started + self.step_seconds - time.monotonic()))
+
+
 def main() -> int:
     from ddiloco.integrations.lightning import DecoupledDiLoCo
 
@@ -49,6 +72,7 @@ def main() -> int:
     parser.add_argument("--max-steps", type=int, default=500)
     parser.add_argument("--ready", default=None, help="a folder: start training once --peers learners wrote to it")
     parser.add_argument("--peers", type=int, default=1)
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="pad each step to at least this long")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -58,18 +82,13 @@ def main() -> int:
         accelerator="cpu",
         devices=1,
         max_steps=args.max_steps,
-        callbacks=[callback],
+        callbacks=[callback, Together(args.ready, args.id, args.peers, args.step_seconds)],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
     loader = torch.utils.data.DataLoader(windows(args.data, args.id, 2), batch_size=BATCH, shuffle=True)
-    if args.ready:  # on two busy cores one learner's imports can take the whole budget's time: start together
-        Path(args.ready, f"ready-{args.id}").touch()
-        deadline = time.monotonic() + 60
-        while len(list(Path(args.ready).glob("ready-*"))) < args.peers and time.monotonic() < deadline:
-            time.sleep(0.05)
     trainer.fit(module, loader)
     stats = callback.stats()
     result = {

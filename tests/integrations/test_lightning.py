@@ -42,7 +42,7 @@ def test_two_lightning_learners_merge_and_count_their_steps(procs, tmp_path, cor
             out = tmp_path / f"learner-{m}"
             out.mkdir()
             cmd = [sys.executable, str(SCRIPT), "--connect", address, "--id", str(m), "--data", corpus_file]
-            cmd += ["--ready", str(tmp_path), "--peers", "2"]
+            cmd += ["--ready", str(tmp_path), "--peers", "2", "--step-seconds", "0.03"]
             children.append(procs.start(f"learner-{m}", [*cmd, "--out", str(out)], out / "stderr.log"))
             outs.append(out)
         codes = wait_exit(children, 150)
