@@ -8,6 +8,11 @@ from pathlib import Path
 
 import pytest
 
+try:  # pytest >= 9.2 builds `nodeid` from `item._id` (below: the xdist group)
+    from _pytest.nodeid import coerce_node_id
+except ImportError:  # older pytest reads the `_nodeid` xdist sets
+    coerce_node_id = None  # type: ignore[assignment]
+
 from ddiloco.launch.procs import ProcessTable
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -80,12 +85,18 @@ def _torch_threads_restored():
 MACHINE_WIDE = ("hosts", "cluster", "skypilot")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tests = Path(__file__).resolve().parent
     for item in items:
         parts = item.path.resolve().relative_to(tests).parts
         if parts and parts[0] in MACHINE_WIDE:
             item.add_marker(pytest.mark.xdist_group("machine"))
+            # xdist (3.8) names the group by setting `item._nodeid` to "<id>@machine", which pytest
+            # 9.2's `nodeid` (built from `item._id`) no longer reads: the group was silently lost
+            # and machine-wide tests ran on both workers at once. Set the id pytest reads.
+            if coerce_node_id is not None and config.getvalue("loadgroup"):
+                item._id = coerce_node_id(f"{item.nodeid}@machine")
 
 
 # --- a skip is loud in CI ---------------------------------------------------------------------------
