@@ -19,7 +19,7 @@ from ddiloco.train.tasks import count_parameters, make_task
 
 from .runs import SEQ, TOKENS_PER_WORKER_STEP, finish, running
 
-STEPS, WORKERS = 30, 2
+STEPS, WORKERS = 10, 2
 LATENCY_MS, BANDWIDTH_MBPS = 10.0, 0.5
 BYTES = {"bf16": 2, "fp32": 4}
 

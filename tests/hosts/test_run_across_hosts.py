@@ -83,8 +83,9 @@ def test_a_learner_on_another_host_is_merged(make_network, tmp_path: Path, shake
 @pytest.mark.timeout(300)
 def test_a_learner_cut_off_is_declared_gone_and_rejoins_after_the_heal(make_network, tmp_path, shakespeare):
     net = make_network(["sync", "learner"], LINK)
-    # at most 50 steps a second: 600 steps take 12 s or more, far longer than it takes to see a merge and cut
-    sync, learner, sync_dir = start_run(net, tmp_path, shakespeare, 600, "--min-step-seconds", "0.02")
+    # at most 50 steps a second: 300 steps take 6 s or more, far longer than it takes to see a merge and cut
+    # (cut off, it trains at most S x H = 16 steps: the budget waits for the heal)
+    sync, learner, sync_dir = start_run(net, tmp_path, shakespeare, 300, "--min-step-seconds", "0.02")
     events = sync_dir / "events.jsonl"
 
     def merged_by_learner() -> list[dict]:

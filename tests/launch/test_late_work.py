@@ -15,7 +15,7 @@ from .test_run import assert_all_ended, ddiloco_run
 def test_work_that_misses_its_round_behind_a_long_link_is_merged_once_in_a_later_round(tmp_path, shakespeare):
     # K = 1 and no grace: each round merges at its first contribution, so every other learner's work
     # for that version arrives after its round closed (100 ms each way, a connection per push)
-    args = ["--learners", "3", "--tokens", "30000", "--quorum", "1", "--grace", "0", "--sync-every", "8"]
+    args = ["--learners", "3", "--tokens", "12000", "--quorum", "1", "--grace", "0", "--sync-every", "8"]
     args += ["--net-latency", "100", "--min-step-seconds", "0.05"]
     out, run_dir = ddiloco_run(tmp_path, shakespeare, *args, timeout=200)
     assert out.returncode == 0, out.stderr[-3000:]
