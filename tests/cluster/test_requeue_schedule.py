@@ -103,6 +103,7 @@ def test_on_slurm_the_preemptible_runs_get_requeues_and_the_virtual_clock_the_sa
         assert any(o.learner == m and o.down_at <= t + 1e-6 and o.up_at >= t + 5.0 - 1e-6 for o in outages)
     assert all(any(o.up_at == pytest.approx(t + 5.0) for t, m in sc.requeues) for o in outages)
     more = {"model_size": "tiny", "data": "d", "seq_len": 16, "batch_size": 4, "tokens": 1000, "eval_batches": 1}
+    more["inner_optimizer"] = "muon"
     flags = ttl.sim_flags(
         argparse.Namespace(**vars(args), **more, reconfigure_seconds=1.0), sc, "decoupled", {"inner_lr": 3e-3}
     )
