@@ -95,7 +95,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # xdist (3.8) names the group by setting `item._nodeid` to "<id>@machine", which pytest
             # 9.2's `nodeid` (built from `item._id`) no longer reads: the group was silently lost
             # and machine-wide tests ran on both workers at once. Set the id pytest reads.
-            if coerce_node_id is not None and config.getvalue("loadgroup"):
+            if coerce_node_id is not None and getattr(config.option, "loadgroup", False):
                 item._id = coerce_node_id(f"{item.nodeid}@machine")
 
 
