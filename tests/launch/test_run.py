@@ -302,6 +302,8 @@ def test_learners_that_keep_crashing_end_the_run_with_the_reason(tmp_path, shake
     assert "keeps crashing" in out.stderr and "exit code 1" in out.stderr and "stderr.log" in out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["learner_restarts"] >= 2
+    stops = [e for e in read_events(tmp_path / "run" / "events.jsonl") if e["kind"] == "stop"]
+    assert [e["reason"][:6] for e in stops] == ["error:"]  # the shards were asked to stop, once
     assert_all_ended(tmp_path / "run")
 
 

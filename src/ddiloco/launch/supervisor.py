@@ -295,6 +295,9 @@ class Supervisor:
                 self._mark_stopping("interrupted")
                 self._wait_until(self._learners_exited, self.timeouts.drain + 5)
         finally:
+            if self.error is not None and not self.stopping:
+                # the shards were never asked to stop: without this they are waited for drain + 10 s
+                self._mark_stopping(f"error: {self.error}")
             self._resume_stragglers()
             self._wait_until(self._shards_exited, self.timeouts.drain + 10)
             self.procs.stop_all()
