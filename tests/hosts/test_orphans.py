@@ -23,6 +23,7 @@ from ddiloco.records.atomic import read_json
 from ddiloco.wire import runend
 
 from ..support.processes import journals
+from ..support.runtime import wait_for
 from .cluster import FAILURE, STEP_S, SYNC_EVERY, Cluster, names
 from .test_partitions import check_books
 
@@ -66,7 +67,8 @@ def test_a_partition_across_the_end_of_the_run(make_network, tmp_path, shakespea
         learner_args=("--json", "--orphan-timeout", str(orphan)),
     )
     c.wait_merged(0)
-    before = max(j["steps"] for j in journals(tmp_path, 0))
+    # a merge can come before the learner's first journal is written: wait for one (seen empty once)
+    before = max(j["steps"] for j in wait_for(lambda: journals(tmp_path, 0), 60, message="learner 0's journal"))
     net.cut("learner0", "both")
     sync_code = _exit(c.sync[0], 180, "the synchronizer", c.sync_dir(0) / "stderr.log")
     net.heal("learner0")  # back to a closed port, if it is still running
@@ -106,7 +108,8 @@ def test_a_synchronizer_that_never_comes_back(make_network, tmp_path, shakespear
         learner_args=("--json", "--orphan-timeout", str(orphan)),
     )
     c.wait_merged(0)
-    before = max(j["steps"] for j in journals(tmp_path, 0))
+    # a merge can come before the learner's first journal is written: wait for one (seen empty once)
+    before = max(j["steps"] for j in wait_for(lambda: journals(tmp_path, 0), 60, message="learner 0's journal"))
     c.sync[0].kill()  # kill -9, no restart
     c.sync[0].wait(timeout=30)
     code = _exit(c.learner_procs[0], 120, "learner 0", tmp_path / "learner-0" / "stderr.log")
