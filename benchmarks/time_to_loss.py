@@ -5,7 +5,8 @@ in every round) and Decoupled DiLoCo (`decoupled`), real processes via `ddiloco 
 scenarios, each also run on the virtual clock (`ddiloco sim`) to say how far the two agree. The best
 synchronous rival (`best_synchronous`) is whichever of diloco and streaming ends at the lower loss.
 
-All five methods train the same model on the same data shards with the same AdamW, token budget,
+All five methods train the same model on the same data shards with the same inner optimizer
+(--inner-optimizer: Muon by default, AdamW on request), token budget,
 step pad (--min-step-seconds: each learner behaves like its own accelerator) and failure trace
 (one CSV, replayed to every method with --chaos-trace, offsets from each run's launch; on Slurm one
 schedule of requeues, offsets from each run's submission):
@@ -31,7 +32,8 @@ Every method is tuned the same way, on the virtual clock without failures at the
 and model size, by the bracketing tuner of benchmarks/tuning.py (lowest final eval loss): the inner
 lr of every method (elastic-ddp takes ddp's: it is the same optimisation), then for the DiLoCo
 family the outer lr at that inner lr, then the outer momentum at both.
-The lrs start from 3 points a factor 2 apart around 6e-3 (inner) and 0.7 (outer), the momentum from
+The lrs start from 3 points a factor 2 apart around the optimizer's default lr (inner;
+train.inner.DEFAULT_LR: Muon 0.012, AdamW 0.003) and 0.7 (outer), the momentum from
 0.3, 0.5, 0.7 (steps of 0.2 in [0, 0.95]); while the best sits on an edge, the grid gets one more
 point past it (at most 4 times). The chosen values go to the real runs and the scenarios' virtual
 clock runs alike. The JSON's `tuning` holds every method's grid, choice, and whether the choice is

@@ -188,6 +188,10 @@ def main() -> int:
         "fsdp_module": type(trainer.model).__name__,
     }
     Path(args.out, f"rank-{rank}.json").write_text(json.dumps(result))
+    if torch.distributed.is_initialized():
+        # Accelerate's gloo group, ended before the interpreter: left to exit, its threads were torn
+        # down while joinable now and then ("terminate called without an active exception", SIGABRT)
+        torch.distributed.destroy_process_group()
     return 0
 
 

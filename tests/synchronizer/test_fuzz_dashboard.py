@@ -10,6 +10,7 @@ test is in the default suite, the attack with #32's 400 silent connections inclu
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import socket
 import struct
@@ -31,7 +32,8 @@ VIEW = view_credential(TOKEN)  # what the dashboard reads with (issue 46); the t
 
 pytestmark = pytest.mark.timeout(900)
 
-MAX_CONNECTIONS, READ_TIMEOUT = 64, 5.0  # the dashboard's defaults, as `ddiloco synchronizer` serves it
+_DEFAULTS = inspect.signature(Dashboard).parameters  # `ddiloco synchronizer` serves it with its defaults
+MAX_CONNECTIONS, READ_TIMEOUT = _DEFAULTS["max_connections"].default, _DEFAULTS["read_timeout"].default
 # what the server may answer: the page, the state, or a refusal (never a server error)
 HTTP09 = 9  # an answer without a status line, as http.server gives a request line without a version
 STATUSES = {200, 400, 401, 404, 408, 414, 431, 501, 505, HTTP09}

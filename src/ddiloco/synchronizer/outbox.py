@@ -83,9 +83,11 @@ class Outbox:
         as_difference = False
         if not isinstance(item, list):  # outside the lock: a whole value may have to be encoded first
             frames: list[bytes] = []
+            as_difference = True  # a chain counts as a difference only if every link went as one
             for e in item if isinstance(item, tuple) else (item,):
-                as_difference = e.delta is not None and held == e.base
-                frames += e.delta if e.delta is not None and as_difference else e.full()
+                link_is_difference = e.delta is not None and held == e.base
+                as_difference = as_difference and link_is_difference
+                frames += e.delta if link_is_difference else e.full()
                 held = e.version
             item = frames
         if self._counted is not None:
