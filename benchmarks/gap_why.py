@@ -200,11 +200,12 @@ def clone(
 class Study:
     """A size's data-parallel run (its lr bracketed once) and the rounds probed along it."""
 
-    def __init__(self, cfg: dict, data: str | None, out: Path | None) -> None:
+    def __init__(self, cfg: dict, data: str | None, tuning: Path | None) -> None:
+        """`tuning`: the file data-parallel's lr tuning is saved to and resumed from."""
         self.cfg, self.data = cfg, data
         self.tasks: dict[str, LanguageModelTask] = {}
         context = {k: cfg[k] for k in ("ratio", "seq_len", "batch", "eval_batches")} | {"data": data}
-        self.tuner = Tuner(self.final_loss, out and out.with_suffix(".tuning.json"), context, say=say)
+        self.tuner = Tuner(self.final_loss, tuning, context, say=say)
 
     def task(self, size: str) -> LanguageModelTask:
         if size not in self.tasks:
@@ -213,7 +214,9 @@ class Study:
         return self.tasks[size]
 
     def inner(self, lr: float) -> InnerConfig:
-        return InnerConfig(lr=lr, batch_size=self.cfg["batch"], warmup_steps=10)
+        # AdamW, as the docstring says and gap-why*.json were made with: the package's default became
+        # Muon, whose lr the resumed tuning files (no optimizer in their context) do not hold
+        return InnerConfig(lr=lr, batch_size=self.cfg["batch"], warmup_steps=10, optimizer="adamw")
 
     def total_steps(self, size: str) -> int:
         tokens = self.cfg["ratio"] * parameters(size, self.cfg["seq_len"])
@@ -321,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     config = {k: cfg[k] for k in cfg if k not in ("sizes", "seeds")} | {"data": args.data}
     same = {"state_steps": 10, "split": "iid", **saved.get("config", {})} == config  # (files from before the flags)
     cells: list[dict] = saved.get("cells", []) if same else []
-    study = Study(cfg, args.data, args.out)
+    study = Study(cfg, args.data, args.out and args.out.with_suffix(".tuning.json"))
     for size in cfg["sizes"]:
         for seed in range(cfg["seeds"]):
             if any(c["size"] == size and c["seed"] == seed for c in cells):

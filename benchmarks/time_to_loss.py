@@ -38,8 +38,8 @@ train.inner.DEFAULT_LR: Muon 0.012, AdamW 0.003) and 0.7 (outer), the momentum f
 point past it (at most 4 times). The chosen values go to the real runs and the scenarios' virtual
 clock runs alike. The JSON's `tuning` holds every method's grid, choice, and whether the choice is
 strictly inside its grid (`bracketed`; one at the domain's edge, e.g. momentum 0, cannot be).
-Every tuning run is saved in the run directory's tuning.json: a rerun with the same --run-dir
-resumes. --tune-only: tune, print the JSON line (with --json) and stop. --no-sweep: no tuning, every
+Every tuning run is saved in the run directory's tuning.json (or --tuning FILE): a rerun with the same
+--run-dir (or file) resumes. --tune-only: tune, print the JSON line (with --json) and stop. --no-sweep: no tuning, every
 method at --inner-lr and the default outer lr and momentum.
 
 Per scenario it prints the wall seconds each method needs to reach the best baseline's final loss
@@ -244,7 +244,7 @@ def tune(args: argparse.Namespace, base: Path) -> tuple[dict[str, dict[str, floa
         run_dir = base / "tuning" / "-".join([method, *(f"{v:g}" for v in settings.values())])
         return sim_run(sim_flags(args, plain, method, settings), run_dir)["summary"]["eval_loss"]
 
-    tuner = Tuner(objective, base / "tuning.json", tuning_context(args), say=console.print)
+    tuner = Tuner(objective, args.tuning or base / "tuning.json", tuning_context(args), say=console.print)
     # the inner lr's first grid is centred on the optimizer's default (train.inner.DEFAULT_LR)
     centred = dataclasses.replace(INNER_LR, default=DEFAULT_LR[args.inner_optimizer])
     family, data_parallel = (centred, *DILOCO_FAMILY[1:]), (centred, *DATA_PARALLEL[1:])
@@ -405,6 +405,13 @@ def main() -> None:
     p.add_argument("--no-sweep", action="store_true", help="no tuning: every method at --inner-lr")
     p.add_argument("--tune-only", action="store_true", help="tune (resumable in --run-dir), print, and stop")
     p.add_argument("--run-dir", type=Path, default=None)
+    p.add_argument(
+        "--tuning",
+        type=Path,
+        default=None,
+        help="the tuning runs' file (default RUN_DIR/tuning.json): one kept in benchmarks/results survives a lost "
+        "run directory, and a rerun resumes from it",
+    )
     p.add_argument("--preemptible-backend", choices=("local", "slurm"), default=None, help="default: slurm if it can")
     args = parse_run_arguments(p, tokens=3_000_000)
     args.seeds = args.seeds or [args.seed]

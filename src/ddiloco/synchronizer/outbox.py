@@ -85,9 +85,9 @@ class Outbox:
             frames: list[bytes] = []
             as_difference = True  # a chain counts as a difference only if every link went as one
             for e in item if isinstance(item, tuple) else (item,):
-                link_is_difference = e.delta is not None and held == e.base
-                as_difference = as_difference and link_is_difference
-                frames += e.delta if link_is_difference else e.full()
+                delta = e.delta if held == e.base else None  # a difference needs the version it is from
+                as_difference = as_difference and delta is not None
+                frames += delta if delta is not None else e.full()
                 held = e.version
             item = frames
         if self._counted is not None:
