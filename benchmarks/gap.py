@@ -311,6 +311,18 @@ def main(argv: list[str] | None = None) -> int:
         help="a subset of the methods: one process per method shares one runs file (a core each)",
     )
     p.add_argument(
+        "--global-batch",
+        type=int,
+        default=None,
+        help="sequences per step over all learners (default 16; the cells' question: does the gap depend on it?)",
+    )
+    p.add_argument(
+        "--options",
+        nargs="*",
+        default=None,
+        help="measure only these options (none given: the baselines alone; default: all of OPTIONS)",
+    )
+    p.add_argument(
         "--every-option",
         action="store_true",
         help="measure every option at every size (default: past the first size, only those that beat the baseline)",
@@ -323,8 +335,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cfg = dict(QUICK if args.quick else FULL, seeds=args.seeds)
         cfg["sizes"] = args.sizes or cfg["sizes"]
+        cfg["global_batch"] = args.global_batch or cfg["global_batch"]
         path = args.out or ROOT / "benchmarks" / "results" / ("gap-quick.json" if args.quick else "gap.json")
         options, skipped = available()
+        if args.options is not None:
+            unknown = sorted(set(args.options) - set(OPTIONS))
+            if unknown:
+                p.error(f"--options: unknown {', '.join(unknown)} (choose from {', '.join(OPTIONS)})")
+            options = {n: o for n, o in options.items() if n in args.options}
         for name in skipped:
             print(f"option {name}: not in this package; left out", file=sys.stderr)
         cells = Cells(cfg, args.data, path.with_suffix(".runs.json"))
