@@ -126,3 +126,18 @@ def test_a_sweep_split_by_method_over_one_runs_file_adds_up_to_the_whole(tmp_pat
     assert {r["method"] for r in part} == {"diloco"} and {r["method"] for r in rest} == {"decoupled"}
     whole = Made(path)
     assert gap.carried_rows(whole, ["12k"], OPTIONS, False)[0] == part + rest and whole.calls == 0
+
+
+def test_an_unknown_option_is_a_one_line_error_before_anything_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        gap.main(["--quick", "--options", "muon", "bogus", "--out", str(tmp_path / "gap.json")])
+    assert exit_info.value.code == 2 and "--options: unknown bogus" in capsys.readouterr().err
+    assert not (tmp_path / "gap.runs.json").exists()
+
+
+def test_the_global_batch_is_split_over_the_learners_and_keys_the_runs_file():
+    config = gap.sim_config(dict(CFG, global_batch=64), "12k", "decoupled-m4", {"inner_lr": 0.01}, {})
+    assert config.inner.batch_size == 16 and config.learners == 4
+    assert gap.sim_config(dict(CFG, global_batch=64), "12k", "ddp", {"inner_lr": 0.01}, {}).inner.batch_size == 16
+    small, large = (gap.Cells(dict(CFG, global_batch=g), None, None) for g in (8, 64))
+    assert small.tuner.context != large.tuner.context  # runs of one batch are never read as another's
