@@ -195,6 +195,7 @@ def namespace() -> argparse.Namespace:
         reconfigure_seconds=1.0,
         inner_optimizer="muon",
         inner_lr=None,
+        tuning=None,
     )
 
 
