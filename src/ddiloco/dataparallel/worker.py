@@ -18,11 +18,14 @@ state in memory.
 from __future__ import annotations
 
 import datetime
+import functools
 import gc
 import hashlib
 import logging
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,29 @@ from .storeauth import read_secret
 
 log = logging.getLogger(__name__)
 _INNER = InnerConfig()
+TEARDOWN_STUCK_EXIT = 75  # a failed generation's teardown never ended: the launcher restarts the worker
+
+
+def bounded(seconds: float, what: str, work: Callable[[], None], exit_code: int = TEARDOWN_STUCK_EXIT) -> None:
+    """Run `work`; if it has not returned after `seconds`, log and end the process with `exit_code`.
+    Once, on a loaded machine, a survivor's teardown of its gloo group after its peer was killed never
+    returned, and every later generation waited for it until the run's limit; a worker that exits
+    instead is restarted by its launcher and rejoins (elastic data-parallel)."""
+    timer = threading.Timer(seconds, _stuck, args=(what, seconds, exit_code))
+    timer.daemon = True
+    timer.start()
+    try:
+        work()
+    finally:
+        timer.cancel()
+
+
+def _stuck(what: str, seconds: float, exit_code: int) -> None:
+    log.error("%s did not end within %g s: exiting (code %d) to be restarted", what, seconds, exit_code)
+    logging.shutdown()  # the line above reaches the log before the process ends
+    os._exit(exit_code)
+
+
 LOG_EVERY = 2.0  # seconds between rank 0's train/progress lines in metrics.jsonl
 
 
@@ -142,11 +168,12 @@ class Worker:
                 over = self._train(model, members)
             except RuntimeError as exc:  # gloo/NCCL: a peer died or hung past the collective timeout
                 log.warning("worker %d: generation %d failed: %s", self.s.slot, generation, str(exc)[:300])
-                self.optimizer.zero_grad(set_to_none=True)
-                self.membership.report_failure(generation)
                 model = None
-                leave_group()
-                gc.collect()  # the old DDP wrapper's hooks go with it before the next one is made
+                bounded(
+                    2 * self.s.collective_timeout,
+                    f"worker {self.s.slot}: leaving failed generation {generation}",
+                    functools.partial(self._leave_failed, generation),
+                )
                 continue
             if over:
                 self._finish()
@@ -154,6 +181,12 @@ class Worker:
             model = None
             leave_group()
             gc.collect()
+
+    def _leave_failed(self, generation: int) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.membership.report_failure(generation)
+        leave_group()
+        gc.collect()  # the old DDP wrapper's hooks go with it before the next one is made
 
     def _form(self, generation: int, members: list[int]) -> torch.nn.Module:
         """Join the generation's group; rank 0's state becomes everyone's."""
