@@ -189,8 +189,10 @@ def main() -> int:
     }
     Path(args.out, f"rank-{rank}.json").write_text(json.dumps(result))
     if torch.distributed.is_initialized():
-        # Accelerate's gloo group, ended before the interpreter: left to exit, its threads were torn
-        # down while joinable now and then ("terminate called without an active exception", SIGABRT)
+        # Accelerate's gloo group, ended by every rank together before the interpreter: a rank that left
+        # (or destroyed it) while another was still in it made that one's gloo threads die joinable now
+        # and then ("terminate called without an active exception", SIGABRT), as test_hook.py saw too
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return 0
 
