@@ -296,13 +296,19 @@ def summarize(cells: list[dict]) -> list[dict]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """The flags of the probes along data-parallel's run (this one and noise_scale.py)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
     p.add_argument("--sizes", nargs="+", default=None)
     p.add_argument("--seeds", type=int, default=None)
     p.add_argument("--data", default=None, help="a text file (default: the package's bundled corpus)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__)
     p.add_argument(
         "--split",
         choices=("iid", "shards"),

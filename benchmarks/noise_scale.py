@@ -26,7 +26,6 @@ Hessian is ill-conditioned); B_simple is the estimate measured here, not B_crit 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -35,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gap_why import AT, FULL, QUICK, Study, say  # noqa: E402
+from gap_why import AT, FULL, QUICK, Study, parser, say  # noqa: E402
 from tuning import INNER_LR  # noqa: E402
 
 from ddiloco.train.tasks import LanguageModelTask  # noqa: E402
@@ -111,12 +110,7 @@ def summarize(cells: list[dict], seq_len: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--sizes", nargs="+", default=None)
-    p.add_argument("--seeds", type=int, default=None)
-    p.add_argument("--data", default=None, help="a text file (default: the package's bundled corpus)")
+    p = parser(__doc__)
     p.add_argument("--out", type=Path, default=None, help="results file: written as each run ends, resumed from")
     p.add_argument(
         "--tuning",
