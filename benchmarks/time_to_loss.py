@@ -63,6 +63,7 @@ its method's means (`left_out`); every row says `quiet` and `others_cpu_share`.
     python benchmarks/time_to_loss.py --quick --json   # all four scenarios, smaller
     python benchmarks/time_to_loss.py --scenarios cross_site mixed_hardware
     python benchmarks/time_to_loss.py --quick --tune-only --json --run-dir runs/ttl  # tuning alone
+    python benchmarks/time_to_loss.py --quick --tune-only --run-dir runs/ttl --tune-first decoupled  # a 2nd core
     flock /tmp/cpu.lock python benchmarks/time_to_loss.py --seeds 0 1 2 --run-dir runs/ttl-full --json
 """
 
@@ -248,9 +249,11 @@ def tune(args: argparse.Namespace, base: Path) -> tuple[dict[str, dict[str, floa
     # the inner lr's first grid is centred on the optimizer's default (train.inner.DEFAULT_LR)
     centred = dataclasses.replace(INNER_LR, default=DEFAULT_LR[args.inner_optimizer])
     family, data_parallel = (centred, *DILOCO_FAMILY[1:]), (centred, *DATA_PARALLEL[1:])
-    report = {m: tuner.tune(m, family if m in FAMILY else data_parallel) for m in ("ddp", *FAMILY)}
+    first = [m for m in args.tune_first if m in ("ddp", *FAMILY)]
+    order = [*first, *(m for m in ("ddp", *FAMILY) if m not in first)]
+    report = {m: tuner.tune(m, family if m in FAMILY else data_parallel) for m in order}
     ddp = {k: v for k, v in report["ddp"].items() if k != "losses"}
-    report = {"ddp": report["ddp"], "elastic-ddp": {**ddp, "takes": "ddp"}, **report}
+    report = {"ddp": report["ddp"], "elastic-ddp": {**ddp, "takes": "ddp"}, **{m: report[m] for m in FAMILY}}
     for entry in report.values():
         entry["tuned"] = True
     console.print(f"tuning: {tuner.evaluated} new runs on the virtual clock, {len(tuner.memo)} in {tuner.path}")
@@ -404,6 +407,14 @@ def main() -> None:
     p.add_argument("--no-sim", action="store_true", help="real processes only")
     p.add_argument("--no-sweep", action="store_true", help="no tuning: every method at --inner-lr")
     p.add_argument("--tune-only", action="store_true", help="tune (resumable in --run-dir), print, and stop")
+    p.add_argument(
+        "--tune-first",
+        nargs="+",
+        default=[],
+        choices=("ddp", *FAMILY),
+        help="tune these methods before the others: a second process on the same --tuning file takes their runs "
+        "while the first works through the others (the file merges both; one run each on 2 cores)",
+    )
     p.add_argument("--run-dir", type=Path, default=None)
     p.add_argument(
         "--tuning",

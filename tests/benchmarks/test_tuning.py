@@ -196,6 +196,7 @@ def namespace() -> argparse.Namespace:
         inner_optimizer="muon",
         inner_lr=None,
         tuning=None,
+        tune_first=[],
     )
 
 
@@ -228,6 +229,11 @@ def test_time_to_loss_tunes_every_method_and_the_outer_settings_reach_ddiloco_si
     assert ttl.tuning_context(namespace())["inner_optimizer"] == "muon"  # an AdamW tuning.json is not resumed
     count = len(seen)
     assert ttl.tune(namespace(), tmp_path)[1] == tuning and len(seen) == count  # resumed from tuning.json
+    # --tune-first: that method's runs come first (a second process's share), the choices the same
+    seen.clear()
+    first = argparse.Namespace(**{**vars(namespace()), "tune_first": ["decoupled"]})
+    assert ttl.tune(first, tmp_path / "split")[1] == tuning
+    assert {f[f.index("--method") + 1] for f in seen[:3]} == {"decoupled"} and len(seen) == count
     chosen, skipped = ttl.untuned(namespace())
     assert all(not e["tuned"] and "--no-sweep" in e["note"] for e in skipped.values())
     assert all(c == {"inner_lr": 1.2e-2} for c in chosen.values())  # the optimizer's default lr
