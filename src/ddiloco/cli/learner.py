@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -135,7 +136,15 @@ def learner(flags: LearnerFlags) -> None:
     code = int(stats.get("exit_code") or 0)
     if stats.get("ended") and stats.get("rank", 0) == 0:  # one line, why it stopped on its own
         typer.echo(("error: " if code else "") + str(stats["ended"]), err=True)
-    leave_process_group()
+    if leave_process_group():
+        # A rank of a torchrun group has still been aborted by the C++ runtime while its interpreter
+        # finalized, after the group was destroyed (SIGABRT, "terminate called without an active
+        # exception": gloo's threads may still hold work that refers to Python objects, pytorch#179291),
+        # and torchrun then restarts the group of a run that is over. Everything is written by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)
     if code:  # 3 (`ending.EXIT_ORPHANED`): ended without its synchronizer; a scheduler must not restart it
         sys.exit(code)
 

@@ -87,20 +87,23 @@ def _exit_now(learner: int, code: int) -> None:
     os._exit(code)
 
 
-def leave_process_group() -> None:
+def leave_process_group() -> bool:
     """Ranks that reached the end of a run leave their group together. A rank that exits while its
     peer's gloo connection is still open may die with SIGABRT at teardown ("terminate called without
-    an active exception"), and torchrun then restarts a group for a run that is over."""
+    an active exception"), and torchrun then restarts a group for a run that is over. Whether there was
+    a group to leave."""
     dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        try:  # bounded on gloo: a rank that never comes (it failed) must not hold the others forever
-            if dist.get_backend() == "gloo":
-                dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
-            else:
-                dist.barrier()
-        except RuntimeError as exc:
-            log.warning("not every rank reached the end of the run: %s", str(exc)[:300])
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    try:  # bounded on gloo: a rank that never comes (it failed) must not hold the others forever
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
+        else:
+            dist.barrier()
+    except RuntimeError as exc:
+        log.warning("not every rank reached the end of the run: %s", str(exc)[:300])
+    dist.destroy_process_group()
+    return True
 
 
 def train(settings: LearnerSettings) -> dict:
