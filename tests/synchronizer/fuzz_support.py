@@ -109,7 +109,7 @@ def live_plane(token: str | None = TOKEN) -> Iterator[Plane]:
             with service.lock:
                 ids = [s.id for s in service.sessions]
             for sid in ids:
-                service.heartbeat(sid, {"step": 8, "tokens": 64, "state": "training"})
+                service.membership.heartbeat(sid, {"step": 8, "tokens": 64, "state": "training"})
 
     keeper = threading.Thread(target=keep_alive, daemon=True)
     keeper.start()

@@ -161,7 +161,7 @@ def test_a_leave_says_with_true_or_false_whether_the_learners_loop_is_over(servi
     svc, _, client, reply, _ = service
     err = rpc_error(lambda: client.call("Leave", {"session": reply["session"], "finished": "yes"}))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "'finished'" in err.details()
-    assert svc.session(reply["session"]) is not None and not svc.core.final_flush  # nothing changed
+    assert svc.membership.session(reply["session"]) is not None and not svc.core.final_flush  # nothing changed
     assert client.call("Leave", {"session": reply["session"], "finished": True})["ok"] is True
     assert svc.core.final_flush and svc.core.learners_end.finished == {0} and not svc.stopping
     [event] = [e for e in read_events(svc.events.path) if e["kind"] == "final_flush"]

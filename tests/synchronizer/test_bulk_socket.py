@@ -56,7 +56,7 @@ def _keep_alive(service, done):
         with service.lock:
             ids = [session.id for session in service.sessions]
         for sid in ids:
-            service.heartbeat(sid, {})
+            service.membership.heartbeat(sid, {})
 
 
 _head = contribution_head
@@ -78,7 +78,7 @@ def _wait(predicate, seconds=30):
 def test_pushes_over_the_socket_merge_exactly_into_reused_buffers(served):
     service, server, _ = served
     client = _client(server)
-    sessions = [service.register(m, f"inc{m}", True)["session"] for m in range(2)]
+    sessions = [service.membership.register(m, f"inc{m}", True)["session"] for m in range(2)]
     for version in range(3):
         for m in range(2):
             grad = {"w": torch.full((NUMEL,), -0.25 * (m + 1)), "b": torch.zeros(3)}  # exact in bf16
@@ -95,7 +95,7 @@ def test_pushes_over_the_socket_merge_exactly_into_reused_buffers(served):
 
 def test_a_fetch_over_the_socket_is_the_model_gRPC_fetches(served):
     service, server, address = served
-    session = service.register(0, "inc0", True)["session"]
+    session = service.membership.register(0, "inc0", True)["session"]
     with service.lock:
         service.core.params["w"].copy_(torch.randn(NUMEL))
     msgs = list(_client(server).fetch(30, session=session))
@@ -111,7 +111,7 @@ def test_a_fetch_over_the_socket_is_the_model_gRPC_fetches(served):
 
 def test_a_wrong_token_is_refused_before_anything_is_read(served):
     service, server, _ = served
-    session = service.register(0, "inc0", True)["session"]
+    session = service.membership.register(0, "inc0", True)["session"]
     before = service.status()["rejected_contributions"]
     for token in ("wrong", None):
         with pytest.raises(grpc.RpcError) as err:
@@ -126,7 +126,7 @@ def test_a_wrong_token_is_refused_before_anything_is_read(served):
 
 def test_a_message_over_the_limit_is_refused_at_its_first_frame(served):
     service, server, _ = served
-    session = service.register(0, "inc0", True)["session"]
+    session = service.membership.register(0, "inc0", True)["session"]
     big = {"w": torch.zeros(5 << 20)}  # 10 MB in bf16, the limit is 8 MB
     t0 = time.monotonic()
     with pytest.raises(grpc.RpcError) as err:
@@ -148,7 +148,7 @@ def test_an_unknown_session_is_answered_before_the_payload_is_read(served):
 
 def test_a_wrong_shape_is_an_ordinary_rejection(served):
     service, server, _ = served
-    session = service.register(0, "inc0", True)["session"]
+    session = service.membership.register(0, "inc0", True)["session"]
     reply, _ = _client(server).push(
         framing.iter_frame_parts(_head(session, 0), {"w": torch.zeros(7), "b": torch.zeros(3)}, "bf16"), 30
     )
@@ -166,7 +166,7 @@ def test_a_silent_connection_takes_no_bulk_slot_and_is_closed(served):
     try:
         time.sleep(0.1)
         assert service.bulk_slots._value == free
-        session = service.register(0, "inc0", True)["session"]
+        session = service.membership.register(0, "inc0", True)["session"]
         reply, _ = _client(server).push(
             framing.iter_frame_parts(_head(session, 0), {"w": torch.zeros(NUMEL), "b": torch.zeros(3)}, "bf16"), 30
         )
@@ -184,7 +184,7 @@ def test_a_pusher_killed_mid_push_frees_its_slot_and_the_next_push_merges(served
     gives the slot back, and a complete push afterwards is taken in."""
     service, server, _ = served
     free = service.bulk_slots._value
-    sessions = [service.register(m, f"inc{m}", True)["session"] for m in range(2)]
+    sessions = [service.membership.register(m, f"inc{m}", True)["session"] for m in range(2)]
     script = f"""
 import sys, time, torch
 from ddiloco.wire import framing, sockets
@@ -227,7 +227,7 @@ for i, parts in enumerate(framing.iter_frame_parts(head, {{"w": torch.ones({NUME
 
 def test_connections_beyond_the_bulk_slots_are_refused(served):
     service, server, _ = served
-    session = service.register(0, "inc0", True)["session"]
+    session = service.membership.register(0, "inc0", True)["session"]
     taken = 0
     while service.bulk_slots.acquire(blocking=False):
         taken += 1
@@ -258,7 +258,7 @@ def test_a_fixed_bulk_port_is_taken_again_after_a_restart_but_never_twice_at_onc
     service, server, _ = served
     port = server.bulk.port
     client = _client(server)
-    list(client.fetch(30, session=service.register(0, "inc0", True)["session"]))  # leaves TIME_WAIT behind
+    list(client.fetch(30, session=service.membership.register(0, "inc0", True)["session"]))  # leaves TIME_WAIT behind
     params = {"w": torch.zeros(NUMEL), "b": torch.ones(3)}
     other = SynchronizerServer(
         build_service(params, AlgorithmConfig(fragments=1), ServiceSettings(timeouts=FAST)),
@@ -291,7 +291,7 @@ def test_a_refused_push_gives_its_slot_back_while_its_client_trickles_bytes(serv
     while service.bulk_slots._value > 4 and service.bulk_slots.acquire(blocking=False):
         reserved += 1
     free = service.bulk_slots._value
-    session = service.register(0, "inc0", True)["session"]
+    session = service.membership.register(0, "inc0", True)["session"]
     refused: list[socket.socket] = []
     stop = threading.Event()
 
@@ -337,7 +337,7 @@ def test_fetches_that_are_never_read_take_no_bulk_slot_and_pushes_go_on(served, 
     monkeypatch.setattr(bulk_socket, "MAX_FETCHES_PER_SESSION", 2)
 
     free = service.bulk_slots._value
-    sessions = [service.register(m, f"inc{m}", True)["session"] for m in range(2)]
+    sessions = [service.membership.register(m, f"inc{m}", True)["session"] for m in range(2)]
     session = sessions[0]
     unread: list[socket.socket] = []
     try:
@@ -368,7 +368,7 @@ def test_fetches_that_are_never_read_take_no_bulk_slot_and_pushes_go_on(served, 
 
 def test_a_nan_deep_in_a_socket_push_is_refused_as_non_finite(served):
     service, server, _ = served
-    sessions = [service.register(m, f"inc{m}", True)["session"] for m in range(2)]
+    sessions = [service.membership.register(m, f"inc{m}", True)["session"] for m in range(2)]
     grad = {"w": torch.zeros(NUMEL), "b": torch.zeros(3)}
     grad["w"][NUMEL - 3] = float("nan")  # in the last chunk, whose norm is taken after the last frame
     reply, _ = _client(server).push(framing.iter_frame_parts(_head(sessions[0], 0), grad, "bf16"), 30)
@@ -380,12 +380,12 @@ def test_a_nan_deep_in_a_socket_push_is_refused_as_non_finite(served):
 
 def test_fetches_reuse_their_staging_and_always_send_the_current_model(served):
     service, server, _ = served
-    session = service.register(0, "inc0", True)["session"]
+    session = service.membership.register(0, "inc0", True)["session"]
     for value in (torch.randn(NUMEL), torch.randn(NUMEL)):
         with service.lock:
             service.core.params["w"].copy_(value)
         (msg,) = list(_client(server).fetch(30, session=session))
         assert torch.equal(msg.tensors()["w"], value)
-        _wait(lambda: service.session(session) is not None and not server.bulk.fetches)
+        _wait(lambda: service.membership.session(session) is not None and not server.bulk.fetches)
     pool = server.handlers.fetch_buffers
     assert pool.allocated == 1 and pool.reused == 1

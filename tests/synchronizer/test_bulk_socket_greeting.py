@@ -139,7 +139,7 @@ def test_connections_beyond_the_cap_per_peer_are_closed_at_once_and_counted(serv
         # all but `cap` were refused at once, unless some of the first ones reached their deadline meanwhile
         assert refused + server.bulk.closed[bulk_greeting.HELLO_TIMEOUT] >= 5
         assert len(server.bulk.greeter.waiting) <= cap
-        session = service.register(0, "inc0", True)["session"]
+        session = service.membership.register(0, "inc0", True)["session"]
         _wait(lambda: len(server.bulk.greeter.waiting) == 0, 10 + 3 * bulk_greeting.HELLO_SECONDS)
         assert _push(server, session).get("ok")  # once they are gone, the socket serves again
     finally:
@@ -167,7 +167,7 @@ def test_a_push_refused_for_a_bad_frame_is_drained_without_a_thread_while_its_cl
     """Refused pushes whose clients keep sending are answered and drained by the greeter: they hold no
     bulk slot (item 4) and no thread either, and an honest push meanwhile is merged."""
     service, server = served
-    session = service.register(0, "inc0", True)["session"]
+    session = service.membership.register(0, "inc0", True)["session"]
     assert _push(server, session).get("ok")  # (which also starts the stream guard's thread)
     _wait(lambda: service.core.versions[0] == 1, 10)
     n = 8
@@ -211,7 +211,7 @@ def test_a_fetch_must_name_a_live_session_and_is_refused_before_any_work(served)
             finally:
                 s.close()
     assert server.bulk.served["Fetch"] == 0 and service.refused_rpcs == refused + 5
-    live = service.register(0, "inc0", True)["session"]
+    live = service.membership.register(0, "inc0", True)["session"]
     msgs = list(client.fetch(30, session=live))
     assert [m.head["fragment"] for m in msgs] == [0]
     assert not server.bulk.fetches  # its booking ended before its end marker went out
@@ -220,7 +220,7 @@ def test_a_fetch_must_name_a_live_session_and_is_refused_before_any_work(served)
 def test_a_sessions_fetches_beyond_its_cap_are_refused(served):
     """Fetches nobody reads, all of one session: that session's cap, then RESOURCE_EXHAUSTED."""
     service, server = served
-    session = service.register(0, "inc0", True)["session"]
+    session = service.membership.register(0, "inc0", True)["session"]
     socks = []
     try:
         for i in range(MAX_FETCHES_PER_SESSION):
@@ -272,7 +272,7 @@ def test_a_fetch_right_after_a_fetch_of_the_same_session_is_served(served):
     client = sockets.BulkSocketClient(
         "127.0.0.1", server.handlers.bulk_port, "tok", framing.DEFAULT_CHUNK_BYTES + rpc.FRAME_MARGIN
     )
-    session = service.register(0, "inc0", True)["session"]
+    session = service.membership.register(0, "inc0", True)["session"]
     for _ in range(40):  # back to back: before, a few in 40 met the last one's booking
         assert [m.head["fragment"] for m in client.fetch(30, session=session)] == [0]
     assert server.bulk.served["Fetch"] == 40

@@ -122,7 +122,7 @@ def test_a_flood_of_the_bulk_sockets_waiting_places_from_some_addresses_does_not
     with synchronizer() as (service, server, _):
         assert server.bulk is not None
         port = server.handlers.bulk_port
-        sessions = [service.register(m, f"inc{m}", True)["session"] for m in (0, 1)]
+        sessions = [service.membership.register(m, f"inc{m}", True)["session"] for m in (0, 1)]
         with connections() as opened:
             for source in ("127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6"):
                 for _ in range(4):
@@ -154,7 +154,7 @@ def test_one_session_holds_at_most_one_fetch_place_so_two_cannot_hold_them_all()
         assert server.bulk is not None
         server.bulk.listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_BUFFER)  # accepted ones inherit it
         port = server.handlers.bulk_port
-        squatters = [service.register(m, f"inc{m}", True)["session"] for m in (1, 2)]
+        squatters = [service.membership.register(m, f"inc{m}", True)["session"] for m in (1, 2)]
         with connections() as opened:
             for session in squatters:
                 for _ in range(2):
@@ -163,7 +163,7 @@ def test_one_session_holds_at_most_one_fetch_place_so_two_cannot_hold_them_all()
             capped = lambda: server.bulk.closed  # noqa: E731
             assert wait_until(lambda: server.bulk.served["Fetch"] + capped()[bulk_socket.SESSION_FETCH_CAP] >= 4)
             assert server.bulk.served["Fetch"] == 2 and capped()[bulk_socket.SESSION_FETCH_CAP] == 2
-            honest = service.register(0, "inc0", True)["session"]
+            honest = service.membership.register(0, "inc0", True)["session"]
             client = sockets.BulkSocketClient("127.0.0.1", port, TOKEN, framing.DEFAULT_CHUNK_BYTES + rpc.FRAME_MARGIN)
             try:
                 msgs = list(client.fetch(60, session=honest))

@@ -28,7 +28,7 @@ def push(service, session, learner, version=0):
 
 def test_a_heartbeat_is_answered_while_the_service_lock_is_held_and_its_tokens_booked_later(tiny_task, tmp_path):
     with synchronizer(tiny_task, tmp_path, algorithm=ALGORITHM, max_learners=2) as (service, address):
-        session = service.register(0, "inc0", True)["session"]
+        session = service.membership.register(0, "inc0", True)["session"]
         control = rpc.Stubs(rpc.open_channel(address, "control", 1 << 20), None)
         with service.cond:  # the service is busy (a long merge, a checkpoint snapshot)
             reply = framing.read_message(
@@ -55,7 +55,9 @@ def test_the_merge_runs_off_the_lock_and_work_against_the_version_being_merged_w
     monkeypatch.setattr(MergeJob, "compute", slow_compute)
     algorithm = dataclasses.replace(ALGORITHM, late=late)
     with synchronizer(tiny_task, tmp_path, algorithm=algorithm, max_learners=3) as (service, _):
-        sessions = [service.session(service.register(m, f"inc{m}", True)["session"]) for m in range(3)]
+        sessions = [
+            service.membership.session(service.membership.register(m, f"inc{m}", True)["session"]) for m in range(3)
+        ]
         assert push(service, sessions[0], 0) == {"ok": True}
         assert push(service, sessions[1], 1) == {"ok": True}  # K = 2: the round closes, its merge is due
         assert computing.wait(10)

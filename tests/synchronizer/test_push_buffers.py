@@ -29,7 +29,7 @@ def test_each_push_reuses_the_buffer_of_the_contribution_summed_before_it():
     address = server.start()
     try:
         bulk = rpc.Stubs(rpc.open_channel(address, "bulk", rpc.FRAME_MARGIN + framing.DEFAULT_CHUNK_BYTES), None)
-        sessions = [service.register(m, f"inc{m}", True)["session"] for m in range(2)]
+        sessions = [service.membership.register(m, f"inc{m}", True)["session"] for m in range(2)]
         for version in range(3):
             for m in range(2):
                 head = contribution_head(sessions[m], version)

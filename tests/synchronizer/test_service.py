@@ -28,7 +28,10 @@ def k1_sessions(tiny_task, tmp_path, learners: int = 2, late: str = "refuse", **
 
     algorithm = AlgorithmConfig(fragments=1, sync_every=4, overlap=1, quorum=1, grace=0.0, late=late)
     with synchronizer(tiny_task, tmp_path, algorithm=algorithm, max_learners=learners, **settings) as (service, _):
-        sessions = [service.session(service.register(m, f"inc{m}", True)["session"]) for m in range(learners)]
+        sessions = [
+            service.membership.session(service.membership.register(m, f"inc{m}", True)["session"])
+            for m in range(learners)
+        ]
         grads = {n: torch.full(service.shapes[n], 1e-3) for n in service.core.plan.names[0]}
         snapshots = itertools.count(4)  # each push a new snapshot (a learner's step count only grows)
 

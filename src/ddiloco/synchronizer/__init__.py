@@ -3,7 +3,7 @@
 server      the gRPC server around a service; `build_service` from a model's parameters
 handlers    gRPC methods: bytes in, service calls, bytes out; nothing a client sends raises out
 service     the service: lifecycle and contributions, all under one lock
-membership  the service's registration, heartbeats and leaving (mixed into it, under the same lock)
+membership  registration, heartbeats and leaving; owns the sessions and token grants (`service.membership`)
 sessions    one learner's session, and the table of them
 dispatch    carrying out the core's actions (merge booked, update queued, pull requested)
 timer       the timer thread: grace deadlines, silent learners, the run's budget

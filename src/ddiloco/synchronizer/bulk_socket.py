@@ -154,7 +154,7 @@ class BulkSocketServer:
         session = None
         if method == "Fetch":
             sid = _text(hello.get("session"))
-            session = self.service.session(sid) if sid is not None else None
+            session = self.service.membership.session(sid) if sid is not None else None
             if session is None:
                 self.service.refuse_rpc(method, "unknown session")
                 self.service.traffic.closed(UNKNOWN_SESSION)

@@ -56,14 +56,14 @@ class DonationRpc:
 
     def donor(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         head = self.h._head(request, context, "Donor")
-        session = self.service.session(head.get("session"))
+        session = self.service.membership.session(head.get("session"))
         if session is None:
             return framing.message(
                 Reply.refused(RejectCode.UNKNOWN_SESSION, "unknown session: register again").encode()
             )
         op = head.get("op")
         if op == "ask":
-            reply = self.desk.ask(session.learner, session.id, self.service.donor_candidates())
+            reply = self.desk.ask(session.learner, session.id, self.service.membership.donor_candidates())
             dropped = self.ask_log.allow()
             if dropped is not None:
                 log.info(
@@ -95,7 +95,7 @@ class DonationRpc:
                 if ticket is None:  # the first frame names the ticket: the upload is under way
                     frame, _ = framing.unpack_frame(data)
                     first = cast(dict, frame.get("head")) if isinstance(frame.get("head"), dict) else {}
-                    session = service.session(first.get("session"))
+                    session = service.membership.session(first.get("session"))
                     if session is None:
                         raise ValueError("unknown session: register again")
                     self.desk.begin(first.get("ticket"), session.id)
@@ -104,7 +104,7 @@ class DonationRpc:
             if msg is None:
                 raise framing.WireError("the donation ended before it was complete")
             head = msg.head
-            session = service.session(head.get("session"))
+            session = service.membership.session(head.get("session"))
             if head.get("kind") != "inner_state" or session is None or head.get("ticket") != ticket:
                 raise ValueError("expected an inner_state message from a registered learner")
             expected = self.desk.expected(ticket, session.id, [spec.name for spec in msg.specs()])
@@ -134,7 +134,7 @@ class DonationRpc:
 
     def recover(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         head = self.h._head(request, context, "Recover")
-        session = self.service.session(head.get("session"))
+        session = self.service.membership.session(head.get("session"))
         if session is None:
             context.abort(grpc.StatusCode.NOT_FOUND, "unknown session: register again")
         try:

@@ -131,7 +131,7 @@ class Handlers:
                 f"synchronizer's ({expected}); use the same model, size, sequence length and vocabulary",
             )
         try:
-            reply = self.service.register(learner, incarnation, fresh, holds)
+            reply = self.service.membership.register(learner, incarnation, fresh, holds)
         except Refused as exc:
             self._abort(context, "Register", exc.code, exc.reason)
         if self.bulk_port is not None:
@@ -141,7 +141,7 @@ class Handlers:
     # Out-of-range fields raise intake.BadField; `_guarded` answers INVALID_ARGUMENT naming the field.
     def heartbeat(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         head = self._head(request, context, "Heartbeat")
-        return framing.message(self.service.heartbeat(head.get("session"), intake.progress(head)))
+        return framing.message(self.service.membership.heartbeat(head.get("session"), intake.progress(head)))
 
     def decline(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         head = self._head(request, context, "Decline")
@@ -151,7 +151,7 @@ class Handlers:
     def leave(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         head = self._head(request, context, "Leave")
         tokens, finished = intake.optional_count(head, "tokens"), intake.flag(head, "finished")
-        return framing.message(self.service.leave(head.get("session"), tokens, finished))
+        return framing.message(self.service.membership.leave(head.get("session"), tokens, finished))
 
     def status(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self._head(request, context, "Status")
@@ -251,7 +251,7 @@ class Handlers:
         head = msg.head
         if head.get("kind") != CONTRIBUTION:
             self._abort(context, "Push", "INVALID_ARGUMENT", f"expected a contribution, got {head.get('kind')!r}")
-        session = service.session(session_of(head))
+        session = service.membership.session(session_of(head))
         try:
             h = ContributionHeader.decode(head, now=time.time(), max_overlap=service.core.config.sync_every - 1)
         except intake.BadField as exc:
@@ -300,7 +300,7 @@ class Handlers:
         on. An unknown session is answered before the payload is read, and a known one may only have
         `MAX_PUSHES_PER_SESSION` pushes in flight."""
         head = cast(dict, frame.get("head")) if isinstance(frame.get("head"), dict) else {}
-        session = self.service.session(session_of(head))
+        session = self.service.membership.session(session_of(head))
         if session is None:
             fragment = head.get("fragment") if isinstance(head.get("fragment"), int) else None
             return framing.message(self.service.reject(None, fragment, RejectCode.UNKNOWN_SESSION, UNKNOWN_SESSION))
@@ -314,7 +314,7 @@ class Handlers:
     def subscribe(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         head = self._head(request, context, "Subscribe")
         service = self.service
-        session = service.session(head.get("session"))
+        session = service.membership.session(head.get("session"))
         if session is None:
             context.abort(grpc.StatusCode.NOT_FOUND, "unknown session: register again")
         if not service.bulk_slots.acquire(blocking=False):

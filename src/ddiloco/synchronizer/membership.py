@@ -1,8 +1,10 @@
 """Who is in the run: a learner's registration, its heartbeats, its leaving, and the bookkeeping of its session.
 
-Apart from `SynchronizerService` (which mixes this in) because membership is one idea of its own; it
-works on the service's sessions, ledger and core under the same lock, and the timer (`ticks`) declares
-gone the learners whose heartbeats stop.
+`SynchronizerService` holds one `Membership`, which owns the run's sessions (`sessions`) and the
+learners' token grants (`grants`). What it works on besides belongs to the service and is handed in:
+the core, the ledger and the lock (`cond`) everything runs under, and the run's phase (`RunPhase`:
+closing, stopping, finished; the clock, the progress, and `dispatch` for the core's actions). The
+service's timer (`ticks`) declares gone the learners whose heartbeats stop.
 """
 
 from __future__ import annotations
@@ -12,15 +14,13 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from ..core import RejectCode, SynchronizerCore
 from ..records.events import EventLog
 from ..wire import framing
 from ..wire.headers import Reply
 from .arrivals import Arrivals
-from .dispatch import ActionDispatcher
-from .donations import DonationDesk
 from .grants import TokenGrants
 from .ledger import MergeLedger
 from .outbox import Outbox
@@ -32,29 +32,47 @@ from .traffic import Traffic
 log = logging.getLogger("ddiloco.synchronizer.service")  # the service's logger, as in `ticks`
 
 
-class Membership:
-    """The membership methods of `SynchronizerService`, over the attributes and methods it sets up."""
+class RunPhase(Protocol):
+    """Where the run is, as membership reads it (the service): read under `cond`."""
 
-    core: SynchronizerCore
-    settings: ServiceSettings
-    plan_json: dict[str, Any]
-    events: EventLog
-    lock: threading.RLock
-    cond: threading.Condition
     closed: bool
     stopping: bool
-    finished: threading.Event  # the run is over and drained: a learner registering now ends at once
     stop_reason: str
-    sessions: SessionTable
-    traffic: Traffic
-    ledger: MergeLedger
-    grants: TokenGrants
-    arrivals: Arrivals
-    donations: DonationDesk
-    dispatcher: ActionDispatcher
-    now: Callable[[], float]
-    progress: Callable[[], float]
-    dispatch: Callable[[list[Any], float], None]
+    finished: threading.Event  # the run is over and drained: a learner registering now ends at once
+
+    def now(self) -> float: ...
+
+    def progress(self) -> float: ...
+
+    def dispatch(self, actions: list, now: float) -> None: ...
+
+
+class Membership:
+    """Registration, heartbeats and leaving, over the sessions and token grants it owns."""
+
+    def __init__(
+        self,
+        core: SynchronizerCore,
+        settings: ServiceSettings,
+        plan_json: dict[str, Any],
+        events: EventLog,
+        cond: threading.Condition,
+        ledger: MergeLedger,
+        arrivals: Arrivals,
+        traffic: Traffic,
+        run: RunPhase,
+        held_by: Callable[[Mapping[str, str]], set[int]],
+        donation_due: Callable[[str], str | None],
+    ) -> None:
+        """`held_by`: the fragments whose initial value a registering learner built itself, from the
+        digests it offers (`dispatch.ActionDispatcher.held_by`); `donation_due`: the ticket of the
+        inner-state donation a session is asked for, if any (`donations.DonationDesk.due_for`)."""
+        self.core, self.settings, self.plan_json, self.events = core, settings, plan_json, events
+        self.cond, self.ledger, self.arrivals, self.traffic, self.run = cond, ledger, arrivals, traffic, run
+        self.held_by, self.donation_due = held_by, donation_due
+        self.sessions = SessionTable()
+        # how far each learner may train: a token budget stops the run within a step per learner (`grants`)
+        self.grants = TokenGrants(settings.tokens if settings.budget_counts == "trained" else None)
 
     def register(self, learner: int, incarnation: str, fresh: bool, holds: Mapping[str, str] | None = None) -> dict:
         max_learners = self.settings.max_learners
@@ -66,10 +84,11 @@ class Membership:
                 f"unknown learner id {learner}: this synchronizer accepts ids 0..{max_learners - 1} "
                 f"(start it with a larger --max-learners to admit more)",
             )
+        run = self.run
         with self.cond:
-            if self.closed:
+            if run.closed:
                 raise Refused("UNAVAILABLE", "the synchronizer is shutting down")
-            now = self.now()
+            now = run.now()
             old = self.sessions.by_learner.get(learner)
             if old is not None:
                 # Trust model (docs/runtime.md): whoever holds the token may register any learner id;
@@ -84,20 +103,20 @@ class Membership:
                 self.sessions.close(old)
                 if old.incarnation != incarnation and learner in self.core.live:
                     # A restarted process: its predecessor is gone, do not wait for it.
-                    self.dispatch(self.core.leave(learner, now, self.arrivals.waiting()), now)
+                    run.dispatch(self.core.leave(learner, now, self.arrivals.waiting()), now)
             restarted = self.sessions.restarted(learner, incarnation)
             session = Session(
                 secrets.token_hex(8), learner, incarnation, Outbox(self.traffic.update), time.monotonic(), time.time()
             )
-            session.holds = self.dispatcher.held_by(holds or {})
+            session.holds = self.held_by(holds or {})
             kept = len(session.holds)
             self.sessions.add(session)
             resume = self.ledger.resume_position(learner, self._open_positions(learner))
             self.ledger.book(learner)
             self.ledger.on_join(time.time())
-            self.dispatch(self.core.join(learner, now, restarted=restarted), now)
-            if self.stopping:
-                session.outbox.put_control(framing.message({"kind": "stop", "reason": self.stop_reason}))
+            run.dispatch(self.core.join(learner, now, restarted=restarted), now)
+            if run.stopping:
+                session.outbox.put_control(framing.message({"kind": "stop", "reason": run.stop_reason}))
             self.events.write(
                 "join",
                 learner=learner,
@@ -131,9 +150,9 @@ class Membership:
                 "chunk_bytes": self.settings.chunk_bytes,
                 "pushes_per_session": MAX_PUSHES_PER_SESSION,
                 "max_message_bytes": self.settings.max_message_bytes,
-                "stopping": self.stopping,
-                "finished": self.finished.is_set(),
-                "progress": self.progress(),
+                "stopping": run.stopping,
+                "finished": run.finished.is_set(),
+                "progress": run.progress(),
                 **self._allowed(self.grants.allowed(incarnation)),
             }
 
@@ -147,7 +166,7 @@ class Membership:
         return out
 
     def session(self, session_id: object) -> Session | None:
-        with self.lock:
+        with self.cond:
             return self.sessions.get(session_id)
 
     def heartbeat(self, session_id: object, progress: dict) -> dict:
@@ -169,15 +188,15 @@ class Membership:
         allowed = self.grants.allowed(s.incarnation)
         if isinstance(progress.get("tokens"), int):
             s.unbooked_tokens = progress["tokens"]
-            if self.lock.acquire(blocking=False):
+            if self.cond.acquire(blocking=False):
                 try:
                     self.book_tokens(s)
                     allowed = self.grant_tokens(s)
                 finally:
-                    self.lock.release()
-        reply: dict[str, object] = {"ok": True, "stopping": self.stopping, "progress": self.progress()}
+                    self.cond.release()
+        reply: dict[str, object] = {"ok": True, "stopping": self.run.stopping, "progress": self.run.progress()}
         reply.update(self._allowed(allowed))
-        ticket = self.donations.due_for(s.id)
+        ticket = self.donation_due(s.id)
         if ticket is not None:
             reply["donate"] = ticket
         return reply
@@ -210,7 +229,7 @@ class Membership:
 
     def donor_candidates(self) -> list[tuple[int, str, float]]:
         """(learner, session, steps) of every live learner that is training: who could donate inner state."""
-        with self.lock:
+        with self.cond:
             return [
                 (s.learner, s.id, float(s.progress.get("step", 0) or 0))
                 for s in self.sessions
@@ -227,12 +246,12 @@ class Membership:
             if tokens is not None:
                 self.ledger.report_tokens(s.learner, s.incarnation, tokens)
             self.sessions.close(s)
-            now = self.now()
+            now = self.run.now()
             if finished:
                 self.core.finishing(s.learner, now)
             self.events.write(
                 "leave", learner=s.learner, incarnation=s.incarnation, reason="finished" if finished else "left"
             )
             log.info("learner %d left%s", s.learner, " (finished)" if finished else "")
-            self.dispatch(self.core.leave(s.learner, now, self.arrivals.waiting()), now)
+            self.run.dispatch(self.core.leave(s.learner, now, self.arrivals.waiting()), now)
             return {"ok": True}

@@ -5,8 +5,9 @@ A timer thread (`timer`) calls `poll` when a grace window ends (`next_deadline`)
 learners gone when their heartbeats stop (`leave`). Actions the core returns are carried out in
 order by `dispatch`: a merge is booked and checkpointed *before* its update is queued to the
 learners, so a version a learner ever saw is never lost to a crash (with the default
---checkpoint-every 1). Sessions live in `sessions`, registration, heartbeats and leaving in
-`membership`, the run's end in `budget`; the gRPC handlers that feed this class live in `handlers`.
+--checkpoint-every 1). Sessions, registration, heartbeats and leaving live in `membership`
+(`self.membership`, whose `sessions` this class reads too), the run's end in `budget`; the gRPC
+handlers that feed this class live in `handlers`.
 """
 
 from __future__ import annotations
@@ -33,11 +34,10 @@ from .checkpoint import CheckpointStore, Snapshot
 from .commit import CommitLog
 from .dispatch import ActionDispatcher
 from .donations import DonationDesk
-from .grants import TokenGrants
 from .ledger import MergeLedger, PendingWork
 from .membership import Membership
 from .merger import MergeWorkers
-from .sessions import Session, SessionTable
+from .sessions import Session
 from .settings import Refused, ServiceSettings
 from .timer import Timer
 from .traffic import Traffic
@@ -50,7 +50,10 @@ log = logging.getLogger(__name__)
 FLUSH_SHARE = 0.75
 
 
-class SynchronizerService(Membership):
+class SynchronizerService:
+    dispatcher: ActionDispatcher  # made in __init__ after `membership`, which calls it once learners register
+    donations: DonationDesk
+
     def __init__(
         self,
         core: SynchronizerCore,
@@ -73,14 +76,25 @@ class SynchronizerService(Membership):
         self.arrivals = Arrivals()  # contributions decoded and waiting for the lock, per fragment
         self.t0 = time.monotonic()
         self.ledger = MergeLedger(core.plan, time.time())
-        self.sessions = SessionTable()
-        # how far each learner may train: a token budget stops the run within a step per learner (`grants`)
-        self.grants = TokenGrants(settings.tokens if settings.budget_counts == "trained" else None)
+        self.membership = Membership(
+            core,
+            settings,
+            plan_json,
+            self.events,
+            self.cond,
+            self.ledger,
+            self.arrivals,
+            self.traffic,
+            self,
+            lambda holds: self.dispatcher.held_by(holds),
+            lambda session_id: self.donations.due_for(session_id),
+        )
+        self.sessions = self.membership.sessions
         t = settings.timeouts
         self.donations = DonationDesk(
             self.shapes,
             t.drain + t.bulk(16 * sum(math.prod(v) for v in self.shapes.values())),
-            lambda sid: self.session(sid) is not None,
+            lambda sid: self.membership.session(sid) is not None,
         )
         self.stopping = False
         self.stop_reason = ""

@@ -19,8 +19,8 @@ def tick(service: Any) -> None:
     now, mono = service.now(), time.monotonic()
     failure = service.settings.timeouts.failure
     for s in service.sessions:
-        service.book_tokens(s)
-        service.grant_tokens(s)  # a heartbeat that found the lock taken gets its grant from here
+        service.membership.book_tokens(s)
+        service.membership.grant_tokens(s)  # a heartbeat that found the lock taken gets its grant from here
     for s in service.sessions:
         silent = mono - s.last_seen
         if silent > failure:
