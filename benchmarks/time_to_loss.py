@@ -243,7 +243,10 @@ def tune(args: argparse.Namespace, base: Path) -> tuple[dict[str, dict[str, floa
 
     def objective(method: str, settings: dict[str, float]) -> float:
         run_dir = base / "tuning" / "-".join([method, *(f"{v:g}" for v in settings.values())])
-        return sim_run(sim_flags(args, plain, method, settings), run_dir)["summary"]["eval_loss"]
+        # one thread: a tuning run shares the machine (a second tuning process, other work), and torch's
+        # two threads beside a busy core wait on each other at every op: a full-size run took 45 min
+        # so, against 7.5 min on one thread
+        return sim_run([*sim_flags(args, plain, method, settings), "--threads", "1"], run_dir)["summary"]["eval_loss"]
 
     tuner = Tuner(objective, args.tuning or base / "tuning.json", tuning_context(args), say=console.print)
     # the inner lr's first grid is centred on the optimizer's default (train.inner.DEFAULT_LR)

@@ -226,6 +226,7 @@ def test_time_to_loss_tunes_every_method_and_the_outer_settings_reach_ddiloco_si
     flags = ttl.sim_flags(namespace(), ttl.Scenario("x"), "streaming", tuned["streaming"])
     assert flags[flags.index("--outer-lr") + 1] == "0.35" and flags[flags.index("--outer-momentum") + 1] == "0.7"
     assert all(f[f.index("--inner-optimizer") + 1] == "muon" for f in seen)  # every run, the optimizer given
+    assert all(f[f.index("--threads") + 1] == "1" for f in seen)  # a core each: no threads waiting on a busy core
     assert ttl.tuning_context(namespace())["inner_optimizer"] == "muon"  # an AdamW tuning.json is not resumed
     count = len(seen)
     assert ttl.tune(namespace(), tmp_path)[1] == tuning and len(seen) == count  # resumed from tuning.json
