@@ -58,12 +58,15 @@ whole result), the aim judged on the means and per seed. The settings are tuned 
 seed. Each seed's scenario is saved as it ends (RUN_DIR/seed-N/SCENARIO.json): a rerun with the same
 --run-dir and settings resumes. A quiet machine (benchmarks/runs.py): a real run during which other
 processes used more than 10 % of the CPU is redone (--reruns, default 1), then kept but left out of
-its method's means (`left_out`); every row says `quiet` and `others_cpu_share`.
+its method's means (`left_out`); every row says `quiet` and `others_cpu_share`. The virtual-clock runs
+do not depend on the load: `--sims-only` makes them all (every scenario and seed) beside other work,
+and the real runs read them back (each kept with its flags and failure trace in its directory).
 
     python benchmarks/time_to_loss.py --quick --json   # all four scenarios, smaller
     python benchmarks/time_to_loss.py --scenarios cross_site mixed_hardware
     python benchmarks/time_to_loss.py --quick --tune-only --json --run-dir runs/ttl  # tuning alone
     python benchmarks/time_to_loss.py --quick --tune-only --run-dir runs/ttl --tune-first decoupled  # a 2nd core
+    python benchmarks/time_to_loss.py --quick --sims-only --seeds 0 1 2 --run-dir runs/ttl  # beside other work
     flock /tmp/cpu.lock python benchmarks/time_to_loss.py --seeds 0 1 2 --run-dir runs/ttl-full --json
 """
 
@@ -71,9 +74,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -131,6 +136,7 @@ def cross_site_link(params: int, step_seconds: float) -> tuple[float, float, dic
 def scenarios(args: argparse.Namespace, base: Path, params: int, slurm: tuple[dict | None, str]) -> list[Scenario]:
     """The scenarios asked for; `slurm`: (environment or None, why) of the preemptible scenario's backend."""
     m, speed = args.learners, args.failure_speedup
+    base.mkdir(parents=True, exist_ok=True)  # the traces are written here (one folder per seed)
     out = []
     for name in args.scenarios:
         sc = Scenario(name)
@@ -215,6 +221,46 @@ def one_real_run(args: argparse.Namespace, sc: Scenario, flags: list[str], run_d
 def tuned_flags(tuned: dict[str, float]) -> list[str]:
     """`--inner-lr X` and, as given (the DiLoCo family), `--outer-lr`, `--outer-momentum`."""
     return [f for name, value in tuned.items() for f in ("--" + name.replace("_", "-"), repr(value))]
+
+
+def cached_sim(flags: list[str], run_dir: Path) -> dict:
+    """`sim_run`, read back from RUN_DIR/sim-result.json when that holds a finished run with the same
+    flags: the virtual clock's runs do not depend on the machine's load, so `--sims-only` can make them
+    beside other work and the real runs, on a quiet machine, take them from there."""
+    saved = run_dir / "sim-result.json"
+    # the failure trace is a file named in the flags: its contents are part of what the run was made of
+    trace = Path(flags[flags.index("--chaos-trace") + 1]) if "--chaos-trace" in flags else None
+    key = {"flags": flags, "trace": hashlib.sha256(trace.read_bytes()).hexdigest() if trace else None}
+    if saved.is_file():
+        data = json.loads(saved.read_text())
+        if data.get("key") == key:
+            return data["result"]
+    if run_dir.exists():  # a run cut short, or made of other flags or another trace
+        shutil.rmtree(run_dir)
+    result = json.loads(json.dumps(sim_run(flags, run_dir), default=float))  # as it reads back
+    tmp = saved.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "result": result}))
+    os.replace(tmp, saved)
+    return result
+
+
+def sims_only(args: argparse.Namespace, tuned: dict[str, dict[str, float]], base: Path, params: int) -> int:
+    """Every scenario's virtual-clock runs, every seed (`--sims-only`); how many were made now."""
+    made = 0
+    wanted = args.preemptible_backend if "preemptible" in args.scenarios else "local"
+    with slurm_or_local(wanted, console) as slurm:  # the preemptible trace follows the backend's schedule
+        for seed in args.seeds:
+            seed_args = argparse.Namespace(**{**vars(args), "seed": seed})
+            seed_base = base / f"seed-{seed}"
+            for sc in scenarios(seed_args, seed_base, params, slurm):
+                for method in METHODS:
+                    run_dir = seed_base / sc.name / f"sim-{method}"
+                    done = (run_dir / "sim-result.json").is_file()
+                    result = cached_sim(sim_flags(seed_args, sc, method, tuned[method]), run_dir)
+                    made += not done
+                    loss = result["summary"].get("eval_loss")
+                    console.print(f"virtual clock: {sc.name} / {method} / seed {seed}: eval loss {loss}")
+    return made
 
 
 def sim_flags(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[str, float]) -> list[str]:
@@ -321,7 +367,7 @@ def one_scenario(args: argparse.Namespace, sc: Scenario, tuned: dict[str, dict[s
         real[method] = run_real(args, sc, method, tuned[method], base / sc.name / method)
     if not args.no_sim:
         for method in METHODS:
-            sim[method] = sim_run(sim_flags(args, sc, method, tuned[method]), base / sc.name / f"sim-{method}")
+            sim[method] = cached_sim(sim_flags(args, sc, method, tuned[method]), base / sc.name / f"sim-{method}")
     c, cs = compare(real, args.tolerance), compare(sim, args.tolerance) if sim else None
     rows = []
     for m in METHODS:
@@ -411,6 +457,12 @@ def main() -> None:
     p.add_argument("--no-sweep", action="store_true", help="no tuning: every method at --inner-lr")
     p.add_argument("--tune-only", action="store_true", help="tune (resumable in --run-dir), print, and stop")
     p.add_argument(
+        "--sims-only",
+        action="store_true",
+        help="tune, then make every scenario's and seed's virtual-clock runs (saved in --run-dir) and stop: they do "
+        "not depend on the load, so this may run beside other work; the real runs later read them back",
+    )
+    p.add_argument(
         "--tune-first",
         nargs="+",
         default=[],
@@ -445,6 +497,10 @@ def main() -> None:
     tuned, tuning = untuned(args) if args.no_sweep else tune(args, base)
     if args.tune_only:
         report(args, {}, params, tuned, tuning)
+        return
+    if args.sims_only:
+        made = sims_only(args, tuned, base, params)
+        console.print(f"virtual clock: {made} runs made now; the real runs read them from {base}")
         return
     results = {}
     wanted = args.preemptible_backend if "preemptible" in args.scenarios else "local"

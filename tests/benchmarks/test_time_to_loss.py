@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 from functools import partial
@@ -258,3 +259,26 @@ def test_a_scenarios_seed_is_read_back_when_run_again_with_the_same_settings(tmp
     assert ttl.scenario_once(args, sc, tuned, tmp_path)["target"] == 2.0
     assert ttl.scenario_once(args, sc, tuned, tmp_path)["target"] == 2.0 and calls == [1]  # read back
     assert ttl.scenario_once(args, sc, {"ddp": {"inner_lr": 0.02}}, tmp_path) and calls == [1, 1]  # other settings: run
+
+
+def test_a_virtual_clock_run_is_read_back_only_for_the_same_flags_and_trace(tmp_path, monkeypatch):
+    """`--sims-only` makes them beside other work; the real runs read them back (`cached_sim`)."""
+    calls = []
+
+    def fake_sim(flags: list[str], run_dir: Path) -> dict:
+        calls.append(list(flags))
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text("{}\n")
+        return {"summary": {"eval_loss": 2.0 + len(calls)}, "curve": [(1.0, 3.0)], "finish": math.nan}
+
+    monkeypatch.setattr(ttl, "sim_run", fake_sim)
+    trace = tmp_path / "trace.csv"
+    trace.write_text("learner,down_at,up_at\n1,4.0,6.0\n")
+    flags, run_dir = ["--method", "ddp", "--chaos-trace", str(trace)], tmp_path / "sim-ddp"
+    first = ttl.cached_sim(flags, run_dir)
+    assert first["summary"]["eval_loss"] == 3.0 and first["curve"] == [[1.0, 3.0]] and math.isnan(first["finish"])
+    assert ttl.cached_sim(flags, run_dir)["summary"]["eval_loss"] == 3.0 and len(calls) == 1  # read back
+    assert ttl.cached_sim([*flags, "--seed", "1"], run_dir)["summary"]["eval_loss"] == 4.0  # other flags: run again
+    trace.write_text("learner,down_at,up_at\n1,5.0,6.0\n")
+    assert ttl.cached_sim([*flags, "--seed", "1"], run_dir)["summary"]["eval_loss"] == 5.0  # another trace: again
+    assert len(calls) == 3
