@@ -90,8 +90,10 @@ def test_bandwidth_rows_count_bytes_both_ways_for_every_upload_and_download_code
     whole = rows[("bf16", "bf16")]["bytes_per_update_whole"]
     assert whole > 0 and rows[("bf16", "bf16")]["bytes_per_update_difference"] is None
     int8, int4 = (rows[(c, c)]["bytes_per_update_difference"] for c in ("int8", "int4"))
-    assert rows[("bf16", "int8")]["bytes_per_update_difference"] < whole
-    assert int4 < int8 < whole
+    shown = f"difference int8 (bf16 up) {rows[('bf16', 'int8')]['bytes_per_update_difference']}, int8 {int8}, "
+    shown += f"int4 {int4}, whole bf16 {whole}"
+    assert rows[("bf16", "int8")]["bytes_per_update_difference"] < whole, shown
+    assert int4 < int8 < whole, shown
 
 
 @pytest.mark.slow

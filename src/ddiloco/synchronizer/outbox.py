@@ -80,18 +80,21 @@ class Outbox:
                 return self._current.popleft() if self._current else None
             fragment, (version, item) = self._updates.popitem(last=False)
             held, self._streamed[fragment] = self._streamed.get(fragment), version
-        as_difference = False
+        counts: list[tuple[int, bool]] = []  # each update's bytes and form: every link of a chain is one
         if not isinstance(item, list):  # outside the lock: a whole value may have to be encoded first
             frames: list[bytes] = []
-            as_difference = True  # a chain counts as a difference only if every link went as one
             for e in item if isinstance(item, tuple) else (item,):
                 delta = e.delta if held == e.base else None  # a difference needs the version it is from
-                as_difference = as_difference and delta is not None
-                frames += delta if delta is not None else e.full()
+                link = delta if delta is not None else e.full()
+                counts.append((sum(len(f) for f in link), delta is not None))
+                frames += link
                 held = e.version
             item = frames
+        else:
+            counts.append((sum(len(f) for f in item), False))
         if self._counted is not None:
-            self._counted(sum(len(f) for f in item), as_difference)
+            for nbytes, as_difference in counts:
+                self._counted(nbytes, as_difference)
         with self._cond:  # one thread streams an outbox: nothing else filled _current meanwhile
             if self.closed:
                 return None

@@ -16,8 +16,9 @@ class Traffic:
         self.bytes_sent = 0
         # updates as they start streaming, split by form: a difference from the version the learner
         # holds (`--codec-down int8/int4`), or a whole value (every bf16 update; a join, a reset or a
-        # coalesced version under a difference codec). How many whole values a run sends depends on
-        # timing; what one update of each form costs does not.
+        # coalesced version under a difference codec); each difference of a chain is one update. How
+        # many whole values a run sends depends on timing; what one update of each form costs does not
+        # (a chain counted as one update made a difference look as large as two).
         self.updates = {"difference": 0, "whole": 0}
         self.update_bytes = {"difference": 0, "whole": 0}
         self._closed: Counter[str] = Counter()  # bulk socket connections closed or calls refused, by reason
