@@ -119,6 +119,7 @@ def main() -> None:
                 # how many of each a run sends depends on timing, what one costs does not
                 "bytes_per_update_difference": result.get("bytes_per_update_difference"),
                 "bytes_per_update_whole": result.get("bytes_per_update_whole"),
+                "difference_over_whole": result.get("difference_over_whole"),
                 "allreduce_bf16_bytes_per_step": ring["bf16"],
                 "allreduce_fp32_bytes_per_step": ring["fp32"],
                 **ratios(ring["bf16"], up, down),

@@ -82,18 +82,19 @@ def test_bandwidth_rows_count_bytes_both_ways_for_every_upload_and_download_code
     assert sum(r["bytes_down_per_step_steady"] for r in rows.values()) > 0
     up = {c: rows[(c, "bf16")]["bytes_up_per_contribution"] for c in ("bf16", "int8", "int4")}
     assert up["int4"] < up["int8"] < up["bf16"]
-    # Down, how many whole values a run sends (joins, versions coalesced away, resets) depends on
-    # timing, whatever the codec; what one update costs does not. A bf16 update is always a whole
-    # value; under int8 / int4 most go as differences from the learner's version, and one costs less.
-    # --quick's fragments are small (a few thousand bytes in bf16), so each tensor's header weighs:
-    # an int8 difference measured 0.92 of a whole bf16 value (payload alone: about 0.5).
+    # Down, a bf16 update is always a whole value; under int8 / int4 most go as differences from the
+    # learner's version, and one costs less than the same fragment's whole value. Which fragments go
+    # which way, and so the bytes of an average update of either form, depend on timing (one run's
+    # int8 differences averaged 2241 bytes and another's 2859, against 2777 for a whole value), so the
+    # differences are held against their own fragments' whole values (`difference_over_whole`, whose
+    # denominator is the bf16 payload alone: --quick's small fragments carry headers of their own).
     whole = rows[("bf16", "bf16")]["bytes_per_update_whole"]
     assert whole > 0 and rows[("bf16", "bf16")]["bytes_per_update_difference"] is None
-    int8, int4 = (rows[(c, c)]["bytes_per_update_difference"] for c in ("int8", "int4"))
-    shown = f"difference int8 (bf16 up) {rows[('bf16', 'int8')]['bytes_per_update_difference']}, int8 {int8}, "
-    shown += f"int4 {int4}, whole bf16 {whole}"
-    assert rows[("bf16", "int8")]["bytes_per_update_difference"] < whole, shown
-    assert int4 < int8 < whole, shown
+    assert rows[("bf16", "bf16")]["difference_over_whole"] is None
+    over = {
+        pair: rows[pair]["difference_over_whole"] for pair in (("bf16", "int8"), ("int8", "int8"), ("int4", "int4"))
+    }
+    assert over[("int4", "int4")] < over[("int8", "int8")] < 1 and over[("bf16", "int8")] < 1, over
 
 
 @pytest.mark.slow

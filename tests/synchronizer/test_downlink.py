@@ -73,8 +73,8 @@ def test_the_outbox_sends_a_difference_only_after_the_version_it_needs():
     for v in range(6):
         theta["w"] += 0.5 * torch.rand(4096)
         encoded.append(down.encode({"kind": "update", "fragment": 0, "version": v}, 0, v, theta))
-    counted: list[tuple[int, bool]] = []  # what Traffic hears: each update's bytes and its form
-    box = Outbox(lambda n, as_difference: counted.append((n, as_difference)))
+    counted: list[tuple[int, bool, int]] = []  # what Traffic hears: each update's bytes, form, whole payload
+    box = Outbox(lambda n, as_difference, whole: counted.append((n, as_difference, whole)))
     box.put_update(0, 0, encoded[0])
     assert drain(box) == encoded[0].full()
     box.put_update(0, 1, encoded[1])
@@ -86,7 +86,14 @@ def test_the_outbox_sends_a_difference_only_after_the_version_it_needs():
     assert drain(box) == encoded[5].full()
     size = [sum(map(len, frames)) for frames in (encoded[0].full(), encoded[1].delta, encoded[5].full())]
     chain = [sum(map(len, encoded[v].delta)) for v in (2, 3)]  # two updates in one stream: counted apart
-    assert counted == [(size[0], False), (size[1], True), (chain[0], True), (chain[1], True), (size[2], False)]
+    whole = 2 * 4096  # bf16 values of the one tensor, before their headers
+    assert counted == [
+        (size[0], False, whole),
+        (size[1], True, whole),
+        (chain[0], True, whole),
+        (chain[1], True, whole),
+        (size[2], False, whole),
+    ]
     assert size[1] < size[0] / 2  # an int4 difference against a whole bf16 value
     fresh = Outbox()  # a new session: nothing streamed yet, the whole value first
     fresh.put_update(0, 1, encoded[1])

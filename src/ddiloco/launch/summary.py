@@ -178,6 +178,9 @@ def bandwidth(statuses: list[dict], steps: int, learners: int) -> dict:
     def ratio(ours: float) -> float | None:
         return ring / ours if ours > 0 and ring > 0 else None
 
+    sent_as_difference = sum(int(s.get("update_bytes_sent", {}).get("difference", 0)) for s in statuses)
+    their_whole = sum(int(s.get("difference_whole_bytes", 0)) for s in statuses)
+
     return {
         "params": params,
         "inner_steps": steps,
@@ -187,6 +190,9 @@ def bandwidth(statuses: list[dict], steps: int, learners: int) -> dict:
         # on timing (joins, versions coalesced away), what each costs does not
         "bytes_per_update_difference": per_update("difference"),
         "bytes_per_update_whole": per_update("whole"),
+        # the differences' bytes over their whole bf16 values' payload: per fragment, not per mix of
+        # fragments (above, a run whose differences went to the larger fragments reads costlier)
+        "difference_over_whole": sent_as_difference / their_whole if their_whole else None,
         "allreduce_bf16_bytes_per_step": ring,
         "allreduce_workers": learners,
         "bandwidth_ratio_up": ratio(up),

@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 from .downlink import Encoded
 
-UpdateCounter = Callable[[int, bool], None]  # (bytes of one update's frames, sent as a difference?)
+# (bytes of one update's frames, sent as a difference?, the bf16 payload of its whole value: 0 if unknown)
+UpdateCounter = Callable[[int, bool, int], None]
 
 
 class Outbox:
@@ -80,21 +81,21 @@ class Outbox:
                 return self._current.popleft() if self._current else None
             fragment, (version, item) = self._updates.popitem(last=False)
             held, self._streamed[fragment] = self._streamed.get(fragment), version
-        counts: list[tuple[int, bool]] = []  # each update's bytes and form: every link of a chain is one
+        counts: list[tuple[int, bool, int]] = []  # each update's bytes, form, whole payload; a chain's links apart
         if not isinstance(item, list):  # outside the lock: a whole value may have to be encoded first
             frames: list[bytes] = []
             for e in item if isinstance(item, tuple) else (item,):
                 delta = e.delta if held == e.base else None  # a difference needs the version it is from
                 link = delta if delta is not None else e.full()
-                counts.append((sum(len(f) for f in link), delta is not None))
+                counts.append((sum(len(f) for f in link), delta is not None, e.full_nbytes))
                 frames += link
                 held = e.version
             item = frames
         else:
-            counts.append((sum(len(f) for f in item), False))
+            counts.append((sum(len(f) for f in item), False, 0))
         if self._counted is not None:
-            for nbytes, as_difference in counts:
-                self._counted(nbytes, as_difference)
+            for nbytes, as_difference, whole in counts:
+                self._counted(nbytes, as_difference, whole)
         with self._cond:  # one thread streams an outbox: nothing else filled _current meanwhile
             if self.closed:
                 return None

@@ -94,6 +94,7 @@ def status(service: ServiceView) -> dict:
         "bytes_sent": service.traffic.bytes_sent,  # updates streamed to learners
         "updates_sent": dict(service.traffic.updates),  # by form: {"difference": n, "whole": n}
         "update_bytes_sent": dict(service.traffic.update_bytes),  # their frames' bytes, by form
+        "difference_whole_bytes": service.traffic.difference_whole_bytes,  # the differences' bf16 whole payload
         # the bulk socket plane: connections closed and calls refused by reason (hello_timeout,
         # per_address_cap, total_cap, bad_token, ...), and those waiting unauthenticated now
         "bulk": {"closed": service.traffic.closed_counts(), "waiting": service.traffic.bulk_waiting},

@@ -21,6 +21,9 @@ class Traffic:
         # (a chain counted as one update made a difference look as large as two).
         self.updates = {"difference": 0, "whole": 0}
         self.update_bytes = {"difference": 0, "whole": 0}
+        # what the updates sent as differences would have cost as whole bf16 values (their payload): a
+        # difference's bytes over these do not depend on which fragments went which way
+        self.difference_whole_bytes = 0
         self._closed: Counter[str] = Counter()  # bulk socket connections closed or calls refused, by reason
         self.bulk_waiting = 0  # bulk socket connections not yet authenticated, or being drained (a gauge)
 
@@ -32,11 +35,13 @@ class Traffic:
         with self._lock:
             self.bytes_sent += n
 
-    def update(self, nbytes: int, as_difference: bool) -> None:
+    def update(self, nbytes: int, as_difference: bool, whole_nbytes: int = 0) -> None:
         form = "difference" if as_difference else "whole"
         with self._lock:
             self.updates[form] += 1
             self.update_bytes[form] += nbytes
+            if as_difference:
+                self.difference_whole_bytes += whole_nbytes
 
     def closed(self, reason: str) -> None:
         """One bulk socket connection closed, or call refused, for `reason` (one of a few fixed keys)."""
