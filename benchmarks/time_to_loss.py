@@ -278,7 +278,10 @@ def sim_flags(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[s
         flags += ["--speeds", ",".join(f"{f:g}" for f in sc.slowdown)]
     if sc.trace is not None:
         flags += ["--chaos-trace", str(sc.trace)]
-    return flags
+    # one thread: a virtual-clock run shares the machine (tuning in two processes, `--sims-only` beside
+    # other work), and torch's two threads beside a busy core wait on each other at every op: a
+    # full-size run took 45 min so, against 7.5 min on one thread
+    return [*flags, "--threads", "1"]
 
 
 def tune(args: argparse.Namespace, base: Path) -> tuple[dict[str, dict[str, float]], dict]:
@@ -289,10 +292,7 @@ def tune(args: argparse.Namespace, base: Path) -> tuple[dict[str, dict[str, floa
 
     def objective(method: str, settings: dict[str, float]) -> float:
         run_dir = base / "tuning" / "-".join([method, *(f"{v:g}" for v in settings.values())])
-        # one thread: a tuning run shares the machine (a second tuning process, other work), and torch's
-        # two threads beside a busy core wait on each other at every op: a full-size run took 45 min
-        # so, against 7.5 min on one thread
-        return sim_run([*sim_flags(args, plain, method, settings), "--threads", "1"], run_dir)["summary"]["eval_loss"]
+        return sim_run(sim_flags(args, plain, method, settings), run_dir)["summary"]["eval_loss"]
 
     tuner = Tuner(objective, args.tuning or base / "tuning.json", tuning_context(args), say=console.print)
     # the inner lr's first grid is centred on the optimizer's default (train.inner.DEFAULT_LR)
