@@ -223,23 +223,34 @@ def tuned_flags(tuned: dict[str, float]) -> list[str]:
     return [f for name, value in tuned.items() for f in ("--" + name.replace("_", "-"), repr(value))]
 
 
+def _sim_key(flags: list[str]) -> dict:
+    """What a virtual-clock run is made of: its flags, and the contents of the failure trace they name."""
+    trace = Path(flags[flags.index("--chaos-trace") + 1]) if "--chaos-trace" in flags else None
+    return {"flags": flags, "trace": hashlib.sha256(trace.read_bytes()).hexdigest() if trace else None}
+
+
+def saved_sim(flags: list[str], run_dir: Path) -> dict | None:
+    """The run RUN_DIR/sim-result.json holds, if it was made of these flags and trace."""
+    saved = run_dir / "sim-result.json"
+    if not saved.is_file():
+        return None
+    data = json.loads(saved.read_text())
+    return data["result"] if data.get("key") == _sim_key(flags) else None
+
+
 def cached_sim(flags: list[str], run_dir: Path) -> dict:
     """`sim_run`, read back from RUN_DIR/sim-result.json when that holds a finished run with the same
     flags: the virtual clock's runs do not depend on the machine's load, so `--sims-only` can make them
     beside other work and the real runs, on a quiet machine, take them from there."""
+    found = saved_sim(flags, run_dir)
+    if found is not None:
+        return found
     saved = run_dir / "sim-result.json"
-    # the failure trace is a file named in the flags: its contents are part of what the run was made of
-    trace = Path(flags[flags.index("--chaos-trace") + 1]) if "--chaos-trace" in flags else None
-    key = {"flags": flags, "trace": hashlib.sha256(trace.read_bytes()).hexdigest() if trace else None}
-    if saved.is_file():
-        data = json.loads(saved.read_text())
-        if data.get("key") == key:
-            return data["result"]
     if run_dir.exists():  # a run cut short, or made of other flags or another trace
         shutil.rmtree(run_dir)
     result = json.loads(json.dumps(sim_run(flags, run_dir), default=float))  # as it reads back
     tmp = saved.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": key, "result": result}))
+    tmp.write_text(json.dumps({"key": _sim_key(flags), "result": result}))
     os.replace(tmp, saved)
     return result
 
@@ -254,10 +265,12 @@ def sims_only(args: argparse.Namespace, tuned: dict[str, dict[str, float]], base
             seed_base = base / f"seed-{seed}"
             for sc in scenarios(seed_args, seed_base, params, slurm):
                 for method in METHODS:
-                    run_dir = seed_base / sc.name / f"sim-{method}"
-                    done = (run_dir / "sim-result.json").is_file()
-                    result = cached_sim(sim_flags(seed_args, sc, method, tuned[method]), run_dir)
-                    made += not done
+                    run_dir, flags = (
+                        seed_base / sc.name / f"sim-{method}",
+                        sim_flags(seed_args, sc, method, tuned[method]),
+                    )
+                    made += saved_sim(flags, run_dir) is None
+                    result = cached_sim(flags, run_dir)
                     loss = result["summary"].get("eval_loss")
                     console.print(f"virtual clock: {sc.name} / {method} / seed {seed}: eval loss {loss}")
     return made

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -141,10 +140,7 @@ def learner(flags: LearnerFlags) -> None:
         # finalized, after the group was destroyed (SIGABRT, "terminate called without an active
         # exception": gloo's threads may still hold work that refers to Python objects, pytorch#179291),
         # and torchrun then restarts the group of a run that is over. Everything is written by now.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        logging.shutdown()
-        os._exit(code)
+        logsetup.exit_now(code)
     if code:  # 3 (`ending.EXIT_ORPHANED`): ended without its synchronizer; a scheduler must not restart it
         sys.exit(code)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -91,10 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         # Its groups are left and its books written: end without interpreter finalization, during which
         # a process that held a gloo group can be aborted by the C++ runtime (SIGABRT; `ddiloco learner`
         # saw it under torchrun), and a launcher would take a finished worker for a crashed one.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        logging.shutdown()
-        os._exit(code)
+        logsetup.exit_now(code)
     from ..chaos.trace import FailureTrace
     from .config import DataParallelConfig
     from .run import run_data_parallel

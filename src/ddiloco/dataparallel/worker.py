@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from ..learner.journal import Journal
 from ..learner.wan import LinkConfig
+from ..records import logsetup
 from ..records.rundir import MetricsLog
 from ..train.device import process_group_backend, resolve_device, step_slowdown
 from ..train.inner import InnerConfig, lr_at, make_inner_optimizer, set_lr
@@ -66,8 +67,7 @@ def bounded(seconds: float, what: str, work: Callable[[], None], exit_code: int 
 
 def _stuck(what: str, seconds: float, exit_code: int) -> None:
     log.error("%s did not end within %g s: exiting (code %d) to be restarted", what, seconds, exit_code)
-    logging.shutdown()  # the line above reaches the log before the process ends
-    os._exit(exit_code)
+    logsetup.exit_now(exit_code)  # the line above reaches the log before the process ends
 
 
 LOG_EVERY = 2.0  # seconds between rank 0's train/progress lines in metrics.jsonl

@@ -186,8 +186,8 @@ def bandwidth(statuses: list[dict], steps: int, learners: int) -> dict:
         "inner_steps": steps,
         "bytes_up_per_step": up,
         "bytes_down_per_step": down,
-        # one update down as a difference, and as a whole value: how many of each a run sends depends
-        # on timing (joins, versions coalesced away), what each costs does not
+        # one update down as a difference, and as a whole value: how many of each a run sends, and
+        # which fragments go which way, depend on timing (joins, versions coalesced away)
         "bytes_per_update_difference": per_update("difference"),
         "bytes_per_update_whole": per_update("whole"),
         # the differences' bytes over their whole bf16 values' payload: per fragment, not per mix of

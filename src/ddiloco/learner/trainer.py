@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..records import logsetup
 from ..train.device import autocast, process_group_backend, resolve_device
 from ..train.inner import InnerConfig, inner_step, lr_at, make_inner_optimizer, set_lr
 from ..train.tasks import make_task
@@ -83,8 +84,7 @@ def _exit_now(learner: int, code: int) -> None:
     """The grace after a stop signal is over: leave now, whatever is still in flight (the synchronizer
     counts it as lost when this learner's heartbeats stop)."""
     log.error("learner %d: the grace after the stop signal is over; exiting with what was sent", learner)
-    logging.shutdown()
-    os._exit(code)
+    logsetup.exit_now(code)
 
 
 def leave_process_group() -> bool:

@@ -4,7 +4,9 @@ process's role, so that the launcher's per-process log files read well side by s
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from typing import NoReturn
 
 
 def configure(role: str, level: str = "info") -> None:
@@ -39,3 +41,13 @@ def log_to_stderr(level: str | int = "info") -> logging.Handler:
         logger.addHandler(handler)
     logger.setLevel(numeric)
     return handler
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process with `code` without Python's finalization, once what it wrote is flushed (its
+    output and log records). For a process that held a gloo group, whose teardown at finalization can
+    abort it (SIGABRT), and for one whose wait is over (a stuck teardown, a stop signal's grace)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)

@@ -17,8 +17,8 @@ class Traffic:
         # updates as they start streaming, split by form: a difference from the version the learner
         # holds (`--codec-down int8/int4`), or a whole value (every bf16 update; a join, a reset or a
         # coalesced version under a difference codec); each difference of a chain is one update. How
-        # many whole values a run sends depends on timing; what one update of each form costs does not
-        # (a chain counted as one update made a difference look as large as two).
+        # many of each form a run sends, and which fragments (of different sizes) go which way, depend
+        # on timing, and so does the average update's bytes: `difference_whole_bytes` does not.
         self.updates = {"difference": 0, "whole": 0}
         self.update_bytes = {"difference": 0, "whole": 0}
         # what the updates sent as differences would have cost as whole bf16 values (their payload): a
