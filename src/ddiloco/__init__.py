@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.4.0"
+from .version import __version__
 
 _PUBLIC = {
     "LearnerClient": "ddiloco.learner.client",

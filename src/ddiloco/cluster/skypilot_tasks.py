@@ -117,7 +117,7 @@ def _setup(opts: SkyOptions) -> tuple[str, str | None]:
     """(setup script, workdir): a source checkout is synced and installed, else the released package."""
     if opts.setup is not None:
         return opts.setup, None
-    from .. import __version__
+    from ..version import __version__
 
     source = Path(__file__).resolve().parents[3]
     if (source / "pyproject.toml").is_file() and (source / "src" / "ddiloco").is_dir():

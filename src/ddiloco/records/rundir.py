@@ -87,7 +87,7 @@ def jsonable(value: object) -> object:
 def versions() -> dict[str, str]:
     import torch
 
-    from .. import __version__
+    from ..version import __version__
 
     return {
         "ddiloco": __version__,
