@@ -55,12 +55,14 @@ Seeds (--seeds 0 1 2; the claims are made on 3): every scenario runs once per se
 and data order drawn from it), each seed against its own target; the tables and the JSON's `rows`
 give each method's mean +- standard deviation and every seed's seconds (`per_seed` holds each seed's
 whole result), the aim judged on the means and per seed. The settings are tuned once, at the first
-seed. Each seed's scenario is saved as it ends (RUN_DIR/seed-N/SCENARIO.json): a rerun with the same
---run-dir and settings resumes. A quiet machine (benchmarks/runs.py): a real run during which other
-processes used more than 10 % of the CPU is redone (--reruns, default 1), then kept but left out of
-its method's means (`left_out`); every row says `quiet` and `others_cpu_share`. The virtual-clock runs
-do not depend on the load: `--sims-only` makes them all (every scenario and seed) beside other work,
-and the real runs read them back (each kept with its flags and failure trace in its directory).
+seed. Each seed's scenario is saved as it ends (RUN_DIR/seed-N/SCENARIO.json), and each real run
+within it (its folder's real-result.json, with its flags, failure trace and reruns): a rerun with the
+same --run-dir and settings resumes, a run cut short made again from scratch. A quiet machine
+(benchmarks/runs.py): a real run during which other processes used more than 10 % of the CPU is
+redone (--reruns, default 1), then kept but left out of its method's means (`left_out`); every row
+says `quiet` and `others_cpu_share`. The virtual-clock runs do not depend on the load: `--sims-only`
+makes them all (every scenario and seed) beside other work, and the real runs read them back (each
+kept with its flags and failure trace in its directory).
 
     python benchmarks/time_to_loss.py --quick --json   # all four scenarios, smaller
     python benchmarks/time_to_loss.py --scenarios cross_site mixed_hardware
@@ -179,9 +181,18 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[st
     if sc.link is not None:
         flags += ["--net-latency", f"{sc.link[0]:.4g}", "--net-bandwidth", f"{sc.link[1]:.6g}"]
     what = f"{sc.name} / {method} / seed {args.seed}"
-    console.print(f"[bold]{what}[/bold]: ddiloco run {' '.join(flags)}")
     if sc.slurm is not None:  # every job on this machine's cores: shared as the local launcher shares them
         flags += ["--threads", str(max(1, (os.cpu_count() or 1) // (args.learners + 1)))]
+    key = _real_key(flags, sc, args.reruns)
+    found = saved_result(run_dir, key, "real-result.json")
+    if found is not None:  # a full-size pass spans sessions: a run that ended is not made again
+        console.print(f"{what}: done before, read from {run_dir / 'real-result.json'}")
+        return found
+    console.print(f"[bold]{what}[/bold]: ddiloco run {' '.join(flags)}")
+    # a run cut short (its process ended with the session) left its checkpoints: the synchronizers
+    # would resume from them, so its folders go before it is made again
+    for stale in [run_dir, *run_dir.parent.glob(f"{run_dir.name}-rerun*")]:
+        shutil.rmtree(stale, ignore_errors=True)
     for attempt in range(args.reruns + 1):  # a run made beside other work is redone, then left out
         attempt_dir = run_dir if attempt == 0 else run_dir.with_name(f"{run_dir.name}-rerun{attempt}")
         summary = one_real_run(args, sc, flags, attempt_dir, what)
@@ -192,7 +203,7 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[st
         console.print(f"{what}: other processes used {load['others_cpu_share']:.0%} of the CPU meanwhile: {later}")
     span = window(attempt_dir, summary)
     curve = read_curve(attempt_dir, span)
-    return {
+    result = {
         "summary": summary,
         "curve": curve,
         "finish": span[1] - span[0],
@@ -202,6 +213,15 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[st
         "others_cpu_share": summary.get("load", {}).get("others_cpu_share"),
         "attempts": attempt + 1,
     }
+    return save_result(run_dir, key, "real-result.json", result)
+
+
+def _real_key(flags: list[str], sc: Scenario, reruns: int) -> dict:
+    """What a real run is made of beyond its flags: the failure trace's contents, the slowdown (an
+    environment variable), the Slurm requeue schedule, and how many reruns a noisy run gets."""
+    trace = hashlib.sha256(sc.trace.read_bytes()).hexdigest() if sc.trace is not None else None
+    requeues = [list(r) for r in sc.requeues] if sc.slurm is not None else None
+    return {"flags": flags, "trace": trace, "slowdown": sc.slowdown, "requeues": requeues, "reruns": reruns}
 
 
 def one_real_run(args: argparse.Namespace, sc: Scenario, flags: list[str], run_dir: Path, what: str) -> dict:
@@ -229,13 +249,28 @@ def _sim_key(flags: list[str]) -> dict:
     return {"flags": flags, "trace": hashlib.sha256(trace.read_bytes()).hexdigest() if trace else None}
 
 
-def saved_sim(flags: list[str], run_dir: Path) -> dict | None:
-    """The run RUN_DIR/sim-result.json holds, if it was made of these flags and trace."""
-    saved = run_dir / "sim-result.json"
+def saved_result(run_dir: Path, key: dict, name: str) -> dict | None:
+    """The result RUN_DIR/NAME holds, if it was made of what `key` says."""
+    saved = run_dir / name
     if not saved.is_file():
         return None
     data = json.loads(saved.read_text())
-    return data["result"] if data.get("key") == _sim_key(flags) else None
+    return data["result"] if data.get("key") == json.loads(json.dumps(key)) else None
+
+
+def save_result(run_dir: Path, key: dict, name: str, result: dict) -> dict:
+    """`result` kept in RUN_DIR/NAME with its key (atomically), and returned as it reads back."""
+    result = json.loads(json.dumps(result, default=float))
+    saved = run_dir / name
+    tmp = saved.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "result": result}))
+    os.replace(tmp, saved)
+    return result
+
+
+def saved_sim(flags: list[str], run_dir: Path) -> dict | None:
+    """The run RUN_DIR/sim-result.json holds, if it was made of these flags and trace."""
+    return saved_result(run_dir, _sim_key(flags), "sim-result.json")
 
 
 def cached_sim(flags: list[str], run_dir: Path) -> dict:
@@ -245,14 +280,9 @@ def cached_sim(flags: list[str], run_dir: Path) -> dict:
     found = saved_sim(flags, run_dir)
     if found is not None:
         return found
-    saved = run_dir / "sim-result.json"
     if run_dir.exists():  # a run cut short, or made of other flags or another trace
         shutil.rmtree(run_dir)
-    result = json.loads(json.dumps(sim_run(flags, run_dir), default=float))  # as it reads back
-    tmp = saved.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": _sim_key(flags), "result": result}))
-    os.replace(tmp, saved)
-    return result
+    return save_result(run_dir, _sim_key(flags), "sim-result.json", sim_run(flags, run_dir))
 
 
 def sims_only(args: argparse.Namespace, tuned: dict[str, dict[str, float]], base: Path, params: int) -> int:

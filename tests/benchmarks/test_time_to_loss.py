@@ -282,3 +282,37 @@ def test_a_virtual_clock_run_is_read_back_only_for_the_same_flags_and_trace(tmp_
     trace.write_text("learner,down_at,up_at\n1,5.0,6.0\n")
     assert ttl.cached_sim([*flags, "--seed", "1"], run_dir)["summary"]["eval_loss"] == 5.0  # another trace: again
     assert len(calls) == 3
+
+
+def test_a_real_run_is_read_back_once_it_ended_and_made_afresh_after_a_cut(tmp_path, monkeypatch):
+    """A full-size pass spans sessions: a real run that ended is not made again; one cut short left its
+    checkpoints, from which the synchronizers would resume, so its folder goes before it is made."""
+    calls = []
+
+    def fake_run(args, sc, flags, run_dir, what):
+        assert not (run_dir / "sync-0").exists(), "a cut-short run's checkpoints were left in place"
+        calls.append(run_dir)
+        run_dir.mkdir(parents=True)
+        return {"eval_loss": 2.0 + len(calls), "load": {"quiet": True, "others_cpu_share": 0.01}}
+
+    monkeypatch.setattr(ttl, "one_real_run", fake_run)
+    monkeypatch.setattr(ttl, "window", lambda run_dir, summary: (1.0, 5.0))
+    monkeypatch.setattr(ttl, "read_curve", lambda run_dir, span: [(1.0, 3.0)])
+    monkeypatch.setattr(ttl, "eval_batches", lambda run_dir: 8)
+    args = argparse.Namespace(
+        learners=2, model_size="tiny", data=Path("d.txt"), seq_len=8, batch_size=2, inner_optimizer="muon",
+        tokens=1000, cap_seconds=30.0, seed=0, min_step_seconds=0.1, eval_every=2.0, eval_batches=8,
+        allreduce_precision="bf16", reruns=1,
+    )  # fmt: skip
+    trace = tmp_path / "trace.csv"
+    trace.write_text("learner,down_at,up_at\n1,4.0,6.0\n")
+    sc, run_dir = ttl.Scenario("one_site", trace=trace), tmp_path / "seed-0" / "one_site" / "decoupled"
+    (run_dir / "sync-0").mkdir(parents=True)  # a run cut short: no real-result.json
+    first = ttl.run_real(args, sc, "decoupled", {"inner_lr": 0.01}, run_dir)
+    assert first["summary"]["eval_loss"] == 3.0 and first["curve"] == [[1.0, 3.0]] and first["finish"] == 4.0
+    assert ttl.run_real(args, sc, "decoupled", {"inner_lr": 0.01}, run_dir) == first and len(calls) == 1
+    (run_dir / "sync-0").mkdir()  # as a run leaves it; made again below, it must go first
+    trace.write_text("learner,down_at,up_at\n1,5.0,6.0\n")  # another failure trace: made again
+    assert ttl.run_real(args, sc, "decoupled", {"inner_lr": 0.01}, run_dir)["summary"]["eval_loss"] == 4.0
+    assert ttl.run_real(args, sc, "decoupled", {"inner_lr": 0.02}, run_dir)["summary"]["eval_loss"] == 5.0
+    assert len(calls) == 3
