@@ -69,6 +69,7 @@ kept with its flags and failure trace in its directory).
     python benchmarks/time_to_loss.py --quick --tune-only --json --run-dir runs/ttl  # tuning alone
     python benchmarks/time_to_loss.py --quick --tune-only --run-dir runs/ttl --tune-first decoupled  # a 2nd core
     python benchmarks/time_to_loss.py --quick --sims-only --seeds 0 1 2 --run-dir runs/ttl  # beside other work
+    python benchmarks/time_to_loss.py --quick --sims-only --seeds 1 2 --seed 0 --run-dir runs/ttl  # a 2nd core
     flock /tmp/cpu.lock python benchmarks/time_to_loss.py --seeds 0 1 2 --run-dir runs/ttl-full --json
 """
 
@@ -487,7 +488,13 @@ def main() -> None:
     p.add_argument("--inner-optimizer", choices=INNER_OPTIMIZERS, default=InnerConfig().optimizer)
     p.add_argument("--inner-lr", type=float, default=None, help="with --no-sweep: every method's (DEFAULT_LR)")
     p.add_argument("--min-step-seconds", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=0, help="the tuning's seed, and the runs' without --seeds")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the tuning's seed (default: the first of --seeds, else 0), and the runs' without --seeds: a second "
+        "process with --seeds 1 2 --seed 0 shares the first's tuning",
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="run every scenario once per seed")
     p.add_argument("--reruns", type=int, default=1, help="redo a run made beside other work this many times")
     p.add_argument("--cap", type=float, default=3.0, help="cap every run at this many times its ideal time")
@@ -523,8 +530,7 @@ def main() -> None:
     )
     p.add_argument("--preemptible-backend", choices=("local", "slurm"), default=None, help="default: slurm if it can")
     args = parse_run_arguments(p, tokens=3_000_000)
-    args.seeds = args.seeds or [args.seed]
-    args.seed = args.seeds[0]  # the tuning's
+    args.seeds, args.seed = seeds(args.seeds, args.seed)
     args.failure_speedup = 1.0
     if args.quick:
         args.model_size, args.failure_speedup, args.eval_every = "tiny", 6.0, 2.0
@@ -562,6 +568,14 @@ def main() -> None:
     (base / "time_to_loss.json").write_text(json.dumps({"scenarios": results}, default=float))
     console.print(f"run directory and plots: {base}")
     report(args, results, params, tuned, tuning)
+
+
+def seeds(runs: list[int] | None, tuning: int | None) -> tuple[list[int], int]:
+    """(the seeds every scenario runs with, the tuning's seed): --seeds, else --seed, else 0; the
+    tuning's is --seed where given, else the first of the runs' (so `--seeds 1 2 --seed 0` tunes, or
+    reads the tuning, at seed 0 and runs seeds 1 and 2)."""
+    runs = runs or [tuning if tuning is not None else 0]
+    return runs, tuning if tuning is not None else runs[0]
 
 
 def scenario_once(args: argparse.Namespace, sc: Scenario, tuned: dict[str, dict[str, float]], base: Path) -> dict:

@@ -316,3 +316,11 @@ def test_a_real_run_is_read_back_once_it_ended_and_made_afresh_after_a_cut(tmp_p
     assert ttl.run_real(args, sc, "decoupled", {"inner_lr": 0.01}, run_dir)["summary"]["eval_loss"] == 4.0
     assert ttl.run_real(args, sc, "decoupled", {"inner_lr": 0.02}, run_dir)["summary"]["eval_loss"] == 5.0
     assert len(calls) == 3
+
+
+def test_the_tuning_seed_is_the_first_runs_unless_given():
+    """A second process for seeds 1 and 2 reads the tuning made at seed 0 (its file is keyed by seed)."""
+    assert ttl.seeds(None, None) == ([0], 0)
+    assert ttl.seeds(None, 3) == ([3], 3)
+    assert ttl.seeds([1, 2], None) == ([1, 2], 1)
+    assert ttl.seeds([1, 2], 0) == ([1, 2], 0)
