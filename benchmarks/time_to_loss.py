@@ -62,7 +62,8 @@ same --run-dir and settings resumes, a run cut short made again from scratch. A 
 redone (--reruns, default 1), then kept but left out of its method's means (`left_out`); every row
 says `quiet` and `others_cpu_share`. The virtual-clock runs do not depend on the load: `--sims-only`
 makes them all (every scenario and seed) beside other work, and the real runs read them back (each
-kept with its flags and failure trace in its directory).
+kept with its flags and failure trace in its directory, or with --sims DIR in a folder that outlives
+the run directory: a fresh machine given the same --run-dir reads them from there).
 
     python benchmarks/time_to_loss.py --quick --json   # all four scenarios, smaller
     python benchmarks/time_to_loss.py --scenarios cross_site mixed_hardware
@@ -70,6 +71,9 @@ kept with its flags and failure trace in its directory).
     python benchmarks/time_to_loss.py --quick --tune-only --run-dir runs/ttl --tune-first decoupled  # a 2nd core
     python benchmarks/time_to_loss.py --quick --sims-only --seeds 0 1 2 --run-dir runs/ttl  # beside other work
     python benchmarks/time_to_loss.py --quick --sims-only --seeds 1 2 --seed 0 --run-dir runs/ttl  # a 2nd core
+    python benchmarks/time_to_loss.py --sims-only --seeds 0 1 2 --run-dir runs/ttl-full \
+        --tuning benchmarks/results/time-to-loss-full-muon.tuning.json \
+        --sims benchmarks/results/time-to-loss-full-muon.sims   # results that outlive the run directory
     flock /tmp/cpu.lock python benchmarks/time_to_loss.py --seeds 0 1 2 --run-dir runs/ttl-full --json
 """
 
@@ -185,7 +189,7 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[st
     if sc.slurm is not None:  # every job on this machine's cores: shared as the local launcher shares them
         flags += ["--threads", str(max(1, (os.cpu_count() or 1) // (args.learners + 1)))]
     key = _real_key(flags, sc, args.reruns)
-    found = saved_result(run_dir, key, "real-result.json")
+    found = saved_result(run_dir / "real-result.json", key)
     if found is not None:  # a full-size pass spans sessions: a run that ended is not made again
         console.print(f"{what}: done before, read from {run_dir / 'real-result.json'}")
         return found
@@ -214,7 +218,7 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[st
         "others_cpu_share": summary.get("load", {}).get("others_cpu_share"),
         "attempts": attempt + 1,
     }
-    return save_result(run_dir, key, "real-result.json", result)
+    return save_result(run_dir / "real-result.json", key, result)
 
 
 def _real_key(flags: list[str], sc: Scenario, reruns: int) -> dict:
@@ -250,40 +254,48 @@ def _sim_key(flags: list[str]) -> dict:
     return {"flags": flags, "trace": hashlib.sha256(trace.read_bytes()).hexdigest() if trace else None}
 
 
-def saved_result(run_dir: Path, key: dict, name: str) -> dict | None:
-    """The result RUN_DIR/NAME holds, if it was made of what `key` says."""
-    saved = run_dir / name
+def saved_result(saved: Path, key: dict) -> dict | None:
+    """The result the file SAVED holds, if it was made of what `key` says."""
     if not saved.is_file():
         return None
     data = json.loads(saved.read_text())
     return data["result"] if data.get("key") == json.loads(json.dumps(key)) else None
 
 
-def save_result(run_dir: Path, key: dict, name: str, result: dict) -> dict:
-    """`result` kept in RUN_DIR/NAME with its key (atomically), and returned as it reads back."""
+def save_result(saved: Path, key: dict, result: dict) -> dict:
+    """`result` kept in the file SAVED with its key (atomically), and returned as it reads back."""
     result = json.loads(json.dumps(result, default=float))
-    saved = run_dir / name
+    saved.parent.mkdir(parents=True, exist_ok=True)
     tmp = saved.with_suffix(".tmp")
     tmp.write_text(json.dumps({"key": key, "result": result}))
     os.replace(tmp, saved)
     return result
 
 
-def saved_sim(flags: list[str], run_dir: Path) -> dict | None:
-    """The run RUN_DIR/sim-result.json holds, if it was made of these flags and trace."""
-    return saved_result(run_dir, _sim_key(flags), "sim-result.json")
+def saved_sim(flags: list[str], kept: Path) -> dict | None:
+    """The run the file KEPT holds, if it was made of these flags and trace."""
+    return saved_result(kept, _sim_key(flags))
 
 
-def cached_sim(flags: list[str], run_dir: Path) -> dict:
-    """`sim_run`, read back from RUN_DIR/sim-result.json when that holds a finished run with the same
-    flags: the virtual clock's runs do not depend on the machine's load, so `--sims-only` can make them
-    beside other work and the real runs, on a quiet machine, take them from there."""
-    found = saved_sim(flags, run_dir)
+def sim_kept(args: argparse.Namespace, run_dir: Path) -> Path:
+    """Where the virtual-clock run RUN_DIR (BASE/seed-N/SCENARIO/sim-METHOD) keeps its result: in it, or
+    with --sims DIR at DIR/seed-N/SCENARIO/sim-METHOD.json, a folder that can outlive the run directory."""
+    if args.sims is None:
+        return run_dir / "sim-result.json"
+    return args.sims / run_dir.parent.parent.name / run_dir.parent.name / f"{run_dir.name}.json"
+
+
+def cached_sim(flags: list[str], run_dir: Path, kept: Path | None = None) -> dict:
+    """`sim_run`, read back from KEPT (default RUN_DIR/sim-result.json) when that holds a finished run
+    with the same flags: the virtual clock's runs do not depend on the machine's load, so `--sims-only`
+    can make them beside other work and the real runs, on a quiet machine, take them from there."""
+    kept = kept or run_dir / "sim-result.json"
+    found = saved_sim(flags, kept)
     if found is not None:
         return found
     if run_dir.exists():  # a run cut short, or made of other flags or another trace
         shutil.rmtree(run_dir)
-    return save_result(run_dir, _sim_key(flags), "sim-result.json", sim_run(flags, run_dir))
+    return save_result(kept, _sim_key(flags), sim_run(flags, run_dir))
 
 
 def sims_only(args: argparse.Namespace, tuned: dict[str, dict[str, float]], base: Path, params: int) -> int:
@@ -300,8 +312,8 @@ def sims_only(args: argparse.Namespace, tuned: dict[str, dict[str, float]], base
                         seed_base / sc.name / f"sim-{method}",
                         sim_flags(seed_args, sc, method, tuned[method]),
                     )
-                    made += saved_sim(flags, run_dir) is None
-                    result = cached_sim(flags, run_dir)
+                    made += saved_sim(flags, sim_kept(args, run_dir)) is None
+                    result = cached_sim(flags, run_dir, sim_kept(args, run_dir))
                     loss = result["summary"].get("eval_loss")
                     console.print(f"virtual clock: {sc.name} / {method} / seed {seed}: eval loss {loss}")
     return made
@@ -411,7 +423,8 @@ def one_scenario(args: argparse.Namespace, sc: Scenario, tuned: dict[str, dict[s
         real[method] = run_real(args, sc, method, tuned[method], base / sc.name / method)
     if not args.no_sim:
         for method in METHODS:
-            sim[method] = cached_sim(sim_flags(args, sc, method, tuned[method]), base / sc.name / f"sim-{method}")
+            run_dir = base / sc.name / f"sim-{method}"
+            sim[method] = cached_sim(sim_flags(args, sc, method, tuned[method]), run_dir, sim_kept(args, run_dir))
     c, cs = compare(real, args.tolerance), compare(sim, args.tolerance) if sim else None
     rows = []
     for m in METHODS:
@@ -527,6 +540,13 @@ def main() -> None:
         default=None,
         help="the tuning runs' file (default RUN_DIR/tuning.json): one kept in benchmarks/results survives a lost "
         "run directory, and a rerun resumes from it",
+    )
+    p.add_argument(
+        "--sims",
+        type=Path,
+        default=None,
+        help="keep each virtual-clock run's result in this folder (default: in its run directory): one in "
+        "benchmarks/results outlives the run directory; a run is read back with the same --run-dir and flags",
     )
     p.add_argument("--preemptible-backend", choices=("local", "slurm"), default=None, help="default: slurm if it can")
     args = parse_run_arguments(p, tokens=3_000_000)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import subprocess
 import sys
 from functools import partial
@@ -282,6 +283,15 @@ def test_a_virtual_clock_run_is_read_back_only_for_the_same_flags_and_trace(tmp_
     trace.write_text("learner,down_at,up_at\n1,5.0,6.0\n")
     assert ttl.cached_sim([*flags, "--seed", "1"], run_dir)["summary"]["eval_loss"] == 5.0  # another trace: again
     assert len(calls) == 3
+    # --sims DIR keeps the results apart from the run directory, which may then be lost
+    args = argparse.Namespace(sims=tmp_path / "kept")
+    run_dir = tmp_path / "run" / "seed-1" / "one_site" / "sim-ddp"
+    kept = ttl.sim_kept(args, run_dir)
+    assert kept == tmp_path / "kept" / "seed-1" / "one_site" / "sim-ddp.json"
+    assert ttl.cached_sim(flags, run_dir, kept)["summary"]["eval_loss"] == 6.0 and kept.is_file()
+    shutil.rmtree(tmp_path / "run")
+    assert ttl.cached_sim(flags, run_dir, kept)["summary"]["eval_loss"] == 6.0 and len(calls) == 4
+    assert ttl.sim_kept(argparse.Namespace(sims=None), run_dir) == run_dir / "sim-result.json"
 
 
 def test_a_real_run_is_read_back_once_it_ended_and_made_afresh_after_a_cut(tmp_path, monkeypatch):
