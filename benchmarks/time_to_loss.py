@@ -569,7 +569,7 @@ def main() -> None:
         return
     if args.sims_only:
         made = sims_only(args, tuned, base, params)
-        console.print(f"virtual clock: {made} runs made now; the real runs read them from {base}")
+        console.print(f"virtual clock: {made} runs made now; the real runs read them from {args.sims or base}")
         return
     results = {}
     wanted = args.preemptible_backend if "preemptible" in args.scenarios else "local"
