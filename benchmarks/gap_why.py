@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import itertools
 import json
 import math
@@ -48,7 +49,15 @@ from scaling import gpt, parameters  # noqa: E402
 from tuning import INNER_LR, Tuner  # noqa: E402
 
 from ddiloco.train.corpus import encoded_corpus  # noqa: E402
-from ddiloco.train.inner import InnerConfig, inner_step, lr_at, make_inner_optimizer, set_lr  # noqa: E402
+from ddiloco.train.inner import (  # noqa: E402
+    DEFAULT_LR,
+    INNER_OPTIMIZERS,
+    InnerConfig,
+    inner_step,
+    lr_at,
+    make_inner_optimizer,
+    set_lr,
+)
 from ddiloco.train.streams import Batch  # noqa: E402
 from ddiloco.train.tasks import LanguageModelTask  # noqa: E402
 
@@ -205,6 +214,9 @@ class Study:
         self.cfg, self.data = cfg, data
         self.tasks: dict[str, LanguageModelTask] = {}
         context = {k: cfg[k] for k in ("ratio", "seq_len", "batch", "eval_batches")} | {"data": data}
+        self.optimizer = cfg.get("inner_optimizer", "adamw")
+        if self.optimizer != "adamw":  # (AdamW's tuning files were made before the flag, without it)
+            context["inner_optimizer"] = self.optimizer
         self.tuner = Tuner(self.final_loss, tuning, context, say=say)
 
     def task(self, size: str) -> LanguageModelTask:
@@ -214,9 +226,9 @@ class Study:
         return self.tasks[size]
 
     def inner(self, lr: float) -> InnerConfig:
-        # AdamW, as the docstring says and gap-why*.json were made with: the package's default became
-        # Muon, whose lr the resumed tuning files (no optimizer in their context) do not hold
-        return InnerConfig(lr=lr, batch_size=self.cfg["batch"], warmup_steps=10, optimizer="adamw")
+        # AdamW unless --inner-optimizer says otherwise: gap-why*.json were made with it, before the
+        # package's default became Muon
+        return InnerConfig(lr=lr, batch_size=self.cfg["batch"], warmup_steps=10, optimizer=self.optimizer)
 
     def total_steps(self, size: str) -> int:
         tokens = self.cfg["ratio"] * parameters(size, self.cfg["seq_len"])
@@ -241,7 +253,11 @@ class Study:
         return self.train(label, settings["inner_lr"], int(settings["seed"]))
 
     def cells(self, size: str, seed: int) -> list[dict]:
-        lr = self.tuner.tune(size, (INNER_LR,), fixed={"seed": 0.0})["chosen"]["inner_lr"]
+        # AdamW's grid as its tuning files were made; another optimizer's centred on its own default lr
+        start = INNER_LR
+        if self.optimizer != "adamw":
+            start = dataclasses.replace(INNER_LR, default=DEFAULT_LR[self.optimizer])
+        lr = self.tuner.tune(size, (start,), fixed={"seed": 0.0})["chosen"]["inner_lr"]
         task, out = self.task(size), []
         batch, split = self.cfg["batch"], self.cfg["split"]
 
@@ -319,12 +335,20 @@ def main(argv: list[str] | None = None) -> int:
         "--state-steps", type=int, default=None, help="steps that give a learner's optimizer its own batch's state"
     )
     p.add_argument("--out", type=Path, default=None, help="results file: written as cells end, resumed from")
+    p.add_argument(
+        "--inner-optimizer",
+        choices=INNER_OPTIMIZERS,
+        default="adamw",
+        help="data-parallel's and the learners' (default AdamW, as gap-why*.json were made; Muon at its own lr)",
+    )
     args = p.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     cfg["sizes"] = args.sizes or cfg["sizes"]
     cfg["seeds"] = args.seeds or cfg["seeds"]
     cfg["state_steps"] = cfg["state_steps"] if args.state_steps is None else args.state_steps
     cfg["split"] = args.split
+    if args.inner_optimizer != "adamw":  # (files made before the flag are AdamW's, without the key)
+        cfg["inner_optimizer"] = args.inner_optimizer
     torch.set_num_threads(1)
     saved = json.loads(args.out.read_text()) if args.out and args.out.is_file() else {}
     config = {k: cfg[k] for k in cfg if k not in ("sizes", "seeds")} | {"data": args.data}

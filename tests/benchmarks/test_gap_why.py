@@ -51,15 +51,17 @@ def test_summary_efficiency_is_summed_round_gains_over_summed_data_parallel_gain
     assert row["cos"] == pytest.approx(0.7) and row["cos_sd"] == pytest.approx(0.1) and row["n"] == 3
 
 
-@pytest.fixture(scope="module")
-def start(shakespeare: str):
-    """A tiny GPT a few data-parallel steps in, its AdamW state, and batches for a round."""
-    cfg = dict(gap_why.QUICK, sizes=["12k"])
+@pytest.fixture(scope="module", params=["adamw", "muon"])
+def start(shakespeare: str, request: pytest.FixtureRequest):
+    """A tiny GPT a few data-parallel steps in, its optimizer's state (AdamW, or Muon on the hidden
+    matrices), and batches for a round."""
+    cfg = dict(gap_why.QUICK, sizes=["12k"], inner_optimizer=request.param)
     study = gap_why.Study(cfg, shakespeare, None)
     task, inner = study.task("12k"), study.inner(0.01)
     model = task.build_model(0)
     opt = gap_why.make_inner_optimizer(model, inner)
     stream = task.stream(0, 1, cfg["batch"], 0)
+    assert type(opt).__name__ == {"adamw": "AdamW", "muon": "MuonWithAdamW"}[request.param]
     gap_why.steps(task, model, opt, [stream.batch_at(i) for i in range(5)])
     batches = [stream.batch_at(100 + i) for i in range(4)]
     own = [stream.batch_at(200 + i) for i in range(3)]
