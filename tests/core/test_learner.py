@@ -251,6 +251,31 @@ def test_rebase_keeps_a_snapshot_the_merge_left_out_and_sends_it_with_the_next_c
         assert torch.allclose(again.outer_gradient["a"], torch.tensor([2.0, 2.0]) - torch.tensor(expected))
 
 
+def test_a_learner_slower_than_the_rounds_still_sends_its_rebased_work_on_its_own_cadence_by_hand():
+    """H = 4, tau = 1: a learner that never contributed is aligned with the others' cadence by an
+    update (as if it had sent tau steps ago), so its next send is due H - tau steps later. Where its
+    unsent work is kept (re-based), an update that arrives every 3 of its steps (the others twice as
+    fast) would put its clock back each time: it never sent, and the work piled up for the final
+    flush (a 90-step contribution in a run; the loss rose by 0.05-0.16 when it was merged). Its clock
+    now runs on while it holds re-based work."""
+    for rebase in (False, True):
+        params = {"a": torch.zeros(2)}
+        core = LearnerCore(0, params, balanced_fragments([("a", 2)], 1), Schedule(1, 4, 1), rebase=rebase)
+        core.join([FragmentUpdate(0, 0, {"a": torch.tensor([1.0, 1.0])}, (0,))])
+        sent, version = [], 0
+        for step in range(1, 13):
+            params["a"] += 0.1
+            if step % 3 == 0:  # the others' merge of this fragment, before our send is due
+                version += 1
+                core.receive(FragmentUpdate(0, version, {"a": torch.full((2,), 1.0 + version)}, (1,)))
+            sent += [(step, m.steps) for m in core.after_step(1, 1.0) if isinstance(m, Contribution)]
+        if rebase:  # first due at step 3 (offset 0, tau 1), then every 4: at most H steps of work each
+            assert sent == [(3, 3), (7, 4), (11, 4)] and core.counters[0].steps == 1
+        else:  # overwritten at steps 3, 6, 9 and 12, its work dropped each time (the paper's rule): the
+            # alignment puts its next send H - tau = 3 steps after each, and the next update comes first
+            assert sent == [] and core.counters[0].steps == 0
+
+
 def test_overwrite_loses_a_snapshot_the_merge_left_out_as_the_paper_does():
     core, params = rebasing(False)
     params["a"] += torch.tensor([0.1, 0.0])

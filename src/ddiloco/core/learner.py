@@ -203,8 +203,11 @@ class LearnerCore:
             else:
                 self._overwrite(update)
             self.forced.discard(fragment)
-            if not contributed:
+            if not contributed and self.counters[fragment].steps == 0:
                 # Align with the cadence of those who did contribute: as if we had sent tau steps ago.
+                # Not while re-based work is kept unsent: a learner slower than the others would have
+                # its clock put back by every update that comes before its own send is due, and never
+                # send that fragment (its work piling up, in its own model, until the final flush).
                 self.anchors[fragment] = self.step - self.overlap
             applied.append(fragment)
         if applied:
