@@ -9,6 +9,9 @@ bf16 outer gradient; pull: fp32 global fragment), so what differs is only how th
 * gRPC, bytes only (gRPC's own ceiling): the same byte counts in messages of one chunk each through
   a gRPC server made like ours, nothing else done on either side; `grpc_vs_raw` is its throughput
   over the plain socket's, and `ratio_vs_grpc` the synchronizer's over it;
+* plain TCP with conversion, push only: the raw connection, the float32 values converted to bf16
+  chunk by chunk as they are sent (the limit for a sender that must convert:
+  `convert_push_ratio_vs_raw`; our pushes against it: `push_ratio_vs_convert`);
 * plain TCP: tensor -> bytes -> one TCP connection (sendall / recv_into a preallocated buffer) ->
   tensor, between two Python processes; no header, no chunking;
 * ddiloco transport: tensor -> framed chunks with the JSON header -> gRPC bulk channel (HTTP/2) ->
@@ -19,7 +22,10 @@ bf16 outer gradient; pull: fp32 global fragment), so what differs is only how th
   merge is timed;
 * under TLS (unless --no-tls): the same bytes over one plain TLS connection (the limit under TLS),
   and the synchronizer's bulk socket plane with a self-signed certificate made for the run
-  (`tls_ratio_vs_raw`, with `tls_push_ratio_vs_raw` and `tls_pull_ratio_vs_raw`).
+  (`tls_ratio_vs_raw`, with `tls_push_ratio_vs_raw` and `tls_pull_ratio_vs_raw`); and the raw TLS
+  connection's pushes with the float32 values converted to bf16 chunk by chunk as they are sent, the
+  limit for a sender that must convert (`tls_convert_push_ratio_vs_raw`; our pushes against it:
+  `tls_push_ratio_vs_convert`).
 
 The ratio is ddiloco transport over plain TCP for push + pull together.
 
@@ -54,6 +60,7 @@ from transport_ends import (  # noqa: E402
     GrpcBytes,
     Ours,
     Raw,
+    RawConverting,
     RawTls,
     Tcp,
     local_address,
@@ -86,6 +93,7 @@ def main() -> None:
             tcp = Tcp(procs, numel, tmp)
             backends = {
                 "raw": Raw(tcp, 2 * numel, 4 * numel),  # the same connection, used in turn
+                "raw_convert": RawConverting(Raw(tcp, 2 * numel, 4 * numel), chunk),
                 "tcp": tcp,
                 "grpc": GrpcBytes(
                     local_address(
@@ -105,6 +113,7 @@ def main() -> None:
             if not args.no_tls:
                 cert, key = self_signed(tmp)
                 backends["raw_tls"] = RawTls(procs, tmp, cert, key, 2 * numel, 4 * numel)
+                backends["raw_tls_convert"] = RawConverting(backends["raw_tls"], chunk)
                 backends["socket_tls"] = start_service(procs, tmp, numel, chunk, bulk_socket=True, tls=(cert, key))
             for name in backends:
                 times[name] = {"push": [], "pull": []}
@@ -147,12 +156,18 @@ def main() -> None:
     result["ratio_vs_raw"] = result["socket_MBps"] / result["raw_MBps"]  # the synchronizer's default plane
     for op in ("push", "pull"):  # the aim (#48) holds for pushes and fetches alike
         result[f"{op}_ratio_vs_raw"] = med["raw"][op] / med["socket"][op]
+    # what converting alone costs a raw sender, and how near our pushes come to that
+    result["convert_push_ratio_vs_raw"] = med["raw"]["push"] / med["raw_convert"]["push"]
+    result["push_ratio_vs_convert"] = med["raw_convert"]["push"] / med["socket"]["push"]
     if "socket_tls" in med:  # the bulk plane over TLS against a raw TLS socket moving the same bytes
         result["raw_tls_MBps"] = both("raw_tls")
         result["socket_tls_MBps"] = both("socket_tls")
         result["tls_ratio_vs_raw"] = result["socket_tls_MBps"] / result["raw_tls_MBps"]
         for op in ("push", "pull"):
             result[f"tls_{op}_ratio_vs_raw"] = med["raw_tls"][op] / med["socket_tls"][op]
+        # what converting alone costs a raw TLS sender, and how near our pushes come to that
+        result["tls_convert_push_ratio_vs_raw"] = med["raw_tls"]["push"] / med["raw_tls_convert"]["push"]
+        result["tls_push_ratio_vs_convert"] = med["raw_tls_convert"]["push"] / med["socket_tls"]["push"]
     result["grpc_plane_vs_raw"] = result["service_MBps"] / result["raw_MBps"]
     result["transport_vs_raw"] = result["transport_MBps"] / result["raw_MBps"]
     result["grpc_MBps"] = both("grpc")
@@ -165,12 +180,14 @@ def main() -> None:
         table.add_column(col, justify="right")
     for n, label in (
         ("raw", "plain TCP, bytes only"),
+        ("raw_convert", "plain TCP + bf16 conversion (push only)"),
         ("grpc", "gRPC, bytes only"),
         ("tcp", "plain TCP + bf16/fp32 conversion"),
         ("transport", "ddiloco wire + gRPC"),
         ("service", "ddiloco synchronizer, gRPC plane"),
         ("socket", "ddiloco synchronizer, bulk socket plane"),
         ("raw_tls", "plain TLS, bytes only"),
+        ("raw_tls_convert", "plain TLS + bf16 conversion (push only)"),
         ("socket_tls", "ddiloco synchronizer, bulk socket plane, TLS"),
     ):
         if n not in med:
@@ -183,13 +200,19 @@ def main() -> None:
         f"against the same bytes over a plain socket with no conversion (the real limit): through the "
         f"synchronizer's bulk socket plane (its default) [bold]{result['ratio_vs_raw']:.2f}[/bold] "
         f"(ratio_vs_raw; aim >= 0.8: push {result['push_ratio_vs_raw']:.2f}, pull {result['pull_ratio_vs_raw']:.2f}), "
-        f"through its gRPC plane {result['grpc_plane_vs_raw']:.2f} (grpc_plane_vs_raw)"
+        f"through its gRPC plane {result['grpc_plane_vs_raw']:.2f} (grpc_plane_vs_raw); a plain socket that converts "
+        f"the pushed values to bf16 as it sends pushes at {result['convert_push_ratio_vs_raw']:.2f} of it "
+        f"(convert_push_ratio_vs_raw), and our pushes at {result['push_ratio_vs_convert']:.2f} of that "
+        f"(push_ratio_vs_convert)"
     )
     if "tls_ratio_vs_raw" in result:
         console.print(
             f"under TLS, against the same bytes over a plain TLS socket: [bold]{result['tls_ratio_vs_raw']:.2f}[/bold] "
             f"(tls_ratio_vs_raw: push {result['tls_push_ratio_vs_raw']:.2f}, "
-            f"pull {result['tls_pull_ratio_vs_raw']:.2f})"
+            f"pull {result['tls_pull_ratio_vs_raw']:.2f}); a plain TLS socket that converts the pushed values to "
+            f"bf16 as it sends pushes at {result['tls_convert_push_ratio_vs_raw']:.2f} of it "
+            f"(tls_convert_push_ratio_vs_raw), and our pushes at {result['tls_push_ratio_vs_convert']:.2f} of that "
+            f"(tls_push_ratio_vs_convert)"
         )
     console.print(
         f"gRPC itself, moving the same bytes in the same messages with nothing else to do, reaches "

@@ -380,3 +380,19 @@ def test_arrival_auto_rebases_only_where_rounds_average():
     assert not AlgorithmConfig(quorum=4, grace=0.9, arrival="overwrite").rebases
     with pytest.raises(ValueError, match="arrival must be 'auto', 'overwrite' or 'rebase'"):
         AlgorithmConfig(arrival="sometimes")  # type: ignore[arg-type]
+
+
+def test_a_detached_fragment_leaves_the_tensors_held_before_at_their_version_by_hand():
+    """`detach_fragment` (a fetch sends the live tensors): what was held keeps version 0's values
+    through the merge, and the merge steps the new storage exactly as it would have stepped the old."""
+    core = make(quorum=2, grace=0.0, learners=2)
+    held = core.params["w"]
+    core.detach_fragment(0)
+    assert core.params["w"] is not held and torch.equal(core.params["w"], held)
+    core.receive(contribution(0, [-1.0, 0.0]), now=0.0)
+    merged, update = core.receive(contribution(1, [0.0, -2.0]), now=0.1)
+    # equal tokens and steps: delta = [-0.5, -1]; Theta = 0 - 0.7 * delta
+    assert torch.equal(held, torch.zeros(2))  # version 0, untouched
+    assert torch.allclose(core.params["w"], torch.tensor([0.35, 0.7])) and update.version == 1
+    with pytest.raises(KeyError):
+        core.detach_fragment(1)

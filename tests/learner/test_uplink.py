@@ -48,9 +48,12 @@ def test_tls_covers_the_bulk_socket_too(tmp_path):
         with LearnerClient(
             model, address, 0, token="tok", timeouts=FAST, report_every=1e9, credentials=auth.channel_credentials(cert)
         ) as client:
-            assert client.links[0].uplink.socket.tls is not None
+            bulk = client.links[0].uplink.socket
+            assert bulk.tls is not None
             assert train_until_accepted(client, model, 2) >= 2
         assert server.bulk.served["Push"] >= 2
+        # every connection after the first resumed the last one's session (no signature, no check)
+        assert bulk.resumed >= 1
     finally:
         server.stop(grace=0.2)
 

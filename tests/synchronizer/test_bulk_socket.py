@@ -20,6 +20,7 @@ from ddiloco.synchronizer.bulk_greeting import MAX_WAITING_PER_PEER
 from ddiloco.synchronizer.server import SynchronizerServer, build_service
 from ddiloco.synchronizer.settings import ServiceSettings
 from ddiloco.wire import framing, reassembly, rpc, sockets
+from ddiloco.wire.timeouts import Timeouts
 
 from ..support.heads import contribution_head
 from ..support.runtime import FAST
@@ -30,12 +31,22 @@ NUMEL = 1 << 20
 
 @pytest.fixture
 def served():
-    params = {"w": torch.zeros(NUMEL), "b": torch.ones(3)}
+    with _serving(NUMEL, FAST) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def _serving(numel, timeouts):
+    """A synchronizer of one fragment ("w" of `numel` values, "b" of 3) on the bulk socket plane;
+    two learners' pushes of version v merge into version v + 1 (mean, outer lr 1, no momentum)."""
+    params = {"w": torch.zeros(numel), "b": torch.ones(3)}
     algorithm = AlgorithmConfig(
         fragments=1, sync_every=4, overlap=1, quorum=2, grace=0.0, outer_lr=1.0, outer_momentum=0.0, merge="mean"
     )
     service = build_service(
-        params, algorithm, ServiceSettings(timeouts=FAST, max_learners=2, max_message_bytes=8 << 20, workers=24)
+        params,
+        algorithm,
+        ServiceSettings(timeouts=timeouts, max_learners=2, max_message_bytes=8 * numel, workers=24),
     )
     server = SynchronizerServer(service, "127.0.0.1", 0, "tok", bulk_socket=True)
     address = server.start()
@@ -378,7 +389,7 @@ def test_a_nan_deep_in_a_socket_push_is_refused_as_non_finite(served):
     assert reply.get("code") == "non_finite", reply
 
 
-def test_fetches_reuse_their_staging_and_always_send_the_current_model(served):
+def test_fetches_send_the_live_model_and_always_the_current_one(served):
     service, server, _ = served
     session = service.membership.register(0, "inc0", True)["session"]
     for value in (torch.randn(NUMEL), torch.randn(NUMEL)):
@@ -387,5 +398,43 @@ def test_fetches_reuse_their_staging_and_always_send_the_current_model(served):
         (msg,) = list(_client(server).fetch(30, session=session))
         assert torch.equal(msg.tensors()["w"], value)
         _wait(lambda: service.membership.session(session) is not None and not server.bulk.fetches)
-    pool = server.handlers.fetch_buffers
-    assert pool.allocated == 1 and pool.reused == 1
+    with service.lock:
+        assert not service.readers.reading(0)  # every fetch let go of what it sent
+
+
+def test_a_fetch_that_a_merge_overtakes_sends_the_version_it_began_with_whole():
+    """A fetch sends the live tensors without copying them; a merge of the fragment while the fetch
+    is still sending must step a copy, or the fetch sends half one version and half the next."""
+    numel = 1 << 22  # 16 MB: far more than the sockets' buffers hold, so the fetch is still sending
+    max_frame = framing.DEFAULT_CHUNK_BYTES + rpc.FRAME_MARGIN
+    with _serving(numel, Timeouts.derive(2.0)) as (service, server, _):
+        sessions = [service.membership.register(m, f"inc{m}", True)["session"] for m in range(2)]
+        before = torch.randn(numel)
+        with service.lock:
+            service.core.params["w"].copy_(before)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 15)  # the fetch's sender soon waits on us
+        sock.connect(("127.0.0.1", server.handlers.bulk_port))
+        try:
+            deadline = sockets.Deadline(60)
+            sockets.send_small(sock, {"method": "Fetch", "token": "tok", "session": sessions[0]}, deadline)
+            reassembler = reassembly.Reassembler(1 << 40, max_open=1)
+            frame, body, _ = sockets.recv_head(sock, max_frame, deadline)
+            assert frame["head"]["version"] == 0  # under way: its first frame is in, the rest waits on us
+            client = _client(server)
+            for m in range(2):
+                grad = {"w": torch.full((numel,), -0.25 * (m + 1)), "b": torch.zeros(3)}
+                reply, _ = client.push(framing.iter_frame_parts(_head(sessions[m], 0), grad, "bf16"), 30)
+                assert reply.get("ok"), reply
+            _wait(lambda: service.core.versions[0] == 1)
+            assert server.bulk.fetches[sessions[0]] == 1  # the merge came while the fetch was sending
+            msg = sockets.recv_body(sock, reassembler, frame, body, deadline)
+            while msg is None:
+                _, _, msg = sockets.recv_frame(sock, max_frame, deadline, reassembler)
+        finally:
+            sock.close()
+        assert msg.head["version"] == 0
+        assert torch.equal(msg.tensors()["w"], before)  # version 0 whole, not half of version 1
+        (after,) = list(_client(server).fetch(30, session=sessions[1]))
+        assert after.head["version"] == 1
+        assert torch.equal(after.tensors()["w"], before + 0.375)  # the mean of -0.25 and -0.5, at outer lr 1

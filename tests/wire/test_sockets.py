@@ -65,6 +65,18 @@ def test_frame_parts_over_a_socket_arrive_as_the_tensors_sent(pair, codec, chunk
         assert torch.equal(t, via_grpc.tensors(shapes)[name])
 
 
+def test_over_tls_a_frames_length_header_and_first_body_bytes_go_as_one_full_record_by_hand():
+    """TLS makes a record of every `sendall`: the length (4 bytes), the header and the body sent
+    apart made two small records per frame. The first 16384 bytes go as one buffer, the rest as
+    they are, and the bytes on the wire are the same."""
+    length, header, body = memoryview(b"LLLL"), memoryview(b"h" * 100), memoryview(bytes(range(256)) * 4096)
+    out = sockets._whole_records([length, header, body])
+    assert [len(v) for v in out] == [16384, 4 + 100 + len(body) - 16384]
+    assert b"".join(bytes(v) for v in out) == bytes(length) + bytes(header) + bytes(body)
+    small = sockets._whole_records([length, header, memoryview(b"xyz")])
+    assert [bytes(v) for v in small] == [b"LLLL" + b"h" * 100 + b"xyz"]
+
+
 def test_partial_sends_are_completed(pair):
     """A receiver slower than the socket buffers: sendmsg returns short counts, and every byte still
     arrives in order."""

@@ -53,6 +53,13 @@ class SyncState:
         self.versions[p] += 1
         self.merged_into[p] = tuple(sorted(set(learners)))
 
+    def detach(self, p: int) -> None:
+        """Give fragment p's global tensors storage of their own (copies of the same values): whoever
+        holds the current ones (a fetch sending them) keeps an unchanging snapshot of this version,
+        and the next merge steps the copies in place."""
+        for name in self.plan.names[p]:
+            self.params[name] = self.params[name].clone()
+
     def update(self, p: int, learners: Sequence[int], copy: bool) -> FragmentUpdate:
         """Fragment p's current value addressed to `learners`: copies, or the live tensors."""
         tensors = {name: self.params[name].clone() if copy else self.params[name] for name in self.plan.names[p]}

@@ -459,6 +459,13 @@ class SynchronizerCore:
     def global_params(self) -> dict[str, torch.Tensor]:
         return self.state.global_params()
 
+    def detach_fragment(self, p: int) -> None:
+        """Fragment p's global tensors get storage of their own before the next merge steps them in
+        place, for a driver that reads the current ones outside its lock (`SyncState.detach`)."""
+        if p not in self.state.versions:
+            raise KeyError(f"fragment {p} is not owned by this synchronizer")
+        self.state.detach(p)
+
     def fragment_state(self, p: int, copy: bool = True) -> dict[str, torch.Tensor]:
         """Fragment p's global tensors and outer-optimizer buffers (`SyncState.fragment_state`)."""
         return self.state.fragment_state(p, copy)

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from typing import NoReturn, Protocol, cast
 
 import grpc
-import torch
 
 from ..core import RejectCode
 from ..core.round_sum import StreamedNorms
@@ -53,8 +52,6 @@ class Handlers:
         self.streams = StreamGuard(service.settings.timeouts, service.refuse_rpc)
         # contributions arrive into reused buffers: up to the owned model's float32 size kept between pushes
         self.push_buffers = BufferPool(self._fp32_bytes(service.core.owned))
-        # a fetch stages each fragment in a reused buffer: up to the largest owned fragment kept between fetches
-        self.fetch_buffers = BufferPool(max((self._fp32_bytes([p]) for p in service.core.owned), default=0))
         self.bulk_port: int | None = None  # the bulk socket plane's port, told to learners at registration
 
     def _fp32_bytes(self, fragments) -> int:
@@ -340,37 +337,27 @@ class Handlers:
             yield b"".join(parts)
 
     def fetch_frames(self, context: HandlerContext) -> Iterator[list]:
-        """The global model a fragment at a time, as frame parts (`framing.iter_frame_parts`). Each
-        fragment is copied under the lock into working space faulted in beforehand, then framed from
-        it outside the lock: framing under the lock held it for as long as a fragment's frames took
-        to make, and a whole-model clone first cost the model's size again in memory. The working
-        space comes from `fetch_buffers`, so a fetch does not fault a fragment's pages in again (at
-        16M parameters that was a third of a fetch's time on the synchronizer)."""
+        """The global model a fragment at a time, as frame parts (`framing.iter_frame_parts`), sent
+        from the live tensors: each fragment's are taken under the lock, and a merge of it while they
+        are being sent steps a copy instead (`readers`), so every fragment goes out whole at the
+        version its head names, with no copy made per fetch and the lock held only to take them."""
         service, core = self.service, self.service.core
         with service.lock:
             owned = sorted(core.owned)
         key, stream = self.streams.open("Fetch", context, self._bulk_deadline(self._fp32_bytes(owned)))
         try:
             for p in owned:
-                names = core.plan.names[p]
-                staged = self._staging({n: service.shapes[n] for n in names})
                 with service.lock:
                     head = {"kind": "fragment", "fragment": p, "version": core.versions[p]}
-                    for n in names:
-                        staged[n].copy_(core.params[n])
-                for parts in framing.iter_frame_parts(head, staged, "fp32", service.settings.chunk_bytes):
-                    stream.waiting()
-                    yield parts
-                del staged
+                    live = {n: core.params[n] for n in core.plan.names[p]}
+                    service.readers.hold(p)
+                try:
+                    for parts in framing.iter_frame_parts(head, live, "fp32", service.settings.chunk_bytes):
+                        stream.waiting()
+                        yield parts
+                finally:
+                    with service.lock:
+                        service.readers.release(p)
+                del live
         finally:
             self.streams.close(key)
-
-    def _staging(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-        """float32 tensors of `shapes`, laid in one buffer from `fetch_buffers` that goes back once
-        the last of them is gone; a buffer new to the pool is faulted in here, outside the lock."""
-        sizes = [math.prod(shape) for shape in shapes.values()]
-        made = self.fetch_buffers.allocated
-        flat = torch.frombuffer(self.fetch_buffers.take(4 * sum(sizes)), dtype=torch.float32)
-        if self.fetch_buffers.allocated != made:  # (a buffer too small to pool needs no such care)
-            flat.zero_()
-        return {n: t.view(shape) for (n, shape), t in zip(shapes.items(), flat.split(sizes), strict=True)}

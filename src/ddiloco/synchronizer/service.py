@@ -37,6 +37,7 @@ from .donations import DonationDesk
 from .ledger import MergeLedger, PendingWork
 from .membership import Membership
 from .merger import MergeWorkers
+from .readers import FragmentReaders
 from .sessions import Session
 from .settings import Refused, ServiceSettings
 from .timer import Timer
@@ -138,6 +139,7 @@ class SynchronizerService:
         core.learners_end.window = FLUSH_SHARE * settings.timeouts.drain
         self.learners_ended = False  # the flush under way is the learners' (logged once: `dispatch`)
         self.merger = MergeWorkers(self._finish_merge, min(len(core.owned), os.cpu_count() or 1))
+        self.readers = FragmentReaders()  # fetches sending live fragments (`readers`)
         self.dispatcher = ActionDispatcher(
             core, settings, self.ledger, self.sessions, self.events, self.commit, self.cond, self.merger.submit
         )
@@ -369,6 +371,8 @@ class SynchronizerService:
         """A merge computed by `merger`: apply and send it (in the merge thread)."""
         with self.cond:
             now = self.now()
+            if self.readers.reading(job.fragment):  # a fetch still sends this version: step a copy
+                self.core.detach_fragment(job.fragment)
             self.dispatch(self.core.finish_merge(job, result, now), now)
             self.core.observe_sync_time(seconds)
             self.dispatch(self.core.poll(now, self.arrivals.waiting()), now)

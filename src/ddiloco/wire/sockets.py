@@ -81,7 +81,7 @@ def send_frame(sock: socket.socket, parts: Iterable[bytes | memoryview], deadlin
     n = sum(len(v) for v in views)
     views.insert(0, memoryview(_LENGTH.pack(n)))
     if isinstance(sock, ssl.SSLSocket):  # TLS has no sendmsg: its records are copied anyway
-        for v in views:
+        for v in _whole_records(views):
             deadline.arm(sock)
             sock.sendall(v)
         return n
@@ -95,6 +95,25 @@ def send_frame(sock: socket.socket, parts: Iterable[bytes | memoryview], deadlin
             else:
                 views[0], sent = views[0][sent:], 0
     return n
+
+
+TLS_RECORD = 16384  # TLS's largest record of plaintext
+
+
+def _whole_records(views: list[memoryview]) -> list[bytes | memoryview]:
+    """`views` to send over TLS, the first TLS_RECORD bytes joined into one buffer: each `sendall`
+    ends in a record of its own, so the length, the header and the body sent apart made two small
+    records per frame, each a decryption and a read for the receiver."""
+    first, rest, room = [], [], TLS_RECORD
+    for v in views:
+        if room > 0:
+            first.append(v[:room])
+            if len(v) > room:
+                rest.append(v[room:])
+            room -= len(first[-1])
+        else:
+            rest.append(v)
+    return [b"".join(first), *rest]
 
 
 def recv_into(sock: socket.socket, view: memoryview, deadline: Deadline) -> None:
@@ -241,6 +260,10 @@ class BulkSocketClient:
         if not 1 <= int(port) <= 65535:
             raise ValueError(f"bad bulk socket port {port!r}")
         self.host, self.port, self.token, self.max_frame, self.tls = host.strip("[]"), int(port), token, max_frame, tls
+        # The last TLS session, resumed by the next connection: it skips the certificate's signature
+        # and its check (a connection per call; the key exchange is still new each time).
+        self._session: ssl.SSLSession | None = None
+        self.resumed = 0  # connections that resumed a session
 
     def _connect(self, method: str, deadline: Deadline, session: str | None = None) -> socket.socket:
         try:
@@ -248,7 +271,7 @@ class BulkSocketClient:
             sock = socket.create_connection((self.host, self.port), timeout=min(left, CONNECT_SECONDS))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
-                sock = self.tls.wrap_socket(sock, server_hostname=self.host)
+                sock = self.tls.wrap_socket(sock, server_hostname=self.host, session=self._session)
             hello = {"method": method, "token": self.token}
             if session is not None:
                 hello["session"] = session
@@ -271,7 +294,9 @@ class BulkSocketClient:
                 if pace is not None:
                     pace(sum(len(p) for p in parts))
                 sent += send_frame(sock, parts, deadline)
-            return raise_if_error(recv_small(sock, deadline)), sent
+            reply = raise_if_error(recv_small(sock, deadline))
+            self._keep_session(sock)
+            return reply, sent
         except (OSError, framing.WireError) as exc:
             early = _early_reply(sock)  # refused after its first frame: the reply says why
             if early is not None:
@@ -294,6 +319,7 @@ class BulkSocketClient:
                 if msg is None:
                     continue
                 if msg.head.get("end") is True or "error" in msg.head:
+                    self._keep_session(sock)
                     raise_if_error(msg.head)
                     return
                 yield msg
@@ -301,6 +327,13 @@ class BulkSocketClient:
             raise _failure(exc) from None
         finally:
             sock.close()
+
+    def _keep_session(self, sock: socket.socket) -> None:
+        """Keep `sock`'s TLS session for the next connection, once the server has answered (TLS 1.3
+        sends its session tickets after the handshake; they are read with the answer)."""
+        if isinstance(sock, ssl.SSLSocket) and sock.session is not None:
+            self.resumed += bool(sock.session_reused)
+            self._session = sock.session
 
 
 def _answered(sock: socket.socket) -> bool:
