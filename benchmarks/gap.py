@@ -65,6 +65,7 @@ from ddiloco.sim.config import SimConfig  # noqa: E402
 from ddiloco.sim.run import run_sim  # noqa: E402
 from ddiloco.train.corpus import encoded_corpus  # noqa: E402
 from ddiloco.train.inner import InnerConfig  # noqa: E402
+from ddiloco.train.streams import SHARD_LAYOUTS  # noqa: E402
 from ddiloco.train.tasks import LanguageModelTask  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,6 +137,9 @@ class Cells:
         self.tasks: dict[str, LanguageModelTask] = {}
         context = {k: cfg[k] for k in ("ratio", "seq_len", "sync_every", "global_batch", "eval_batches")}
         context["data"] = data  # runs of another model, budget or data are not mixed in
+        self.layout = cfg.get("shard_layout", SHARD_LAYOUTS[0])  # the package's default: interleaved
+        if self.layout != "contiguous":  # (runs files made before the flag are contiguous, without it)
+            context["shard_layout"] = self.layout
         say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
         self.tuner = Tuner(self._objective, out, context, say=say, passes=PASSES)
         self.previous: dict[str, dict[str, float]] = {}  # "/method/options": the last size's choice
@@ -152,7 +156,7 @@ class Cells:
         turned_on = {k: v for n in names.split("+") if n for k, v in OPTIONS[n][0].items()}
         if size not in self.tasks:
             corpus = encoded_corpus(self.data and Path(self.data), "byte", 1024, 0.1)
-            self.tasks[size] = LanguageModelTask("gpt", gpt(size, self.cfg["seq_len"]), corpus)
+            self.tasks[size] = LanguageModelTask("gpt", gpt(size, self.cfg["seq_len"]), corpus, self.layout)
         result = run_sim(sim_config(self.cfg, size, method, settings, turned_on), task=self.tasks[size])
         return float(result["eval_loss"])
 
@@ -304,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", nargs="+", default=None, help="a subset of the sizes")
     p.add_argument("--data", default=None, help="training text (default: the Python standard library's source)")
     p.add_argument(
+        "--shard-layout",
+        choices=SHARD_LAYOUTS,
+        default="interleaved",
+        help="how the text is dealt to the learners (the package's default; gap.json was made contiguous)",
+    )
+    p.add_argument(
         "--methods",
         nargs="+",
         choices=METHODS,
@@ -336,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = dict(QUICK if args.quick else FULL, seeds=args.seeds)
         cfg["sizes"] = args.sizes or cfg["sizes"]
         cfg["global_batch"] = args.global_batch or cfg["global_batch"]
+        cfg["shard_layout"] = args.shard_layout
         path = args.out or ROOT / "benchmarks" / "results" / ("gap-quick.json" if args.quick else "gap.json")
         options, skipped = available()
         if args.options is not None:

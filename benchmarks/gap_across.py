@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     ddp: dict[str, dict[int, float]] = {}
     for size in cfg["sizes"]:
         corpus = encoded_corpus(args.data and Path(args.data), "byte", 1024, 0.1)
-        task = LanguageModelTask("gpt", gpt(size, cfg["seq_len"]), corpus)
+        task = LanguageModelTask("gpt", gpt(size, cfg["seq_len"]), corpus, "contiguous")  # as gap.json's runs
         ddp[size] = dp_losses(cfg, size, list(range(cfg["seeds"])), task) if args.data is None else {}
         for seed in range(cfg["seeds"]):
             if args.data is not None:

@@ -222,7 +222,8 @@ class Study:
     def task(self, size: str) -> LanguageModelTask:
         if size not in self.tasks:
             corpus = encoded_corpus(self.data and Path(self.data), "byte", 1024, 0.1)
-            self.tasks[size] = LanguageModelTask("gpt", gpt(size, self.cfg["seq_len"]), corpus)
+            # contiguous shards, as gap.json's runs were made, which these probes explain
+            self.tasks[size] = LanguageModelTask("gpt", gpt(size, self.cfg["seq_len"]), corpus, "contiguous")
         return self.tasks[size]
 
     def inner(self, lr: float) -> InnerConfig:

@@ -50,6 +50,7 @@ from ddiloco.sim.run import run_sim  # noqa: E402
 from ddiloco.train.corpus import encoded_corpus  # noqa: E402
 from ddiloco.train.gpt import GPT, GPTConfig  # noqa: E402
 from ddiloco.train.inner import INNER_OPTIMIZERS, InnerConfig  # noqa: E402
+from ddiloco.train.streams import SHARD_LAYOUTS  # noqa: E402
 from ddiloco.train.tasks import LanguageModelTask  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,8 +93,15 @@ QUICK = dict(
     edges=dict(cells=[[4.0, "12k"]], global_batches=[4], outer_lrs=[0.25]),
 )
 DDP_WORKERS = 4
-RESUME_KEYS = ("seq_len", "sync_every", "eval_batches", "inner_optimizer")  # a file resumes only runs made like these
-BEFORE_MUON = {"inner_optimizer": "adamw"}  # a file made before 0.4 names no optimizer: it was AdamW
+RESUME_KEYS = (
+    "seq_len",
+    "sync_every",
+    "eval_batches",
+    "inner_optimizer",
+    "shard_layout",
+)  # a file resumes only runs made like these
+# a file made before 0.4 names no optimizer and no shard layout: it was AdamW's, its shards contiguous
+BEFORE_0_4 = {"inner_optimizer": "adamw", "shard_layout": "contiguous"}
 #: method name: (sim method, learners)
 SPECS = {
     "ddp": ("ddp", DDP_WORKERS),
@@ -154,9 +162,10 @@ def train(cfg: dict, data: str | None, j: dict) -> dict:
     """One job on the virtual clock: its row (the job's fields and what the run measured). Module level,
     so that a worker process of `--jobs` can run it."""
     method, learners = SPECS[j["method"]]
+    layout = cfg.get("shard_layout", BEFORE_0_4["shard_layout"])
     if (j["size"], data) not in _TASKS:
         corpus = encoded_corpus(data and Path(data), "byte", 1024, 0.1)
-        _TASKS[(j["size"], data)] = LanguageModelTask("gpt", gpt(j["size"], cfg["seq_len"]), corpus)
+        _TASKS[(j["size"], data)] = LanguageModelTask("gpt", gpt(j["size"], cfg["seq_len"]), corpus, layout)
     config = SimConfig(
         method=method,  # type: ignore[arg-type]  # one of SPECS' sim methods
         data=data,
@@ -391,6 +400,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per job")
     parser.add_argument("--inner-optimizer", choices=INNER_OPTIMIZERS, default=InnerConfig().optimizer)
     parser.add_argument(
+        "--shard-layout",
+        choices=SHARD_LAYOUTS,
+        default="interleaved",
+        help="how the text is dealt to the learners (the package's default; scaling*.json were made contiguous)",
+    )
+    parser.add_argument(
         "--jobs", type=int, default=1, help="jobs trained at a time, in worker processes (one per core)"
     )
     args = parser.parse_args(argv)
@@ -400,14 +415,18 @@ def main(argv: list[str] | None = None) -> int:
         tuning = report.get("tuning")
         rows = in_grid(every, cfg, tuning) if "config" in report else every
     else:
-        cfg = {**(QUICK if args.quick else FULL), "inner_optimizer": args.inner_optimizer}
+        cfg = {
+            **(QUICK if args.quick else FULL),
+            "inner_optimizer": args.inner_optimizer,
+            "shard_layout": args.shard_layout,
+        }
         args.out = args.out or ROOT / "benchmarks" / "results" / (
             "scaling-quick.json" if args.quick else "scaling.json"
         )
         rows, tuning = [], None
         if args.out.exists():
             old = json.loads(args.out.read_text())
-            made = {**BEFORE_MUON, **old["config"]}
+            made = {**BEFORE_0_4, **old["config"]}
             same = {k: made.get(k) for k in RESUME_KEYS} == {k: cfg[k] for k in RESUME_KEYS}
             if not same or old["config"].get("data") != args.data:
                 parser.error(f"{args.out} holds runs of another configuration: give another --out")

@@ -105,6 +105,7 @@ from ddiloco.chaos.injector import ChaosSettings, learner_trace
 from ddiloco.chaos.trace import FailureTrace, Outage
 from ddiloco.train.device import STEP_SLOWDOWN_ENV
 from ddiloco.train.inner import DEFAULT_LR, INNER_OPTIMIZERS, InnerConfig  # noqa: E402
+from ddiloco.train.streams import SHARD_LAYOUTS  # noqa: E402
 
 SCENARIOS = ("one_site", "cross_site", "mixed_hardware", "preemptible")
 METHODS = ("ddp", "elastic-ddp", "diloco", "streaming", "decoupled")
@@ -221,12 +222,18 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[st
     return save_result(run_dir / "real-result.json", key, result)
 
 
+#: How the learners' shards are dealt (the package's default, which no flag changes): part of every
+#: saved run's key and of the tuning's context, so that runs made with contiguous shards (before
+#: 0.4, without the key) are made again rather than mixed in.
+LAYOUT = {"shard_layout": SHARD_LAYOUTS[0]}
+
+
 def _real_key(flags: list[str], sc: Scenario, reruns: int) -> dict:
     """What a real run is made of beyond its flags: the failure trace's contents, the slowdown (an
     environment variable), the Slurm requeue schedule, and how many reruns a noisy run gets."""
     trace = hashlib.sha256(sc.trace.read_bytes()).hexdigest() if sc.trace is not None else None
     requeues = [list(r) for r in sc.requeues] if sc.slurm is not None else None
-    return {"flags": flags, "trace": trace, "slowdown": sc.slowdown, "requeues": requeues, "reruns": reruns}
+    return {"flags": flags, "trace": trace, "slowdown": sc.slowdown, "requeues": requeues, "reruns": reruns} | LAYOUT
 
 
 def one_real_run(args: argparse.Namespace, sc: Scenario, flags: list[str], run_dir: Path, what: str) -> dict:
@@ -251,7 +258,7 @@ def tuned_flags(tuned: dict[str, float]) -> list[str]:
 def _sim_key(flags: list[str]) -> dict:
     """What a virtual-clock run is made of: its flags, and the contents of the failure trace they name."""
     trace = Path(flags[flags.index("--chaos-trace") + 1]) if "--chaos-trace" in flags else None
-    return {"flags": flags, "trace": hashlib.sha256(trace.read_bytes()).hexdigest() if trace else None}
+    return {"flags": flags, "trace": hashlib.sha256(trace.read_bytes()).hexdigest() if trace else None} | LAYOUT
 
 
 def saved_result(saved: Path, key: dict) -> dict | None:
@@ -370,7 +377,7 @@ def tuning_context(args: argparse.Namespace) -> dict:
     other values is refused."""
     keys = ("model_size", "data", "tokens", "learners", "seq_len", "batch_size", "seed", "inner_optimizer")
     keys += ("min_step_seconds", "eval_batches", "reconfigure_seconds")
-    return {k: str(getattr(args, k)) if k == "data" else getattr(args, k) for k in keys}
+    return {k: str(getattr(args, k)) if k == "data" else getattr(args, k) for k in keys} | LAYOUT
 
 
 def untuned(args: argparse.Namespace) -> tuple[dict[str, dict[str, float]], dict]:

@@ -59,7 +59,9 @@ def test_quick_run_tuned_is_the_sims_own_run_and_a_rerun_resumes(tmp_path, capsy
     assert set(runs) == {"tuned", "oracle"}
 
     cfg = dict(gap_across.QUICK)
-    task = LanguageModelTask("gpt", gap.gpt("12k", cfg["seq_len"]), encoded_corpus(None, "byte", 1024, 0.1))
+    task = LanguageModelTask(
+        "gpt", gap.gpt("12k", cfg["seq_len"]), encoded_corpus(None, "byte", 1024, 0.1), "contiguous"
+    )
     sim = run_sim(gap.sim_config(cfg, "12k", "diloco-m4", {**gap_across.TUNED, "seed": 0.0}, {}), task=task)
     assert runs["tuned"]["eval_loss"] == pytest.approx(sim["eval_loss"], rel=1e-9, abs=1e-9)
     assert runs["tuned"]["outer_steps"] == sim["outer_steps"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddiloco.train.streams import shard_bounds
+from ddiloco.train.streams import BLOCK_TOKENS, TokenWindowStream, shard_bounds
 from ddiloco.train.tasks import make_task
 
 
@@ -70,7 +70,8 @@ def test_state_dict_json_round_trip_resumes_exactly(lm_task) -> None:
         a.seek(-1)
 
 
-def test_shards_read_disjoint_contiguous_chunks(lm_task) -> None:
+def test_contiguous_shards_read_disjoint_contiguous_chunks(shakespeare: str) -> None:
+    lm_task = make_task("gpt", shakespeare, model_size="tiny", seq_len=32, shard_layout="contiguous")
     n = len(lm_task.corpus.train)
     num_shards = 4
     ranges = [shard_bounds(n, s, num_shards) for s in range(num_shards)]
@@ -85,6 +86,35 @@ def test_shards_read_disjoint_contiguous_chunks(lm_task) -> None:
         touched.append((starts.min(), starts.max() + 33))
     for (_, a_hi), (b_lo, _) in zip(touched, touched[1:], strict=False):
         assert a_hi <= b_lo
+
+
+def test_interleaved_shards_are_disjoint_blocks_dealt_in_turn_that_span_the_whole_text(lm_task) -> None:
+    """The default: blocks of BLOCK_TOKENS dealt round-robin; every window lies inside one block of its
+    own shard, and each shard reads from the first and the last tenth of the text alike."""
+    n = len(lm_task.corpus.train)
+    num_shards = 4
+    for s in range(num_shards):
+        stream = lm_task.stream(s, num_shards, 256, seed=0)
+        starts = np.concatenate([stream.sample_indices(i) for i in range(40)])
+        block = starts // BLOCK_TOKENS
+        last = n // BLOCK_TOKENS - 1  # the last block also takes the text's tail
+        assert set(np.unique(np.minimum(block, last)) % num_shards) == {s}  # its own blocks only
+        ends = starts + 32  # the window's last token
+        assert np.all(np.minimum(ends // BLOCK_TOKENS, last) == np.minimum(block, last))  # inside the block
+        assert starts.min() < n // 10 and starts.max() > n - n // 10  # the whole text, not a quarter
+        assert all(lo // BLOCK_TOKENS % num_shards == s for lo, _ in stream.blocks())
+        assert sum(hi - lo for lo, hi in stream.blocks()) >= n // num_shards - BLOCK_TOKENS
+
+
+def test_a_text_too_short_for_a_block_per_shard_is_dealt_in_smaller_blocks(shakespeare: str) -> None:
+    task = make_task("gpt", shakespeare, model_size="tiny", seq_len=32)
+    text = task.corpus.train[: 3 * BLOCK_TOKENS]  # 12 shards: blocks of 1024
+    streams = [TokenWindowStream(text, 32, s, 12, 64, seed=0) for s in range(12)]
+    seen = [set(np.concatenate([st.sample_indices(i) for i in range(20)]) // 1024) for st in streams]
+    assert all(len(blocks) >= 1 for blocks in seen)
+    assert all(b % 12 == s for s, blocks in enumerate(seen) for b in blocks)
+    with pytest.raises(ValueError, match="shard layout"):
+        TokenWindowStream(text, 32, 0, 2, 4, seed=0, layout="striped")
 
 
 def test_too_many_shards_is_a_clear_error(lm_task) -> None:

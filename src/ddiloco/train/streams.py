@@ -96,27 +96,70 @@ class BatchStream(ABC):
         return self.next()
 
 
+#: How a text corpus is dealt to the shards (`TokenWindowStream`).
+SHARD_LAYOUTS = ("interleaved", "contiguous")
+#: Tokens per block of the interleaved layout: whole passages (tens of lines of a play, a few
+#: functions of a module), far longer than a window, dealt round-robin.
+BLOCK_TOKENS = 4096
+
+
 class TokenWindowStream(BatchStream):
-    """Random windows of seq_len + 1 tokens, wholly inside this shard's contiguous chunk."""
+    """Random windows of seq_len + 1 tokens from this shard's part of the corpus, each wholly inside it.
+
+    `layout` "interleaved" (the default): the corpus is cut into blocks of BLOCK_TOKENS (fewer when
+    the corpus is too short for one block per shard), dealt round-robin, so every shard spans the
+    whole text and the shards are disjoint. "contiguous": shard s is the s-th of num_shards equal
+    chunks, as before 0.4. A corpus is rarely uniform from end to end (a book's acts, a library's
+    modules; the validation split is its tail): with contiguous chunks each learner trains on its
+    own part of it, and whichever learner is down or slow takes its part away from the model (in the
+    preemptible scenario every elastic method stalled while the learner of the last chunk, the one
+    nearest the validation text, was down; docs/results.md, "Learners' shards")."""
 
     def __init__(
-        self, tokens: np.ndarray, seq_len: int, shard: int, num_shards: int, batch_size: int, seed: int
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        shard: int,
+        num_shards: int,
+        batch_size: int,
+        seed: int,
+        layout: str = "interleaved",
     ) -> None:
         super().__init__(shard, num_shards, batch_size, seed)
+        if layout not in SHARD_LAYOUTS:
+            raise ValueError(f"unknown shard layout {layout!r}; choose one of {', '.join(SHARD_LAYOUTS)}")
         self.seq_len = seq_len
-        self.start, self.end = shard_bounds(len(tokens), shard, num_shards)
-        if self.end - self.start < seq_len + 1:
+        self.layout = layout
+        n = len(tokens)
+        block = n // num_shards if layout == "contiguous" else min(BLOCK_TOKENS, n // num_shards)
+        if block < seq_len + 1:
             raise ValueError(
-                f"shard {shard}/{num_shards} holds {self.end - self.start} tokens, fewer than "
+                f"shard {shard}/{num_shards} holds {block} tokens a block, fewer than "
                 f"seq_len + 1 = {seq_len + 1}; use fewer shards, a shorter seq_len or more text"
             )
+        if layout == "contiguous":
+            bounds = [shard_bounds(n, shard, num_shards)]
+        else:  # blocks shard, shard + num_shards, ...; the last block of the corpus takes its tail
+            count = n // block
+            bounds = [(b * block, n if b == count - 1 else (b + 1) * block) for b in range(shard, count, num_shards)]
+        self._starts = np.array([lo for lo, _ in bounds], dtype=np.int64)
+        # window starts per block: every window ends inside its block
+        self._room = np.array([hi - lo - seq_len for lo, hi in bounds], dtype=np.int64)
+        self._cumulative = np.cumsum(self._room)
         self._tokens = tokens
         self._offsets = np.arange(seq_len + 1, dtype=np.int64)
 
+    def blocks(self) -> list[tuple[int, int]]:
+        """[start, end) of each of this shard's blocks of the corpus: every token it can read."""
+        return [(int(lo), int(lo + room + self.seq_len)) for lo, room in zip(self._starts, self._room, strict=True)]
+
     def sample_indices(self, index: int) -> np.ndarray:
-        """Start positions [batch_size] of the windows of batch `index`."""
-        high = self.end - self.start - self.seq_len  # exclusive: the last window ends at `end`
-        return self.start + self.rng(index).integers(0, high, size=self.batch_size, dtype=np.int64)
+        """Start positions [batch_size] of the windows of batch `index`: uniform over every window
+        that lies wholly inside one of this shard's blocks."""
+        k = self.rng(index).integers(0, int(self._cumulative[-1]), size=self.batch_size, dtype=np.int64)
+        b = np.searchsorted(self._cumulative, k, side="right")
+        before = np.where(b > 0, self._cumulative[np.maximum(b - 1, 0)], 0)
+        return self._starts[b] + (k - before)
 
     def batch_at(self, index: int) -> Batch:
         idx = self.sample_indices(index)[:, None] + self._offsets

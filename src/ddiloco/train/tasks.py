@@ -19,7 +19,7 @@ from torch.nn import functional as F
 
 from .corpus import EncodedCorpus, encoded_corpus
 from .gpt import EMBEDDING_NAMES, GPT, GPTConfig
-from .streams import Batch, BatchStream, ImageStream, TokenWindowStream
+from .streams import SHARD_LAYOUTS, Batch, BatchStream, ImageStream, TokenWindowStream
 from .vision import ImageData, SmallCNN, load_digits_data, load_torchvision_data
 
 __all__ = [
@@ -116,10 +116,14 @@ class LanguageModelTask(Task):
 
     embedding_names = EMBEDDING_NAMES
 
-    def __init__(self, name: str, config: GPTConfig, corpus: EncodedCorpus) -> None:
+    def __init__(self, name: str, config: GPTConfig, corpus: EncodedCorpus, shard_layout: str = "interleaved") -> None:
+        """`shard_layout`: how the training text is dealt to the learners (`streams.TokenWindowStream`)."""
+        if shard_layout not in SHARD_LAYOUTS:
+            raise ValueError(f"unknown shard layout {shard_layout!r}; choose one of {', '.join(SHARD_LAYOUTS)}")
         self.name = name
         self.config = config
         self.corpus = corpus
+        self.shard_layout = shard_layout
         self.tokenizer = corpus.tokenizer
         self.seq_len = config.seq_len
         n_val = (len(corpus.val) - 1) // self.seq_len
@@ -137,7 +141,9 @@ class LanguageModelTask(Task):
         return _seeded_build(seed, lambda: GPT(self.config))
 
     def stream(self, shard: int, num_shards: int, batch_size: int, seed: int) -> BatchStream:
-        return TokenWindowStream(self.corpus.train, self.seq_len, shard, num_shards, batch_size, seed)
+        return TokenWindowStream(
+            self.corpus.train, self.seq_len, shard, num_shards, batch_size, seed, self.shard_layout
+        )
 
     def _cross_entropy(self, logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
@@ -244,11 +250,13 @@ def make_task(
     bpe_vocab_size: int = 1024,
     model_size: str = "default",
     val_fraction: float = 0.1,
+    shard_layout: str = "interleaved",
 ) -> Task:
     """The task for `model` in {"gpt", "gpt-moe", "vision"}.
 
     LM: `data` is a text file or folder (None: the Python stdlib sources), the last
-    `val_fraction` of it validates. Vision: `data` None means scikit-learn digits (fixed
+    `val_fraction` of it validates; `shard_layout` deals its training part to the learners
+    (`streams.TokenWindowStream`). Vision: `data` None means scikit-learn digits (fixed
     80/20 split; `val_fraction` is not used), otherwise a local torchvision root, written
     "mnist:ROOT", "cifar10:ROOT" or just ROOT. `model_size` "tiny" is for fast tests;
     `seq_len` is used as given for every size.
@@ -266,4 +274,4 @@ def make_task(
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     corpus = encoded_corpus(None if data is None else Path(data), tokenizer, bpe_vocab_size, val_fraction)
     config = gpt_config(model, model_size, vocab_size=corpus.tokenizer.vocab_size, seq_len=seq_len)
-    return LanguageModelTask(model, config, corpus)
+    return LanguageModelTask(model, config, corpus, shard_layout)
