@@ -104,7 +104,7 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="ddiloco-trainer-"))
     if args.learner is not None:
         learner(args.connect, args.learner, out / f"learner-{args.learner}", args.data)
-        return 0
+        ddiloco.end_ranks(0)  # under torchrun the ranks leave their group together  # ddiloco
     sync = ddiloco.Synchronizer(build(), learners=2, tokens=args.tokens, checkpoint_dir=out / "ckpt", sync_every=8)
     address = sync.start()
     launch = [sys.executable]

@@ -35,6 +35,7 @@ _PUBLIC = {
     "load_global": "ddiloco.api.export",
     "fetch_global": "ddiloco.api.export",
     "stop_run": "ddiloco.api.control",
+    "end_ranks": "ddiloco.api.ranks",
     "save_initial": "ddiloco.api.model",
     "embedding_names": "ddiloco.api.model",
     "load_optimizer": "ddiloco.learner.state",
@@ -59,6 +60,7 @@ __all__ = [
     "__version__",
     "build_service",
     "embedding_names",
+    "end_ranks",
     "export_global",
     "fetch_global",
     "load_global",
@@ -77,6 +79,7 @@ if TYPE_CHECKING:
     from .api.data import ResumableIterable, ResumableSampler
     from .api.export import export_global, fetch_global, load_global
     from .api.model import embedding_names, save_initial
+    from .api.ranks import end_ranks
     from .api.synchronizer import Synchronizer
     from .core.config import AlgorithmConfig
     from .learner.client import LearnerClient
