@@ -610,15 +610,12 @@ def scenario_once(args: argparse.Namespace, sc: Scenario, tuned: dict[str, dict[
     --run-dir and the same settings takes it from there (full-size seeds take hours)."""
     path = base / f"{sc.name}.json"
     keys = ("cap", "eval_every", "tolerance", "no_sim", "failure_speedup", "preemptible_backend")
-    context = {"settings": {**tuning_context(args), **{k: getattr(args, k) for k in keys}}, "tuned": tuned}
-    if path.is_file():
-        saved = json.loads(path.read_text())
-        if saved.get("context") == json.loads(json.dumps(context)):
-            console.print(f"{sc.name}, seed {args.seed}: done before, read from {path}")
-            return saved["result"]
-    result = one_scenario(args, sc, tuned, base)
-    path.write_text(json.dumps({"context": context, "result": result}, default=float))
-    return result
+    key = {"settings": {**tuning_context(args), **{k: getattr(args, k) for k in keys}}, "tuned": tuned}
+    saved = saved_result(path, key)
+    if saved is not None:
+        console.print(f"{sc.name}, seed {args.seed}: done before, read from {path}")
+        return saved
+    return save_result(path, key, one_scenario(args, sc, tuned, base))  # atomically, as every run's
 
 
 def report(args: argparse.Namespace, results: dict, params: int, tuned: dict, tuning: dict) -> None:
