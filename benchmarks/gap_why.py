@@ -253,12 +253,16 @@ class Study:
     def final_loss(self, label: str, settings: dict[str, float]) -> float:
         return self.train(label, settings["inner_lr"], int(settings["seed"]))
 
-    def cells(self, size: str, seed: int) -> list[dict]:
+    def tuned_lr(self, size: str) -> float:
+        """Data-parallel's inner lr at `size`, bracketed on seed 0 (resumed from the tuning file)."""
         # AdamW's grid as its tuning files were made; another optimizer's centred on its own default lr
         start = INNER_LR
         if self.optimizer != "adamw":
             start = dataclasses.replace(INNER_LR, default=DEFAULT_LR[self.optimizer])
-        lr = self.tuner.tune(size, (start,), fixed={"seed": 0.0})["chosen"]["inner_lr"]
+        return self.tuner.tune(size, (start,), fixed={"seed": 0.0})["chosen"]["inner_lr"]
+
+    def cells(self, size: str, seed: int) -> list[dict]:
+        lr = self.tuned_lr(size)
         task, out = self.task(size), []
         batch, split = self.cfg["batch"], self.cfg["split"]
 
@@ -321,6 +325,13 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     p.add_argument("--sizes", nargs="+", default=None)
     p.add_argument("--seeds", type=int, default=None)
     p.add_argument("--data", default=None, help="a text file (default: the package's bundled corpus)")
+    p.add_argument(
+        "--inner-optimizer",
+        choices=INNER_OPTIMIZERS,
+        default="adamw",
+        help="data-parallel's (and the learners') inner optimizer: AdamW by default, as the committed files "
+        "were made; another at its own bracketed lr",
+    )
     return p
 
 
@@ -336,12 +347,6 @@ def main(argv: list[str] | None = None) -> int:
         "--state-steps", type=int, default=None, help="steps that give a learner's optimizer its own batch's state"
     )
     p.add_argument("--out", type=Path, default=None, help="results file: written as cells end, resumed from")
-    p.add_argument(
-        "--inner-optimizer",
-        choices=INNER_OPTIMIZERS,
-        default="adamw",
-        help="data-parallel's and the learners' (default AdamW, as gap-why*.json were made; Muon at its own lr)",
-    )
     args = p.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     cfg["sizes"] = args.sizes or cfg["sizes"]

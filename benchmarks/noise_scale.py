@@ -35,7 +35,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gap_why import AT, FULL, QUICK, Study, parser, say  # noqa: E402
-from tuning import INNER_LR  # noqa: E402
 
 from ddiloco.train.tasks import LanguageModelTask  # noqa: E402
 
@@ -116,16 +115,22 @@ def main(argv: list[str] | None = None) -> int:
         "--tuning",
         type=Path,
         default=None,
-        help="data-parallel's lr tuning, shared with gap_why (default: results/gap-why.tuning.json; --quick: none)",
+        help="data-parallel's lr tuning, shared with gap_why (default: results/gap-why.tuning.json, or "
+        "gap-why-OPTIMIZER.tuning.json with --inner-optimizer; --quick: none)",
     )
     args = p.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     cfg["sizes"] = args.sizes or (cfg["sizes"] if args.quick else ["84k", "148k"])
     cfg["seeds"] = args.seeds or cfg["seeds"]
     k_small, k_big = (8, 4) if args.quick else (K_SMALL, K_BIG)
-    tuning = args.tuning or (None if args.quick else RESULTS / "gap-why.tuning.json")
+    if args.inner_optimizer != "adamw":  # (files made before the flag are AdamW's, without the key)
+        cfg["inner_optimizer"] = args.inner_optimizer
+    suffix = "" if args.inner_optimizer == "adamw" else f"-{args.inner_optimizer}"
+    tuning = args.tuning or (None if args.quick else RESULTS / f"gap-why{suffix}.tuning.json")
     torch.set_num_threads(1)
-    config = {k: cfg[k] for k in ("ratio", "seq_len", "batch", "eval_batches")} | {
+    config = {
+        k: cfg[k] for k in ("ratio", "seq_len", "batch", "eval_batches") + (("inner_optimizer",) if suffix else ())
+    } | {
         "data": args.data,
         "b_small": B_SMALL,
         "b_big": B_BIG,
@@ -138,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     study = Study(cfg, args.data, tuning)
     lrs: dict[str, float] = {}
     for size in cfg["sizes"]:
-        lrs[size] = study.tuner.tune(size, (INNER_LR,), fixed={"seed": 0.0})["chosen"]["inner_lr"]
+        lrs[size] = study.tuned_lr(size)
         for seed in range(cfg["seeds"]):
             if any(c["size"] == size and c["seed"] == seed for c in cells):
                 continue

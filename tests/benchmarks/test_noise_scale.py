@@ -93,3 +93,17 @@ def test_quick_json_has_a_noise_scale_per_size_and_point(capsys, shakespeare, tm
     assert noise_scale.main(args) == 0  # resumed from the file: the same cells, none measured again
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert again["cells"] == result["cells"]
+
+
+def test_muon_runs_at_its_own_lr_and_never_resumes_an_adamw_file(capsys, shakespeare, tmp_path):
+    out = tmp_path / "noise.json"
+    args = ["--quick", "--json", "--sizes", "12k", "--seeds", "1", "--data", shakespeare, "--out", str(out)]
+    assert noise_scale.main(args) == 0
+    adamw = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert noise_scale.main([*args, "--inner-optimizer", "muon"]) == 0
+    muon = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "inner_optimizer" not in adamw["config"] and muon["config"]["inner_optimizer"] == "muon"
+    # Muon's grid is centred on its own default lr (0.012), 4x AdamW's: the chosen rates differ
+    assert muon["inner_lr"]["12k"] != adamw["inner_lr"]["12k"]
+    assert muon["cells"] != adamw["cells"]  # measured again along Muon's run, not resumed
+    assert json.loads(out.read_text())["config"]["inner_optimizer"] == "muon"
