@@ -41,6 +41,7 @@ import quality  # noqa: E402 - the quality benchmark is the one source of the ba
 from ddiloco.sim.config import SimConfig  # noqa: E402
 from ddiloco.sim.hardware import LinkModel  # noqa: E402
 from ddiloco.sim.run import build_task, run_sim  # noqa: E402
+from ddiloco.train.inner import INNER_OPTIMIZERS, InnerConfig, InnerOptimizer  # noqa: E402
 
 console = Console(stderr=True)
 ABLATIONS = ("merge", "precision", "quorum", "learners", "period", "fragments", "distance")
@@ -56,8 +57,8 @@ def spec(quick: bool) -> dict:
     return dict(model="gpt", size="default", tokens=1_000_000, batch=8, seq_len=128)
 
 
-def base_rows(spec_: dict, seed: int, data: str) -> dict[str, SimConfig]:
-    return dict(quality.configs(dict(spec_), seed, data, period=24, reconfigure=10.0))
+def base_rows(spec_: dict, seed: int, data: str, optimizer: InnerOptimizer | None = None) -> dict[str, SimConfig]:
+    return dict(quality.configs(dict(spec_), seed, data, period=24, reconfigure=10.0, optimizer=optimizer))
 
 
 def plan(base: dict[str, SimConfig]) -> list[tuple[str, str, SimConfig]]:
@@ -142,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=ABLATIONS, default=list(ABLATIONS), help="run these ablations")
     parser.add_argument("--data", default=str(quality.DEFAULT_DATA), help="text for the language model")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--inner-optimizer",
+        choices=INNER_OPTIMIZERS,
+        default=InnerConfig().optimizer,
+        help="every row's inner optimizer, at its own default lr (results files before 0.4 used adamw)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="where to write the JSON report")
     args = parser.parse_args(argv)
     if not Path(args.data).is_file():
@@ -150,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "ablations-quick.json" if args.quick else "ablations.json"
     )
     started = time.perf_counter()
-    base = base_rows(spec(args.quick), args.seed, args.data)
+    base = base_rows(spec(args.quick), args.seed, args.data, args.inner_optimizer)
     task = build_task(base["decoupled"])
     done: dict[str, dict] = {}  # one run per distinct configuration (the learners rows reuse the merge rows)
     rows = []
@@ -165,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "quick": args.quick,
         "seed": args.seed,
+        "inner_optimizer": args.inner_optimizer,
         "model": spec(args.quick),
         "rows": rows,
         "wall_seconds": time.perf_counter() - started,

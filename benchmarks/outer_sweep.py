@@ -41,19 +41,26 @@ from ddiloco.core import AlgorithmConfig  # noqa: E402
 from ddiloco.sim.config import SimConfig  # noqa: E402
 from ddiloco.sim.hardware import LinkModel, StepTimeModel, half_slow  # noqa: E402
 from ddiloco.sim.run import build_task, run_sim  # noqa: E402
-from ddiloco.train.inner import InnerConfig  # noqa: E402
+from ddiloco.train.inner import DEFAULT_LR, INNER_OPTIMIZERS, InnerConfig, InnerOptimizer  # noqa: E402
 
 console = Console(stderr=True)
-LRS, MOMENTA, DDP_LRS = (0.5, 0.7, 1.0), (0.0, 0.5, 0.9), (1.5e-3, 3e-3, 6e-3)
+LRS, MOMENTA = (0.5, 0.7, 1.0), (0.0, 0.5, 0.9)
+DDP_LR_FACTORS = (0.5, 1.0, 2.0)  # data-parallel's inner lrs: these times the optimizer's default lr
 GROUPS = ("grid", "ddp-lr", "one-learner", "sync-every", "last-merge", "arrival")
 HETERO = StepTimeModel(speeds=half_slow(4, 1.2), jitter=0.1)  # quality.py's heterogeneous learners
 
 
-def base_config(spec: dict, seed: int, data: str, **kw) -> SimConfig:
+def default_ddp_lrs(optimizer: InnerOptimizer) -> tuple[float, ...]:
+    """Data-parallel's inner lrs around `optimizer`'s default (AdamW: 1.5e-3, 3e-3, 6e-3)."""
+    return tuple(f * DEFAULT_LR[optimizer] for f in DDP_LR_FACTORS)
+
+
+def base_config(spec: dict, seed: int, data: str, optimizer: InnerOptimizer, **kw) -> SimConfig:
     inner = InnerConfig(
         batch_size=spec["batch"],
         warmup_steps=10 if spec["model"] != "vision" else 5,
-        lr=kw.pop("inner_lr", InnerConfig().lr),
+        optimizer=optimizer,
+        lr=kw.pop("inner_lr", DEFAULT_LR[optimizer]),
     )
     return SimConfig(
         model=spec["model"],
@@ -95,9 +102,13 @@ def jobs(
     lrs: tuple[float, ...] = LRS,
     momenta: tuple[float, ...] = MOMENTA,
     methods: tuple[str, ...] = ("diloco", "decoupled"),
-    ddp_lrs: tuple[float, ...] = DDP_LRS,
+    ddp_lrs: tuple[float, ...] | None = None,
+    optimizer: InnerOptimizer | None = None,
 ) -> list[tuple[dict, SimConfig]]:
-    """(label, config) for every run of these groups; `best`: (lr, momentum) for sync-every."""
+    """(label, config) for every run of these groups; `best`: (lr, momentum) for sync-every;
+    `optimizer`: None for the package's default; `ddp_lrs`: None for `default_ddp_lrs(optimizer)`."""
+    optimizer = optimizer or InnerConfig().optimizer
+    ddp_lrs = ddp_lrs or default_ddp_lrs(optimizer)
     out = []
     for seed in seeds:
 
@@ -110,21 +121,26 @@ def jobs(
                     for mu in momenta:
                         add(
                             {"group": "grid", "method": method, "outer_lr": lr, "outer_momentum": mu},
-                            base_config(spec, seed, data, method=method, algorithm=algorithm(method, lr, mu, period)),
+                            base_config(
+                                spec, seed, data, optimizer, method=method, algorithm=algorithm(method, lr, mu, period)
+                            ),
                         )
         if "ddp-lr" in groups:
             for inner_lr in ddp_lrs:
                 add(
                     {"group": "ddp-lr", "method": "ddp", "inner_lr": inner_lr},
-                    base_config(spec, seed, data, method="ddp", inner_lr=inner_lr),
+                    base_config(spec, seed, data, optimizer, method="ddp", inner_lr=inner_lr),
                 )
         if "one-learner" in groups:
-            add({"group": "one-learner", "method": "ddp"}, base_config(spec, seed, data, method="ddp", learners=1))
+            add(
+                {"group": "one-learner", "method": "ddp"},
+                base_config(spec, seed, data, optimizer, method="ddp", learners=1),
+            )
             for lr, mu in ((1.0, 0.0), (0.7, 0.9)):
                 alg = replace(algorithm("diloco", lr, mu, period), quorum=1)
                 add(
                     {"group": "one-learner", "method": "diloco", "outer_lr": lr, "outer_momentum": mu},
-                    base_config(spec, seed, data, method="diloco", learners=1, algorithm=alg),
+                    base_config(spec, seed, data, optimizer, method="diloco", learners=1, algorithm=alg),
                 )
         if "sync-every" in groups:
             for h in (1, 6, 24):
@@ -136,7 +152,7 @@ def jobs(
                         "outer_lr": best[0],
                         "outer_momentum": best[1],
                     },
-                    base_config(spec, seed, data, method="diloco", algorithm=algorithm("diloco", *best, h)),
+                    base_config(spec, seed, data, optimizer, method="diloco", algorithm=algorithm("diloco", *best, h)),
                 )
         if "last-merge" in groups:
             for method in ("diloco", "decoupled"):
@@ -144,7 +160,7 @@ def jobs(
                     alg = replace(algorithm(method, 0.7, mu, period), final_momentum=False)
                     add(
                         {"group": "last-merge", "method": method, "outer_lr": 0.7, "outer_momentum": mu},
-                        base_config(spec, seed, data, method=method, algorithm=alg),
+                        base_config(spec, seed, data, optimizer, method=method, algorithm=alg),
                     )
         if "arrival" in groups:
             defaults = AlgorithmConfig()
@@ -173,7 +189,7 @@ def jobs(
                             "outer_lr": defaults.outer_lr,
                             "outer_momentum": defaults.outer_momentum,
                         },
-                        base_config(spec, seed, data, method="decoupled", algorithm=alg, **kw),
+                        base_config(spec, seed, data, optimizer, method="decoupled", algorithm=alg, **kw),
                     )
     return out
 
@@ -229,7 +245,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lrs", nargs="+", type=float, default=list(LRS), help="the grid's outer learning rates")
     parser.add_argument("--momenta", nargs="+", type=float, default=list(MOMENTA), help="the grid's outer momenta")
     parser.add_argument("--methods", nargs="+", default=["diloco", "decoupled"], choices=["diloco", "decoupled"])
-    parser.add_argument("--ddp-lrs", nargs="+", type=float, default=list(DDP_LRS), help="data-parallel inner lrs")
+    parser.add_argument(
+        "--ddp-lrs",
+        nargs="+",
+        type=float,
+        default=None,
+        help="data-parallel inner lrs (default: 0.5, 1, 2 x the optimizer's default lr)",
+    )
+    parser.add_argument(
+        "--inner-optimizer",
+        choices=INNER_OPTIMIZERS,
+        default=InnerConfig().optimizer,
+        help="every run's inner optimizer, at its own default lr (results files before 0.4 used adamw)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the sweep runs one sim at a time)")
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--out", type=Path, default=None)
@@ -275,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             tuple(args.lrs),
             tuple(args.momenta),
             tuple(args.methods),
-            tuple(args.ddp_lrs),
+            tuple(args.ddp_lrs) if args.ddp_lrs else None,
+            args.inner_optimizer,
         )
         task = build_task(todo[0][1]) if todo else None
         for i, (label, config) in enumerate(todo):
@@ -285,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             best = best_outer(summarize(rows), spec["model"]).get(
                 "diloco", (defaults.outer_lr, defaults.outer_momentum)
             )
-            later = jobs(["sync-every"], spec, seeds, args.data, args.sync_every, best)
+            later = jobs(["sync-every"], spec, seeds, args.data, args.sync_every, best, optimizer=args.inner_optimizer)
             task = task or build_task(later[0][1])
             for i, (label, config) in enumerate(later):
                 rows.append(run_one(label, config, task, i, len(later)))
@@ -322,6 +351,7 @@ def _write(path: Path, args: argparse.Namespace, seeds: list[int], rows: list[di
         "quick": args.quick,
         "seeds": seeds,
         "sync_every": args.sync_every,
+        "inner_optimizer": args.inner_optimizer,
         "rows": rows,
         "summary": summary,
         "best": {m: best_outer(summary, m) for m in {r["model"] for r in rows}},

@@ -25,7 +25,7 @@ from ddiloco.core import AlgorithmConfig
 from ddiloco.sim.config import SimConfig
 from ddiloco.sim.hardware import StepTimeModel, half_slow
 from ddiloco.sim.run import build_task, run_sim
-from ddiloco.train.inner import InnerConfig
+from ddiloco.train.inner import INNER_OPTIMIZERS, InnerConfig, InnerOptimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -78,7 +78,11 @@ def plan(quick: bool) -> list[dict]:
     ]
 
 
-def configs(spec: dict, seed: int, data: str, period: int, reconfigure: float) -> list[tuple[str, SimConfig]]:
+def configs(
+    spec: dict, seed: int, data: str, period: int, reconfigure: float, optimizer: InnerOptimizer | None = None
+) -> list[tuple[str, SimConfig]]:
+    """Every row's configuration; `optimizer`: the inner optimizer (None: the package's default), at its
+    own default lr."""
     steps_per_learner = spec["tokens"] / (
         LEARNERS * spec["batch"] * (1 if spec["model"] == "vision" else spec["seq_len"])
     )
@@ -96,7 +100,11 @@ def configs(spec: dict, seed: int, data: str, period: int, reconfigure: float) -
             tokens=spec["tokens"],
             seed=seed,
             reconfigure_seconds=reconfigure,
-            inner=InnerConfig(batch_size=spec["batch"], warmup_steps=10 if spec["model"] != "vision" else 5),
+            inner=InnerConfig(
+                batch_size=spec["batch"],
+                warmup_steps=10 if spec["model"] != "vision" else 5,
+                optimizer=optimizer or InnerConfig().optimizer,
+            ),
             **({"failures": failures} if failures is not None else {}),
             **kw,
         )
@@ -114,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="text for the language models")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sync-every", type=int, default=24, help="H for the DiLoCo rows (16..32)")
+    parser.add_argument(
+        "--inner-optimizer",
+        choices=INNER_OPTIMIZERS,
+        default=InnerConfig().optimizer,
+        help="every row's inner optimizer, at its own default lr (results files before 0.4 used adamw)",
+    )
     parser.add_argument(
         "--reconfigure-seconds",
         type=float,
@@ -143,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     for spec in plan(args.quick):
         if spec["model"] not in args.models:
             continue
-        jobs = configs(spec, args.seed, args.data, args.sync_every, args.reconfigure_seconds)
+        jobs = configs(spec, args.seed, args.data, args.sync_every, args.reconfigure_seconds, args.inner_optimizer)
         jobs = [(name, config) for name, config in jobs if args.rows is None or name in args.rows]
         task = build_task(jobs[0][1])
         for name, config in jobs:
@@ -160,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "quick": args.quick,
         "seed": args.seed,
+        "inner_optimizer": args.inner_optimizer,
         "wall_seconds": time.perf_counter() - started,
         "rows": results,
         "verdicts": verdicts,

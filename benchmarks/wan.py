@@ -36,6 +36,8 @@ from rich.console import Console
 from rich.table import Table
 from runs import ddiloco_run, parse_run_arguments
 
+from ddiloco.train.inner import INNER_OPTIMIZERS, InnerConfig
+
 console = Console(stderr=True, width=150)
 METHODS = ("decoupled", "diloco")
 TABLE_LINKS = [(5, 50), (50, 50), (100, 50), (250, 50), (50, 5), (50, 500)]  # (one-way ms, MB/s)
@@ -51,6 +53,7 @@ def one_run(args: argparse.Namespace, method: str, link: list[str], seed: int, t
     flags = ["--method", method, "--learners", str(args.learners), "--model-size", args.model_size]
     flags += ["--data", str(args.data), "--tokens", str(args.tokens), "--seed", str(seed)]
     flags += ["--min-step-seconds", str(args.min_step_seconds), *link]
+    flags += ["--inner-optimizer", getattr(args, "inner_optimizer", InnerConfig().optimizer)]
     if getattr(args, "network", "emulated") == "hosts" and "--network" not in link:
         flags += ["--network", "hosts"]  # the unshaped row: hosts all the same
     console.print(f"[bold]{method} on {name}, seed {seed}[/bold]: ddiloco run {' '.join(flags)}")
@@ -142,6 +145,12 @@ def main() -> None:
         default="emulated",
         help="emulated: the link in the learner (--net-*); hosts: real kernel TCP across hosts (root, docs/hosts.md)",
     )
+    p.add_argument(
+        "--inner-optimizer",
+        choices=INNER_OPTIMIZERS,
+        default=InnerConfig().optimizer,
+        help="the learners' inner optimizer, at its own default lr (results files before 0.4 used adamw)",
+    )
     args = parse_run_arguments(p, tokens=3_000_000)
     if args.quick:
         args.model_size, args.tokens = "tiny", 1_500_000
@@ -190,7 +199,18 @@ def main() -> None:
         f"it merged {figures['decoupled_merged_share_wan']:.3f} of the tokens it trained"
     )
     if args.json:
-        print(json.dumps({"rows": rows, "summary": summary, **figures, "network": args.network}, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "rows": rows,
+                    "summary": summary,
+                    **figures,
+                    "network": args.network,
+                    "inner_optimizer": args.inner_optimizer,
+                },
+                sort_keys=True,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -65,3 +65,25 @@ def test_bandwidth_needed_is_the_least_link_within_5_percent():
         row("ddp", "10000 Mbit/s", 0.9),
     ]
     assert ablations.bandwidth_needed(rows) == {"decoupled": 100.0, "diloco": 10000.0, "ddp": None}
+
+
+def test_the_sim_benchmarks_take_the_inner_optimizer_they_are_given(shakespeare):
+    """quality.py, ablations.py and outer_sweep.py made their committed files with AdamW, before Muon
+    became the default: --inner-optimizer adamw reproduces them, each optimizer at its own lr."""
+    ablations = load_script()  # puts benchmarks/ on sys.path, where quality and outer_sweep are
+    import outer_sweep
+    import quality
+
+    from ddiloco.train.inner import DEFAULT_LR, InnerConfig
+
+    spec = ablations.spec(quick=True)
+    for optimizer in ("adamw", "muon"):
+        rows = ablations.base_rows(spec, 0, shakespeare, optimizer)
+        assert rows and {(c.inner.optimizer, c.inner.lr) for c in rows.values()} == {(optimizer, DEFAULT_LR[optimizer])}
+        jobs = outer_sweep.jobs(["grid", "ddp-lr"], spec, [0], shakespeare, 24, (1.0, 0.0), optimizer=optimizer)
+        assert {c.inner.optimizer for _, c in jobs} == {optimizer}
+        ddp = sorted(c.inner.lr for label, c in jobs if label["group"] == "ddp-lr")
+        assert ddp == pytest.approx([f * DEFAULT_LR[optimizer] for f in (0.5, 1.0, 2.0)])
+    assert ablations.base_rows(spec, 0, shakespeare)["ddp"].inner.optimizer == InnerConfig().optimizer
+    assert quality.configs(spec, 0, shakespeare, 24, 10.0)[0][1].inner.optimizer == InnerConfig().optimizer
+    assert outer_sweep.default_ddp_lrs("adamw") == pytest.approx((1.5e-3, 3e-3, 6e-3))  # the old fixed grid
