@@ -222,7 +222,7 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[st
     return save_result(run_dir / "real-result.json", key, result)
 
 
-#: How the learners' shards are dealt (the package's default, which no flag changes): part of every
+#: How the learners' shards are dealt (the package's default; this benchmark passes no --shard-layout): part of every
 #: saved run's key and of the tuning's context, so that runs made with contiguous shards (before
 #: 0.4, without the key) are made again rather than mixed in.
 LAYOUT = {"shard_layout": SHARD_LAYOUTS[0]}

@@ -66,6 +66,7 @@ class RunFlags:
     slow_weight: float = options.in_panel(options.SLOW_WEIGHT, RUN)
     rewarm_steps: int = options.in_panel(options.REWARM_STEPS, RUN)
     seq_len: int = options.in_panel(options.SEQ_LEN, RUN)
+    shard_layout: options.ShardLayout = options.in_panel(options.SHARD_LAYOUT, RUN)
     sync_shards: int = typer.Option(
         1, min=1, help="Synchronizer shard processes (fragments spread round-robin).", rich_help_panel=RUN
     )

@@ -34,6 +34,7 @@ class LearnerFlags:
     model_size: options.ModelSize = typer.Option("default", help="Must match the synchronizer's.")
     data: str | None = options.DATA
     seq_len: int = options.SEQ_LEN
+    shard_layout: options.ShardLayout = options.SHARD_LAYOUT
     seed: int = typer.Option(0, help="Seed of the data order (the model comes from the synchronizer).")
     batch_size: int = typer.Option(options.INNER.batch_size, min=1, help="Sequences (or images) per step and rank.")
     inner_lr: float | None = typer.Option(
@@ -163,6 +164,7 @@ def learner_settings(flags: LearnerFlags) -> LearnerSettings:
         model_size=model_size,
         data=flags.data,
         seq_len=flags.seq_len,
+        shard_layout=options.ShardLayout(flags.shard_layout).value,
         seed=flags.seed,
         inner=options.inner_config(flags),
         codec=options.Codec(flags.codec).value,

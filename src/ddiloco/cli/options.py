@@ -495,3 +495,16 @@ DATA = typer.Option(
     "Python standard library's own source (LMs) or scikit-learn's digits (vision); nothing is downloaded.",
 )
 SEQ_LEN = typer.Option(128, "--seq-len", min=1, max=1 << 20, help="Context length of the language models.")
+
+
+class ShardLayout(str, enum.Enum):  # train.streams.SHARD_LAYOUTS
+    interleaved = "interleaved"
+    contiguous = "contiguous"
+
+
+SHARD_LAYOUT = typer.Option(
+    ShardLayout.interleaved,
+    "--shard-layout",
+    help="How a text is dealt to the learners: interleaved (blocks of 4,096 tokens in turn, so every shard "
+    "spans the whole text; the default since 0.4) or contiguous (one chunk each, as before 0.4).",
+)

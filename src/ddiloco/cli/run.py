@@ -164,6 +164,7 @@ def _run_config(flags: RunFlags, task: Task, chaos: ChaosSettings) -> RunConfig:
         model_size=model_size,
         data=flags.data,
         seq_len=flags.seq_len,
+        shard_layout=options.ShardLayout(flags.shard_layout).value,
         learners=flags.learners,
         # what the run's synchronizers run (`RunConfig.synchronizer_settings`); a bad value is this command's error
         algorithm=algorithm_for(
@@ -221,6 +222,7 @@ def _dataparallel_config(flags: RunFlags, chaos: ChaosSettings) -> DataParallelC
         model_size=model_size,
         data=flags.data,
         seq_len=flags.seq_len,
+        shard_layout=options.ShardLayout(flags.shard_layout).value,
         workers=flags.learners,
         inner=options.inner_config(flags),
         seed=flags.seed,

@@ -73,6 +73,7 @@ class SimFlags:
     model_size: options.ModelSize = typer.Option("default", help="default (~1M parameters) or tiny (quick checks).")
     data: str | None = options.DATA
     seq_len: int = options.SEQ_LEN
+    shard_layout: options.ShardLayout = options.SHARD_LAYOUT
     tokenizer: options.Tokenizer = typer.Option(
         "byte", help="byte (256 symbols) or bpe (trained here on the training text)."
     )
@@ -219,6 +220,7 @@ def _sim_config(flags: SimFlags) -> tuple[SimConfig, Task]:
             model_size=model_size,
             data=flags.data,
             seq_len=flags.seq_len,
+            shard_layout=options.ShardLayout(flags.shard_layout).value,
             tokenizer=tokenizer,
             bpe_vocab_size=flags.bpe_vocab,
             learners=flags.learners,

@@ -14,6 +14,7 @@ from ..chaos.injector import ChaosSettings
 from ..learner.wan import LinkConfig
 from ..records import logsetup
 from ..train.inner import INNER_OPTIMIZERS, InnerConfig
+from ..train.streams import SHARD_LAYOUTS
 from .config import PRECISIONS
 
 _INNER = InnerConfig()
@@ -25,6 +26,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-size", default="default")
     p.add_argument("--data")
     p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--shard-layout", choices=SHARD_LAYOUTS, default=SHARD_LAYOUTS[0], help="how the text is dealt")
     p.add_argument("--batch-size", type=int, default=_INNER.batch_size)  # the defaults: InnerConfig's
     p.add_argument("--inner-lr", type=float, default=None, help="default: the optimizer's (train.inner.DEFAULT_LR)")
     p.add_argument("--inner-optimizer", choices=INNER_OPTIMIZERS, default=_INNER.optimizer)
@@ -112,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         model_size=args.model_size,
         data=args.data,
         seq_len=args.seq_len,
+        shard_layout=args.shard_layout,
         workers=args.learners,
         inner=InnerConfig(
             lr=args.inner_lr,

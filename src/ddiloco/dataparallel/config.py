@@ -14,6 +14,7 @@ from pathlib import Path
 from ..chaos.injector import ChaosSettings
 from ..learner.wan import LinkConfig
 from ..train.inner import InnerConfig
+from ..train.streams import SHARD_LAYOUTS, check_shard_layout
 
 METHODS = ("ddp", "elastic-ddp")
 PRECISIONS = ("bf16", "fp32")  # of the all-reduce (`link.DTYPES`: their torch dtypes)
@@ -27,6 +28,7 @@ class DataParallelConfig:
     model_size: str = "default"
     data: str | None = None
     seq_len: int = 128
+    shard_layout: str = SHARD_LAYOUTS[0]  # how the text is dealt to the workers, as to learners (`train.streams`)
     workers: int = 4  # M: the data is split into M shards, worker m trains shard m (as learner m does)
     # each worker's inner optimizer, as a learner's (batch per worker and step); of the inner options
     # data-parallel training has the optimizer and the slow momentum, not the re-warm-up (no adoptions)
@@ -53,6 +55,7 @@ class DataParallelConfig:
     chaos: ChaosSettings = field(default_factory=ChaosSettings)
 
     def __post_init__(self) -> None:
+        check_shard_layout(self.shard_layout)
         if self.method not in METHODS:
             raise ValueError(f"data-parallel methods are {', '.join(METHODS)}, got {self.method!r}")
         if self.tokens is None and self.duration is None:
@@ -115,6 +118,8 @@ class DataParallelConfig:
             self.model_size,
             "--seq-len",
             str(self.seq_len),
+            "--shard-layout",
+            self.shard_layout,
             "--batch-size",
             str(self.inner.batch_size),
             "--inner-lr",

@@ -39,6 +39,7 @@ from ..records import logsetup
 from ..records.rundir import MetricsLog
 from ..train.device import process_group_backend, resolve_device, step_slowdown
 from ..train.inner import InnerConfig, lr_at, make_inner_optimizer, set_lr
+from ..train.streams import SHARD_LAYOUTS
 from ..train.tasks import make_task
 from . import checkpoint
 from .link import AllReduceLink
@@ -84,6 +85,7 @@ class WorkerSettings:
     model_size: str = "default"
     data: str | None = None
     seq_len: int = 128
+    shard_layout: str = SHARD_LAYOUTS[0]
     batch_size: int = _INNER.batch_size  # the inner settings' defaults are InnerConfig's (`inner`)
     inner_lr: float | None = None  # None: the optimizer's default (train.inner.DEFAULT_LR)
     inner_optimizer: str = _INNER.optimizer
@@ -123,7 +125,7 @@ class Worker:
         self.device = resolve_device(s.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.task = make_task(s.model, s.data, seq_len=s.seq_len, model_size=s.model_size)
+        self.task = make_task(s.model, s.data, seq_len=s.seq_len, model_size=s.model_size, shard_layout=s.shard_layout)
         self.inner = s.inner
         self.model = self.task.build_model(s.seed).to(self.device)
         self.optimizer = make_inner_optimizer(self.model, self.inner)

@@ -14,6 +14,7 @@ from ..learner.ending import DEFAULT_ORPHAN_TIMEOUT
 from ..learner.wan import LinkConfig
 from ..records.atomic import atomic_write
 from ..train.inner import InnerConfig
+from ..train.streams import SHARD_LAYOUTS, check_shard_layout
 from ..wire.framing import DEFAULT_CHUNK_BYTES
 from ..wire.timeouts import Timeouts
 
@@ -44,6 +45,7 @@ class RunConfig:
     model_size: str = "default"
     data: str | None = None
     seq_len: int = 128
+    shard_layout: str = SHARD_LAYOUTS[0]  # how the text is dealt to the learners (`train.streams`)
     learners: int = 4
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     overlap_auto: bool = True  # --overlap auto: each learner widens tau by its link's steps (`learner.overlap`)
@@ -65,6 +67,7 @@ class RunConfig:
     chaos: ChaosSettings = field(default_factory=ChaosSettings)
 
     def __post_init__(self) -> None:
+        check_shard_layout(self.shard_layout)
         if self.method not in methods.DILOCO_METHODS:
             raise ValueError(f"ddiloco run supports --method {', '.join(methods.DILOCO_METHODS)}, got {self.method!r}")
         if self.tokens is None and self.duration is None:
@@ -186,6 +189,7 @@ class RunConfig:
         return {
             "id": m,
             **self._model_settings(),
+            "shard_layout": self.shard_layout,
             **self.inner_settings(),
             "codec": self.network.codec,
             "state_dir": str(self.learner_dir(m)),

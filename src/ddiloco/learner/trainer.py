@@ -23,6 +23,7 @@ import torch
 from ..records import logsetup
 from ..train.device import autocast, process_group_backend, resolve_device
 from ..train.inner import InnerConfig, inner_step, lr_at, make_inner_optimizer, set_lr
+from ..train.streams import SHARD_LAYOUTS
 from ..train.tasks import make_task
 from ..wire.protocol import state_checksum
 from .client import LearnerClient
@@ -43,6 +44,7 @@ class LearnerSettings:
     model_size: str = "default"
     data: str | None = None
     seq_len: int = 128
+    shard_layout: str = SHARD_LAYOUTS[0]  # how the text is dealt to the learners (`streams.TokenWindowStream`)
     seed: int = 0
     inner: InnerConfig = field(default_factory=InnerConfig)
     codec: str = "bf16"
@@ -118,7 +120,13 @@ def train(settings: LearnerSettings) -> dict:
     if ended is not None:
         log.warning("learner %d: %s", settings.learner, ended.reason)
         return {"learner": settings.learner, "steps": 0, "tokens": 0, **ended.as_dict(), "rank": rank, "world": world}
-    task = make_task(settings.model, settings.data, seq_len=settings.seq_len, model_size=settings.model_size)
+    task = make_task(
+        settings.model,
+        settings.data,
+        seq_len=settings.seq_len,
+        model_size=settings.model_size,
+        shard_layout=settings.shard_layout,
+    )
     model = task.build_model(settings.seed).to(device)
     trained: torch.nn.Module  # what the steps run: the model, or its DistributedDataParallel wrapper
     if world > 1:

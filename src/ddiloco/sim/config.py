@@ -9,6 +9,7 @@ from ..chaos.trace import FailureTrace
 from ..core.config import AlgorithmConfig
 from ..core.methods import METHODS, algorithm_for
 from ..train.inner import InnerConfig
+from ..train.streams import SHARD_LAYOUTS, check_shard_layout
 from ..wire import quant
 from .hardware import LinkModel, StepTimeModel
 
@@ -22,6 +23,7 @@ class SimConfig:
     model_size: str = "default"
     data: str | None = None
     seq_len: int = 128
+    shard_layout: str = SHARD_LAYOUTS[0]  # how the text is dealt to the learners (`train.streams`)
     tokenizer: Literal["byte", "bpe"] = "byte"
     bpe_vocab_size: int = 1024
     learners: int = 4
@@ -46,6 +48,7 @@ class SimConfig:
         return self.batch_sizes[learner] if learner < len(self.batch_sizes) else self.inner.batch_size
 
     def __post_init__(self) -> None:
+        check_shard_layout(self.shard_layout)
         if any(b < 1 for b in self.batch_sizes) or len(self.batch_sizes) > self.learners:
             raise ValueError(f"batch_sizes must be >= 1, one per learner at most, got {self.batch_sizes}")
         if self.method not in METHODS:

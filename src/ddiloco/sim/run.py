@@ -26,6 +26,7 @@ def build_task(config: SimConfig) -> Task:
         model_size=config.model_size,
         tokenizer=config.tokenizer,
         bpe_vocab_size=config.bpe_vocab_size,
+        shard_layout=config.shard_layout,
     )
 
 

@@ -98,6 +98,15 @@ class BatchStream(ABC):
 
 #: How a text corpus is dealt to the shards (`TokenWindowStream`).
 SHARD_LAYOUTS = ("interleaved", "contiguous")
+
+
+def check_shard_layout(layout: str) -> str:
+    """`layout`, if it is one of SHARD_LAYOUTS; a one-line ValueError otherwise."""
+    if layout not in SHARD_LAYOUTS:
+        raise ValueError(f"unknown shard layout {layout!r}; choose one of {', '.join(SHARD_LAYOUTS)}")
+    return layout
+
+
 #: Tokens per block of the interleaved layout: whole passages (tens of lines of a play, a few
 #: functions of a module), far longer than a window, dealt round-robin.
 BLOCK_TOKENS = 4096
@@ -126,8 +135,7 @@ class TokenWindowStream(BatchStream):
         layout: str = "interleaved",
     ) -> None:
         super().__init__(shard, num_shards, batch_size, seed)
-        if layout not in SHARD_LAYOUTS:
-            raise ValueError(f"unknown shard layout {layout!r}; choose one of {', '.join(SHARD_LAYOUTS)}")
+        check_shard_layout(layout)
         self.seq_len = seq_len
         self.layout = layout
         n = len(tokens)

@@ -19,7 +19,7 @@ from torch.nn import functional as F
 
 from .corpus import EncodedCorpus, encoded_corpus
 from .gpt import EMBEDDING_NAMES, GPT, GPTConfig
-from .streams import SHARD_LAYOUTS, Batch, BatchStream, ImageStream, TokenWindowStream
+from .streams import Batch, BatchStream, ImageStream, TokenWindowStream, check_shard_layout
 from .vision import ImageData, SmallCNN, load_digits_data, load_torchvision_data
 
 __all__ = [
@@ -118,8 +118,7 @@ class LanguageModelTask(Task):
 
     def __init__(self, name: str, config: GPTConfig, corpus: EncodedCorpus, shard_layout: str = "interleaved") -> None:
         """`shard_layout`: how the training text is dealt to the learners (`streams.TokenWindowStream`)."""
-        if shard_layout not in SHARD_LAYOUTS:
-            raise ValueError(f"unknown shard layout {shard_layout!r}; choose one of {', '.join(SHARD_LAYOUTS)}")
+        check_shard_layout(shard_layout)
         self.name = name
         self.config = config
         self.corpus = corpus
