@@ -55,7 +55,9 @@ def default_ddp_lrs(optimizer: InnerOptimizer) -> tuple[float, ...]:
     return tuple(f * DEFAULT_LR[optimizer] for f in DDP_LR_FACTORS)
 
 
-def base_config(spec: dict, seed: int, data: str, optimizer: InnerOptimizer, **kw) -> SimConfig:
+def base_config(spec: dict, seed: int, data: str, optimizer: InnerOptimizer | None = None, **kw) -> SimConfig:
+    """A run of `spec`; `optimizer`: the inner optimizer (None: the package's default), at its default lr."""
+    optimizer = optimizer or InnerConfig().optimizer
     inner = InnerConfig(
         batch_size=spec["batch"],
         warmup_steps=10 if spec["model"] != "vision" else 5,
@@ -129,18 +131,18 @@ def jobs(
             for inner_lr in ddp_lrs:
                 add(
                     {"group": "ddp-lr", "method": "ddp", "inner_lr": inner_lr},
-                    base_config(spec, seed, data, optimizer, method="ddp", inner_lr=inner_lr),
+                    base_config(spec, seed, data, optimizer=optimizer, method="ddp", inner_lr=inner_lr),
                 )
         if "one-learner" in groups:
             add(
                 {"group": "one-learner", "method": "ddp"},
-                base_config(spec, seed, data, optimizer, method="ddp", learners=1),
+                base_config(spec, seed, data, optimizer=optimizer, method="ddp", learners=1),
             )
             for lr, mu in ((1.0, 0.0), (0.7, 0.9)):
                 alg = replace(algorithm("diloco", lr, mu, period), quorum=1)
                 add(
                     {"group": "one-learner", "method": "diloco", "outer_lr": lr, "outer_momentum": mu},
-                    base_config(spec, seed, data, optimizer, method="diloco", learners=1, algorithm=alg),
+                    base_config(spec, seed, data, optimizer=optimizer, method="diloco", learners=1, algorithm=alg),
                 )
         if "sync-every" in groups:
             for h in (1, 6, 24):
@@ -152,7 +154,9 @@ def jobs(
                         "outer_lr": best[0],
                         "outer_momentum": best[1],
                     },
-                    base_config(spec, seed, data, optimizer, method="diloco", algorithm=algorithm("diloco", *best, h)),
+                    base_config(
+                        spec, seed, data, optimizer=optimizer, method="diloco", algorithm=algorithm("diloco", *best, h)
+                    ),
                 )
         if "last-merge" in groups:
             for method in ("diloco", "decoupled"):
@@ -160,7 +164,7 @@ def jobs(
                     alg = replace(algorithm(method, 0.7, mu, period), final_momentum=False)
                     add(
                         {"group": "last-merge", "method": method, "outer_lr": 0.7, "outer_momentum": mu},
-                        base_config(spec, seed, data, optimizer, method=method, algorithm=alg),
+                        base_config(spec, seed, data, optimizer=optimizer, method=method, algorithm=alg),
                     )
         if "arrival" in groups:
             defaults = AlgorithmConfig()
@@ -189,7 +193,7 @@ def jobs(
                             "outer_lr": defaults.outer_lr,
                             "outer_momentum": defaults.outer_momentum,
                         },
-                        base_config(spec, seed, data, optimizer, method="decoupled", algorithm=alg, **kw),
+                        base_config(spec, seed, data, optimizer=optimizer, method="decoupled", algorithm=alg, **kw),
                     )
     return out
 
