@@ -56,8 +56,9 @@ and data order drawn from it), each seed against its own target; the tables and 
 give each method's mean +- standard deviation and every seed's seconds (`per_seed` holds each seed's
 whole result), the aim judged on the means and per seed. The settings are tuned once, at the first
 seed. Each seed's scenario is saved as it ends (RUN_DIR/seed-N/SCENARIO.json), and each real run
-within it (its folder's real-result.json, with its flags, failure trace and reruns): a rerun with the
-same --run-dir and settings resumes, a run cut short made again from scratch. A quiet machine
+within it (its folder's real-result.json, with its flags, failure trace and reruns; with --reals DIR
+in that folder too, which outlives the run directory): a rerun with the same --run-dir and settings
+resumes, a run cut short made again from scratch. A quiet machine
 (benchmarks/runs.py): a real run during which other processes used more than 10 % of the CPU is
 redone (--reruns, default 1), then kept but left out of its method's means (`left_out`); every row
 says `quiet` and `others_cpu_share`. The virtual-clock runs do not depend on the load: `--sims-only`
@@ -74,7 +75,9 @@ the run directory: a fresh machine given the same --run-dir reads them from ther
     python benchmarks/time_to_loss.py --sims-only --seeds 0 1 2 --run-dir runs/ttl-full \
         --tuning benchmarks/results/time-to-loss-full-muon.tuning.json \
         --sims benchmarks/results/time-to-loss-full-muon.sims   # results that outlive the run directory
-    flock /tmp/cpu.lock python benchmarks/time_to_loss.py --seeds 0 1 2 --run-dir runs/ttl-full --json
+    flock /tmp/cpu.lock python benchmarks/time_to_loss.py --seeds 0 1 2 --run-dir runs/ttl-full --json \
+        --tuning benchmarks/results/time-to-loss-full-muon.tuning.json \
+        --sims benchmarks/results/time-to-loss-full-muon.sims --reals benchmarks/results/time-to-loss-full-muon.reals
 """
 
 from __future__ import annotations
@@ -190,9 +193,14 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[st
     if sc.slurm is not None:  # every job on this machine's cores: shared as the local launcher shares them
         flags += ["--threads", str(max(1, (os.cpu_count() or 1) // (args.learners + 1)))]
     key = _real_key(flags, sc, args.reruns)
+    kept = real_kept(args, run_dir)
     found = saved_result(run_dir / "real-result.json", key)
+    if found is None and kept is not None:
+        found = saved_result(kept, key)
     if found is not None:  # a full-size pass spans sessions: a run that ended is not made again
-        console.print(f"{what}: done before, read from {run_dir / 'real-result.json'}")
+        console.print(f"{what}: done before, read back")
+        if kept is not None and saved_result(kept, key) is None:
+            save_result(kept, key, found)  # kept where it outlives the run directory
         return found
     console.print(f"[bold]{what}[/bold]: ddiloco run {' '.join(flags)}")
     # a run cut short (its process ended with the session) left its checkpoints: the synchronizers
@@ -219,7 +227,19 @@ def run_real(args: argparse.Namespace, sc: Scenario, method: str, tuned: dict[st
         "others_cpu_share": summary.get("load", {}).get("others_cpu_share"),
         "attempts": attempt + 1,
     }
+    if kept is not None:
+        save_result(kept, key, result)
     return save_result(run_dir / "real-result.json", key, result)
+
+
+def real_kept(args: argparse.Namespace, run_dir: Path) -> Path | None:
+    """Where the real run RUN_DIR (BASE/seed-N/SCENARIO/METHOD) is kept besides its run directory: with
+    --reals DIR at DIR/seed-N/SCENARIO/METHOD.json, a folder that can outlive the run directory (the
+    runs of a full-size pass take several sessions of a quiet machine); None without it."""
+    reals = getattr(args, "reals", None)
+    if reals is None:
+        return None
+    return reals / run_dir.parent.parent.name / run_dir.parent.name / f"{run_dir.name}.json"
 
 
 #: How the learners' shards are dealt (the package's default; this benchmark passes no --shard-layout): part of every
@@ -554,6 +574,13 @@ def main() -> None:
         default=None,
         help="keep each virtual-clock run's result in this folder (default: in its run directory): one in "
         "benchmarks/results outlives the run directory; a run is read back with the same --run-dir and flags",
+    )
+    p.add_argument(
+        "--reals",
+        type=Path,
+        default=None,
+        help="keep each real run's result in this folder too (and read it back from there): one in "
+        "benchmarks/results outlives the run directory, as --sims does for the virtual-clock runs",
     )
     p.add_argument("--preemptible-backend", choices=("local", "slurm"), default=None, help="default: slurm if it can")
     args = parse_run_arguments(p, tokens=3_000_000)

@@ -328,6 +328,40 @@ def test_a_real_run_is_read_back_once_it_ended_and_made_afresh_after_a_cut(tmp_p
     assert len(calls) == 3
 
 
+def test_a_real_run_kept_in_reals_is_read_back_when_its_run_directory_is_gone(tmp_path, monkeypatch):
+    """--reals DIR keeps each real run's result beside the committed virtual-clock runs: a full-size
+    pass spans sessions, and a fresh machine (no run directory) must not make its runs again."""
+    calls = []
+
+    def fake_run(args, sc, flags, run_dir, what):
+        calls.append(run_dir)
+        run_dir.mkdir(parents=True)
+        return {"eval_loss": 2.0 + len(calls), "load": {"quiet": True, "others_cpu_share": 0.01}}
+
+    monkeypatch.setattr(ttl, "one_real_run", fake_run)
+    monkeypatch.setattr(ttl, "window", lambda run_dir, summary: (1.0, 5.0))
+    monkeypatch.setattr(ttl, "read_curve", lambda run_dir, span: [(1.0, 3.0)])
+    monkeypatch.setattr(ttl, "eval_batches", lambda run_dir: 8)
+    args = argparse.Namespace(
+        learners=2, model_size="tiny", data=Path("d.txt"), seq_len=8, batch_size=2, inner_optimizer="muon",
+        tokens=1000, cap_seconds=30.0, seed=0, min_step_seconds=0.1, eval_every=2.0, eval_batches=8,
+        allreduce_precision="bf16", reruns=1, reals=None,
+    )  # fmt: skip
+    sc = ttl.Scenario("one_site")
+    run_dir = tmp_path / "runs" / "seed-1" / "one_site" / "decoupled"
+    first = ttl.run_real(args, sc, "decoupled", {"inner_lr": 0.01}, run_dir)  # made without --reals
+    args.reals = tmp_path / "reals"
+    kept = args.reals / "seed-1" / "one_site" / "decoupled.json"
+    assert ttl.run_real(args, sc, "decoupled", {"inner_lr": 0.01}, run_dir) == first and len(calls) == 1
+    assert kept.is_file()  # a run made before the flag is copied there when read back
+    shutil.rmtree(tmp_path / "runs")  # a fresh machine
+    assert ttl.run_real(args, sc, "decoupled", {"inner_lr": 0.01}, run_dir) == first and len(calls) == 1
+    # keyed by its flags: a run of other settings is made, and kept in the same place
+    second = ttl.run_real(args, sc, "decoupled", {"inner_lr": 0.02}, run_dir)
+    assert second["summary"]["eval_loss"] == 4.0 and len(calls) == 2
+    assert json.loads(kept.read_text())["result"] == second
+
+
 def test_the_tuning_seed_is_the_first_runs_unless_given():
     """A second process for seeds 1 and 2 reads the tuning made at seed 0 (its file is keyed by seed)."""
     assert ttl.seeds(None, None) == ([0], 0)
