@@ -294,10 +294,10 @@ def test_a_virtual_clock_run_is_read_back_only_for_the_same_flags_and_trace(tmp_
     assert ttl.sim_kept(argparse.Namespace(sims=None), run_dir) == run_dir / "sim-result.json"
 
 
-def test_a_real_run_is_read_back_once_it_ended_and_made_afresh_after_a_cut(tmp_path, monkeypatch):
-    """A full-size pass spans sessions: a real run that ended is not made again; one cut short left its
-    checkpoints, from which the synchronizers would resume, so its folder goes before it is made."""
-    calls = []
+def fake_real_runs(monkeypatch) -> tuple[list[Path], argparse.Namespace]:  # noqa: ANN001
+    """`one_real_run` replaced by a stand-in (its Nth call ends at eval loss 2 + N; a run directory
+    holding a cut-short run's checkpoints fails it), and the args a small run takes: (calls, args)."""
+    calls: list[Path] = []
 
     def fake_run(args, sc, flags, run_dir, what):
         assert not (run_dir / "sync-0").exists(), "a cut-short run's checkpoints were left in place"
@@ -312,8 +312,15 @@ def test_a_real_run_is_read_back_once_it_ended_and_made_afresh_after_a_cut(tmp_p
     args = argparse.Namespace(
         learners=2, model_size="tiny", data=Path("d.txt"), seq_len=8, batch_size=2, inner_optimizer="muon",
         tokens=1000, cap_seconds=30.0, seed=0, min_step_seconds=0.1, eval_every=2.0, eval_batches=8,
-        allreduce_precision="bf16", reruns=1,
+        allreduce_precision="bf16", reruns=1, reals=None,
     )  # fmt: skip
+    return calls, args
+
+
+def test_a_real_run_is_read_back_once_it_ended_and_made_afresh_after_a_cut(tmp_path, monkeypatch):
+    """A full-size pass spans sessions: a real run that ended is not made again; one cut short left its
+    checkpoints, from which the synchronizers would resume, so its folder goes before it is made."""
+    calls, args = fake_real_runs(monkeypatch)
     trace = tmp_path / "trace.csv"
     trace.write_text("learner,down_at,up_at\n1,4.0,6.0\n")
     sc, run_dir = ttl.Scenario("one_site", trace=trace), tmp_path / "seed-0" / "one_site" / "decoupled"
@@ -331,22 +338,7 @@ def test_a_real_run_is_read_back_once_it_ended_and_made_afresh_after_a_cut(tmp_p
 def test_a_real_run_kept_in_reals_is_read_back_when_its_run_directory_is_gone(tmp_path, monkeypatch):
     """--reals DIR keeps each real run's result beside the committed virtual-clock runs: a full-size
     pass spans sessions, and a fresh machine (no run directory) must not make its runs again."""
-    calls = []
-
-    def fake_run(args, sc, flags, run_dir, what):
-        calls.append(run_dir)
-        run_dir.mkdir(parents=True)
-        return {"eval_loss": 2.0 + len(calls), "load": {"quiet": True, "others_cpu_share": 0.01}}
-
-    monkeypatch.setattr(ttl, "one_real_run", fake_run)
-    monkeypatch.setattr(ttl, "window", lambda run_dir, summary: (1.0, 5.0))
-    monkeypatch.setattr(ttl, "read_curve", lambda run_dir, span: [(1.0, 3.0)])
-    monkeypatch.setattr(ttl, "eval_batches", lambda run_dir: 8)
-    args = argparse.Namespace(
-        learners=2, model_size="tiny", data=Path("d.txt"), seq_len=8, batch_size=2, inner_optimizer="muon",
-        tokens=1000, cap_seconds=30.0, seed=0, min_step_seconds=0.1, eval_every=2.0, eval_batches=8,
-        allreduce_precision="bf16", reruns=1, reals=None,
-    )  # fmt: skip
+    calls, args = fake_real_runs(monkeypatch)
     sc = ttl.Scenario("one_site")
     run_dir = tmp_path / "runs" / "seed-1" / "one_site" / "decoupled"
     first = ttl.run_real(args, sc, "decoupled", {"inner_lr": 0.01}, run_dir)  # made without --reals
