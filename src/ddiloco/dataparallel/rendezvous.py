@@ -161,6 +161,13 @@ class Membership:
         prefixed: dist.Store = dist.PrefixStore(prefix, self.raw)
         if self.secret is not None:  # outermost: gloo calls a Python store only through its own methods
             prefixed = SignedStore(prefixed, self.secret, scope=prefix)
+        # torch names an unnamed group by a per-process count of the groups it began to make, and keys
+        # the group's store entries by that name. A join that failed (a peer killed before it arrived:
+        # the wait timed out) made no group to destroy, so nothing reset the count: this process then
+        # named every later generation one higher than a freshly started peer did, and no generation
+        # formed again (each waited out its timeout for keys nobody wrote). Every generation has its
+        # own prefix, so every member names its group the same, whatever its own failures.
+        dist.distributed_c10d._world.group_count = 0
         dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world, timeout=_timeout(timeout))
 
 
