@@ -65,6 +65,12 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--eval-batches", type=int, default=20)
     run.add_argument("--eval-every", type=float, default=20.0)
     run.add_argument("--time-limit", type=float, default=24 * 3600.0)
+    run.add_argument(
+        "--stall-limit",
+        type=float,
+        default=1800.0,
+        help="end the run with an error when no generation formed for this many seconds with its workers running",
+    )
     run.add_argument("--json", action="store_true", dest="as_json")
     worker = sub.add_parser("worker", help="one worker (started by the launcher)")
     _common(worker)
@@ -137,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         collective_timeout=args.collective_timeout,
         join_timeout=args.join_timeout,
         time_limit=args.time_limit,
+        stall_limit=args.stall_limit,
         link=LinkConfig(args.net_latency, args.net_bandwidth, args.net_jitter),
         allreduce_precision=args.allreduce_precision,
         chaos=chaos,

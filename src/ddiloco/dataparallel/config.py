@@ -47,6 +47,10 @@ class DataParallelConfig:
     collective_timeout: float = 30.0  # a collective that waits longer than this fails (a frozen peer)
     join_timeout: float = 300.0  # a worker that is given no generation within this exits with an error
     time_limit: float = 24 * 3600.0  # the launcher ends a run that has not finished by then (an error)
+    # the launcher ends a run (an error naming what it waited for) in which no generation formed for
+    # this long while the workers a generation needs were running: they hang before saying they are
+    # ready, or cannot reach each other. Time spent waiting for a worker that is down does not count.
+    stall_limit: float = 1800.0
     # the emulated link under the ring all-reduce (`link`): per hop and per worker, as the learners' link
     link: LinkConfig = field(default_factory=LinkConfig)
     # what the all-reduce sends and sums in: bf16 (what users run; the optimizer's gradients are fp32
@@ -68,6 +72,8 @@ class DataParallelConfig:
             raise ValueError("checkpoint_every must be >= 1, min_step_seconds >= 0")
         if not (self.collective_timeout > 0 and self.join_timeout > 0 and self.learner_down >= 0):
             raise ValueError("timeouts must be > 0 and learner_down >= 0")
+        if not (self.stall_limit > 0 and self.time_limit > 0):
+            raise ValueError("--stall-limit and --time-limit must be > 0")
         if self.allreduce_precision not in PRECISIONS:
             raise ValueError(
                 f"--allreduce-precision is one of {', '.join(PRECISIONS)}, got {self.allreduce_precision!r}"

@@ -90,6 +90,7 @@ class Launcher:
         self.stopping = False
         self.error: str | None = None
         self.interrupted = threading.Event()
+        self.unformed_for = 0.0  # seconds with the workers a generation needs running and none formed
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -110,6 +111,10 @@ class Launcher:
 
     def _alive(self, slot: WorkerSlot) -> bool:
         return slot.child is not None and slot.child.alive() and slot.state in ("running", "straggling")
+
+    def _running(self, slot: WorkerSlot) -> bool:
+        """Its process exists and runs (a Slurm job still queued does not: `slurm.SlurmLauncher`)."""
+        return self._alive(slot)
 
     def _ready(self, slot: WorkerSlot) -> bool:
         """Alive, not frozen, and this very process said hello (not an earlier one of its slot)."""
@@ -251,6 +256,34 @@ class Launcher:
                 del self.straggling[m]
                 self.events.write("chaos_sigcont", learner=m)
 
+    def _count_stall(self, seconds: float) -> None:
+        """Add `seconds` to the time no generation has formed while the workers one needs were running
+        (all M for ddp, --min-workers for elastic-ddp; a worker down, by a failure or the chaos trace,
+        is waited for, not counted); a formed generation clears it. Past `stall_limit`, the run ends
+        with an error saying what it waited for: workers hung before saying they were ready, or a
+        generation whose members never reached each other."""
+        g = self.coordinator.generation
+        if self.pids and self.coordinator.formed(g) is not None:
+            self.unformed_for = 0.0
+            return
+        needed = self.config.min_workers if self.config.elastic else self.config.workers
+        running = [s for s in self.slots if self._running(s)]
+        if len(running) < needed:
+            return
+        self.unformed_for += seconds
+        if self.unformed_for <= self.config.stall_limit:
+            return
+        silent = [s.id for s in running if s.child is not None and self.coordinator.hello_pid(s.id) != s.child.pid]
+        waited = (
+            f"worker(s) {', '.join(map(str, silent))} never said they were ready"
+            if silent
+            else f"generation {g} of workers {', '.join(map(str, self.pids))} never formed"
+        )
+        self.error = (
+            f"no generation formed in {self.config.stall_limit:.0f} s with the workers running: {waited} "
+            f"(see {self.config.run_dir}/learner-*/stderr.log)"
+        )
+
     # --- the run --------------------------------------------------------------------------------
     def run(self) -> None:
         """Start everything, decide generations until the run is over, end every process."""
@@ -259,6 +292,7 @@ class Launcher:
         try:
             for slot in self.slots:
                 self._start(slot)
+            last = self.elapsed()
             while not self.interrupted.is_set() and self.error is None:
                 for event in self.injector.due(self.elapsed()):
                     self._apply(event)
@@ -274,8 +308,13 @@ class Launcher:
                 else:
                     self._decide()
                 self._watch_formed()
-                if self.elapsed() > cfg.time_limit:
+                now = self.elapsed()
+                if not self.stopping:
+                    self._count_stall(now - last)
+                last = now
+                if now > cfg.time_limit:
                     self.error = f"the run did not finish within {cfg.time_limit:.0f} s"
+                if self.error is not None:
                     break
                 time.sleep(TICK)
             if self.interrupted.is_set() and not self.stopping:

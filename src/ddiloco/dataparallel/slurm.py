@@ -105,6 +105,11 @@ class SlurmLauncher(Launcher):
             "learner_started", learner=slot.id, pid=0, job=job.job, incarnation=job.expected, restarts=slot.restarts
         )
 
+    def _running(self, slot: WorkerSlot) -> bool:
+        """Not only queued: a job waiting for an allocation is not a stalled job (`_count_stall`)."""
+        job: Job | None = slot.child  # type: ignore[assignment]
+        return self._alive(slot) and job is not None and job.running()
+
     def _ready(self, slot: WorkerSlot) -> bool:
         """Running as the incarnation the launcher waits for, and that incarnation said hello."""
         job: Job | None = slot.child  # type: ignore[assignment]
