@@ -113,6 +113,7 @@ def sim_config(
     return SimConfig(
         method=sim_method,  # type: ignore[arg-type]  # one of SPECS' sim methods
         seq_len=cfg["seq_len"],
+        shard_layout=cfg.get("shard_layout", SHARD_LAYOUTS[0]),  # what `Cells`' task deals
         learners=learners,
         tokens=int(round(cfg["ratio"] * params)),
         seed=int(settings.get("seed", 0)),

@@ -170,6 +170,7 @@ def train(cfg: dict, data: str | None, j: dict) -> dict:
         method=method,  # type: ignore[arg-type]  # one of SPECS' sim methods
         data=data,
         seq_len=cfg["seq_len"],
+        shard_layout=layout,  # what the task given below deals (the config says what ran)
         learners=learners,
         tokens=j["tokens"],
         seed=j["seed"],

@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             for seed in range(seeds):
                 if any(r["layout"] == layout and r["method"] == method and r["seed"] == seed for r in runs):
                     continue
-                result = run_sim(sim_config(cfg, size, method, {**settings, "seed": float(seed)}, MUON), task=task)
+                at = {**settings, "seed": float(seed)}
+                result = run_sim(sim_config({**cfg, "shard_layout": layout}, size, method, at, MUON), task=task)
                 runs.append({"layout": layout, "method": method, "seed": seed, "eval_loss": result["eval_loss"]})
                 print(f"{layout} {size} {method} seed {seed}: {result['eval_loss']:.4f}", file=sys.stderr, flush=True)
                 if args.out is not None:

@@ -141,3 +141,11 @@ def test_the_global_batch_is_split_over_the_learners_and_keys_the_runs_file():
     assert gap.sim_config(dict(CFG, global_batch=64), "12k", "ddp", {"inner_lr": 0.01}, {}).inner.batch_size == 16
     small, large = (gap.Cells(dict(CFG, global_batch=g), None, None) for g in (8, 64))
     assert small.tuner.context != large.tuner.context  # runs of one batch are never read as another's
+
+
+def test_the_config_names_the_layout_its_task_deals():
+    """`run_sim` is handed a task of the cell's layout; the config it runs with says the same."""
+    for layout in ("interleaved", "contiguous"):
+        config = gap.sim_config(dict(CFG, shard_layout=layout), "12k", "decoupled-m4", {"inner_lr": 0.01}, {})
+        assert config.shard_layout == layout
+    assert gap.sim_config(dict(CFG), "12k", "ddp", {"inner_lr": 0.01}, {}).shard_layout == "interleaved"
