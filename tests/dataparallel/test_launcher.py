@@ -119,6 +119,7 @@ def test_the_stall_clock_waits_for_a_down_worker_and_a_formed_generation_clears_
         member.hello(child.pid)
     launcher._open([0, 1])
     members[0].mark_formed(launcher.coordinator.generation, {"members": [0, 1]})
+    launcher._watch_formed()  # as the run's loop does each tick, before counting
     launcher._count_stall(6.0)
     assert launcher.unformed_for == 0.0  # a formed generation: the clock starts again at zero
     launcher._open([0, 1])  # the next one, which never forms: its members said hello, then nothing

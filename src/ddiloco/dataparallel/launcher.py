@@ -259,11 +259,11 @@ class Launcher:
     def _count_stall(self, seconds: float) -> None:
         """Add `seconds` to the time no generation has formed while the workers one needs were running
         (all M for ddp, --min-workers for elastic-ddp; a worker down, by a failure or the chaos trace,
-        is waited for, not counted); a formed generation clears it. Past `stall_limit`, the run ends
-        with an error saying what it waited for: workers hung before saying they were ready, or a
-        generation whose members never reached each other."""
+        is waited for, not counted); a formed generation (as `_watch_formed` saw it) clears it. Past
+        `stall_limit`, the run ends with an error saying what it waited for: workers hung before
+        saying they were ready, or a generation whose members never reached each other."""
         g = self.coordinator.generation
-        if self.pids and self.coordinator.formed(g) is not None:
+        if self.pids and g in self.formed_seen:  # `_watch_formed` read the store this tick
             self.unformed_for = 0.0
             return
         needed = self.config.min_workers if self.config.elastic else self.config.workers
